@@ -1,0 +1,1 @@
+"""PPO trainer and reward client for a reward model behind HTTP."""

@@ -1,0 +1,3 @@
+"""Reward model HTTP service: text in, scores out."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,40 @@
+"""Shared fixtures: offline settings and tiny models saved once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# No test may reach a hub; set before transformers is imported anywhere.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+import tiny_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def bert_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny BERT encoder reward model (WordPiece tokenizer)."""
+    return tiny_models.save_bert_reward_model(tmp_path_factory.mktemp("bert_rm"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny GPT-2 decoder reward model, pad token == EOS."""
+    return tiny_models.save_gpt2_reward_model(tmp_path_factory.mktemp("gpt2_rm"))
+
+
+@pytest.fixture(scope="session")
+def llama_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny Llama-like decoder reward model with a chat template and no pad token."""
+    return tiny_models.save_llama_reward_model(tmp_path_factory.mktemp("llama_rm"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny GPT-2 causal LM policy with its own byte-level BPE tokenizer."""
+    return tiny_models.save_gpt2_policy(tmp_path_factory.mktemp("gpt2_policy"))

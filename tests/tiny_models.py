@@ -1,0 +1,231 @@
+"""Tiny models and tokenizers built from configs, saved to disk, loaded back with
+``from_pretrained`` exactly as a user's model would be. Nothing is downloaded.
+
+Every builder is deterministic for a given seed, so tests can rebuild a model and compare.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
+
+_WORDS = (
+    "the a an this that movie film story plot actor actress scene music score director "
+    "was is were be been great good bad terrible awful wonderful boring brilliant dull "
+    "funny sad happy slow fast long short very really quite not never always and but or "
+    "so because i you we they it he she love hate like enjoyed loved hated watched saw "
+    "again ending beginning middle character characters dialogue camera script cast "
+    "performance best worst ever seen made time times hello world quick brown fox jumps "
+    "over lazy dog cat red green blue one two three four five"
+).split()
+
+#: A chat template for tiny Llama-like models (Zephyr-style markup).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{{ message['content'] }}</s>\n{% endfor %}"
+)
+CHAT_SPECIAL_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def make_corpus(n: int = 400, seed: int = 0, min_words: int = 1, max_words: int = 40) -> list[str]:
+    """Seeded pseudo-English sentences drawn from a small vocabulary."""
+    rng = random.Random(seed)
+    return [
+        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(min_words, max_words)))
+        for _ in range(n)
+    ]
+
+
+def wordpiece_tokenizer(
+    corpus: list[str] | None = None, vocab_size: int = 300
+) -> PreTrainedTokenizerFast:
+    """A BERT-style WordPiece tokenizer ([CLS] text [SEP]) trained on ``corpus``."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(
+        corpus or make_corpus(),
+        trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials),
+    )
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tok.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
+
+
+def byte_bpe_tokenizer(
+    corpus: list[str] | None = None,
+    vocab_size: int = 400,
+    *,
+    eos: str = "<|endoftext|>",
+    bos: str | None = None,
+    extra_special: list[str] | None = None,
+    pad_is_eos: bool = False,
+    chat_template: str | None = None,
+) -> PreTrainedTokenizerFast:
+    """A GPT-2-style byte-level BPE tokenizer trained on ``corpus``.
+
+    With ``pad_is_eos`` the pad token is set to EOS (the usual reward-model set-up);
+    otherwise the tokenizer has no pad token at all.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = [eos] + ([bos] if bos and bos != eos else []) + (extra_special or [])
+    tok.train_from_iterator(
+        corpus or make_corpus(),
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    kwargs: dict[str, object] = {"eos_token": eos, "bos_token": bos or eos, "unk_token": eos}
+    if pad_is_eos:
+        kwargs["pad_token"] = eos
+    if extra_special:
+        kwargs["additional_special_tokens"] = extra_special
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=512, **kwargs)
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    return fast
+
+
+def _scale_head(model: torch.nn.Module, seed: int) -> None:
+    """Give the score head O(1) weights so that scores differ visibly between texts."""
+    head = getattr(model, "score", None) or model.classifier
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.5)
+
+
+def save_bert_reward_model(path: str | Path, *, seed: int = 0, num_labels: int = 1) -> Path:
+    """A tiny BERT encoder reward model with a WordPiece tokenizer."""
+    path = Path(path)
+    tok = wordpiece_tokenizer()
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=num_labels,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = AutoModelForSequenceClassification.from_config(cfg)
+    _scale_head(model, seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def save_gpt2_reward_model(
+    path: str | Path, *, seed: int = 0, num_labels: int = 1, chat_template: str | None = None
+) -> Path:
+    """A tiny GPT-2 decoder reward model whose pad token is its EOS token."""
+    path = Path(path)
+    tok = byte_bpe_tokenizer(pad_is_eos=True, chat_template=chat_template)
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=512,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        num_labels=num_labels,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = AutoModelForSequenceClassification.from_config(cfg)
+    _scale_head(model, seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def save_llama_reward_model(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    num_labels: int = 1,
+    chat_template: str | None = CHAT_TEMPLATE,
+) -> Path:
+    """A tiny Llama-like decoder reward model, a chat template, and no pad token."""
+    path = Path(path)
+    tok = byte_bpe_tokenizer(
+        eos="</s>", bos="<s>", extra_special=CHAT_SPECIAL_TOKENS, chat_template=chat_template
+    )
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        num_labels=num_labels,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=None,
+    )
+    model = AutoModelForSequenceClassification.from_config(cfg)
+    _scale_head(model, seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def save_gpt2_policy(path: str | Path, *, seed: int = 0, corpus: list[str] | None = None) -> Path:
+    """A tiny GPT-2 causal LM with its own byte-level BPE tokenizer (no pad token)."""
+    path = Path(path)
+    tok = byte_bpe_tokenizer(corpus, vocab_size=350)
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=256,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
