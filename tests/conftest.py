@@ -11,9 +11,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
-
-import tiny_models  # noqa: E402
+import pytest
+import tiny_models
 
 
 @pytest.fixture(scope="session")
