@@ -1,0 +1,351 @@
+"""Dynamic micro-batching of token-id rows across concurrent requests (asyncio, no torch).
+
+One admission counter, one queue, one consumer task. The consumer blocks for the first item,
+collects more until a micro-batch is full (``max_batch_size`` rows or the padded-token budget
+``max_len * rows <= max_batch_tokens``) or ``max_wait_ms`` has passed since the oldest item
+arrived, then also takes whatever else is already waiting (up to a window of a few batches),
+sorts the window by length so each micro-batch holds similar lengths, and runs the
+micro-batches one at a time in a worker thread. Results go back by index; a failing
+micro-batch fails only the requests that had an item in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BatchObserver", "Batcher", "BatcherClosedError", "QueueFullError"]
+
+#: Bounds of the Retry-After estimate, seconds.
+MIN_RETRY_AFTER = 0.1
+MAX_RETRY_AFTER = 30.0
+
+
+class QueueFullError(RuntimeError):
+    """The queue cannot admit the request now; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float, message: str | None = None) -> None:
+        super().__init__(message or f"queue full, retry after {retry_after:.2f}s")
+        self.retry_after = retry_after
+
+
+class BatcherClosedError(RuntimeError):
+    """The batcher is not running (not started, or stopping)."""
+
+
+class BatchObserver(Protocol):
+    """Receives one call per micro-batch, for metrics."""
+
+    def on_batch(
+        self,
+        *,
+        rows: int,
+        real_tokens: int,
+        padded_tokens: int,
+        queue_wait_s: Sequence[float],
+        inference_s: float,
+        error: BaseException | None,
+    ) -> None:
+        """Called after each micro-batch, successful or not."""
+        ...
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    """One submit call: its future, results so far, and items not yet started."""
+
+    future: asyncio.Future[list[float]]
+    results: list[float]
+    remaining: int  # items without a result yet
+    unstarted: int  # items admitted whose micro-batch has not started
+
+
+@dataclass(eq=False, slots=True)
+class _Item:
+    """One row of a request, waiting in the queue."""
+
+    ids: Sequence[int]
+    length: int
+    request: _Request
+    index: int
+    enqueued: float = field(default=0.0)
+
+
+class Batcher:
+    """Form micro-batches from concurrent submits and run them one at a time off the loop."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[Sequence[int]]], list[float]],
+        *,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        max_wait_ms: float,
+        max_queue: int,
+        observer: BatchObserver | None = None,
+        sort_window: int = 4,
+    ) -> None:
+        if max_batch_tokens < 1 or max_batch_size < 1 or max_queue < 1:
+            raise ValueError("max_batch_tokens, max_batch_size and max_queue must be positive")
+        if max_wait_ms < 0 or sort_window < 1:
+            raise ValueError("max_wait_ms must be >= 0 and sort_window >= 1")
+        self._run_batch = run_batch
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.sort_window = sort_window
+        self._observer = observer
+        self._queue: deque[_Item] = deque()
+        self._queued = 0  # admitted items of live requests whose micro-batch has not started
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._abort = False  # stop(drain=False): fail instead of run what has not started
+        self._started = False
+        self._rate: float | None = None  # items per second of inference, moving average
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        """True once started and until stop() begins (or the consumer dies)."""
+        return (
+            self._started and not self._closing and self._task is not None and not self._task.done()
+        )
+
+    @property
+    def queued(self) -> int:
+        """Items admitted and waiting for their micro-batch to start."""
+        return self._queued
+
+    async def start(self) -> None:
+        """Start the consumer task on the running event loop."""
+        if self._started:
+            raise RuntimeError("batcher already started")
+        self._started = True
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._consume(), name="reward-batcher")
+        self._task.add_done_callback(self._on_consumer_done)
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Refuse new submits; finish queued work (drain) or fail it; end the consumer."""
+        self._closing = True
+        if not drain:
+            self._abort = True
+            self._fail_queued(BatcherClosedError("reward batcher stopped"))
+        if self._wakeup is not None:
+            self._wakeup.set()
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.shield(task)
+
+    def _on_consumer_done(self, task: asyncio.Task[None]) -> None:
+        """If the consumer ever dies, fail whatever is still queued instead of hanging."""
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("batcher consumer died", exc_info=task.exception())
+        self._fail_queued(BatcherClosedError("reward batcher is not running"))
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        """Fail every request that still has items in the queue."""
+        while self._queue:
+            item = self._queue.popleft()
+            self._finish_request(item.request, exc)
+
+    # ------------------------------------------------------------------ submit
+
+    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
+        """Queue rows all-or-nothing and wait for their scores, in input order."""
+        if not self.running or self._wakeup is None:
+            raise BatcherClosedError(
+                "reward batcher is stopping" if self._closing else "reward batcher is not running"
+            )
+        n = len(items)
+        if n == 0:
+            return []
+        if self._queued + n > self.max_queue:
+            raise QueueFullError(self._retry_after(self._queued + n - self.max_queue))
+        loop = asyncio.get_running_loop()
+        request = _Request(
+            future=loop.create_future(), results=[math.nan] * n, remaining=n, unstarted=n
+        )
+        now = time.monotonic()
+        self._queue.extend(
+            _Item(ids=ids, length=len(ids), request=request, index=i, enqueued=now)
+            for i, ids in enumerate(items)
+        )
+        self._queued += n
+        self._wakeup.set()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self._finish_request(request, None)
+            raise
+
+    def _retry_after(self, excess: int) -> float:
+        """Seconds until about ``excess`` queued items should have been processed."""
+        if not self._rate:
+            return 1.0
+        return min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, excess / self._rate))
+
+    def _finish_request(self, request: _Request, exc: BaseException | None) -> None:
+        """End a request early (failure or cancellation): release its unstarted items."""
+        self._queued -= request.unstarted
+        request.unstarted = 0
+        if not request.future.done():
+            if exc is None:
+                request.future.cancel()
+            else:
+                request.future.set_exception(exc)
+
+    # ------------------------------------------------------------------ consumer
+
+    async def _consume(self) -> None:
+        """Collect windows of items and run their micro-batches until stopped."""
+        assert self._wakeup is not None
+        while True:
+            window = await self._collect()
+            if window is None:
+                return
+            for batch in self._split(window):
+                try:
+                    await self._run(batch)
+                except Exception:  # a bug here must not kill the consumer
+                    logger.exception("unexpected error while running a micro-batch")
+
+    def _pop_live(self) -> _Item | None:
+        """The next queued item whose request is still waiting, or None."""
+        while self._queue:
+            item = self._queue.popleft()
+            if not item.request.future.done():
+                return item
+        return None
+
+    async def _collect(self) -> list[_Item] | None:
+        """Block for the first item, then gather more per the batching rules."""
+        assert self._wakeup is not None
+        while True:
+            if self._abort:
+                return None
+            first = self._pop_live()
+            if first is not None:
+                break
+            if self._closing:
+                return None
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        window = [first]
+        max_len = first.length
+        deadline = first.enqueued + self.max_wait_s
+
+        def batch_full() -> bool:
+            # One full micro-batch is ready: more waiting would not make it bigger.
+            rows = len(window)
+            return rows >= self.max_batch_size or max_len * (rows + 1) > self.max_batch_tokens
+
+        # Phase 1: wait (up to the oldest item's deadline) until one micro-batch is full.
+        while not batch_full():
+            item = self._pop_live()
+            if item is not None:
+                window.append(item)
+                max_len = max(max_len, item.length)
+                continue
+            timeout = deadline - time.monotonic()
+            if timeout <= 0 or self._closing:
+                break
+            self._wakeup.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+        # Phase 2: take what is already waiting, up to the sort window, without waiting.
+        max_rows = self.max_batch_size * self.sort_window
+        max_tokens = self.max_batch_tokens * self.sort_window
+        tokens = sum(it.length for it in window)
+        while len(window) < max_rows and tokens < max_tokens:
+            item = self._pop_live()
+            if item is None:
+                break
+            window.append(item)
+            tokens += item.length
+        return window
+
+    def _split(self, window: list[_Item]) -> list[list[_Item]]:
+        """Sort by length and cut into micro-batches under the row and padded-token limits."""
+        window.sort(key=lambda it: it.length)
+        batches: list[list[_Item]] = []
+        current: list[_Item] = []
+        for item in window:
+            # Sorted ascending, so this item sets the padded width of the batch.
+            if current and (
+                len(current) >= self.max_batch_size
+                or item.length * (len(current) + 1) > self.max_batch_tokens
+            ):
+                batches.append(current)
+                current = []
+            current.append(item)  # an item alone over the budget runs alone
+        if current:
+            batches.append(current)
+        return batches
+
+    async def _run(self, batch: list[_Item]) -> None:
+        """Run one micro-batch in a worker thread and deliver its results or its error."""
+        live = [it for it in batch if not it.request.future.done()]
+        if not live:
+            return
+        if self._abort:
+            for req in {id(it.request): it.request for it in live}.values():
+                self._finish_request(req, BatcherClosedError("reward batcher stopped"))
+            return
+        started = time.monotonic()
+        for it in live:
+            it.request.unstarted -= 1
+        self._queued -= len(live)
+        waits = [started - it.enqueued for it in live]
+        inputs = [it.ids for it in live]
+        error: BaseException | None = None
+        scores: list[float] = []
+        try:
+            outputs = await asyncio.to_thread(self._run_batch, inputs)
+            if not isinstance(outputs, Sequence) or len(outputs) != len(inputs):
+                got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
+                raise RuntimeError(f"scorer returned {got} results for {len(inputs)} inputs")
+            scores = [float(v) for v in outputs]
+        except Exception as exc:
+            error = exc
+        inference_s = time.monotonic() - started
+        if error is None:
+            rate = len(live) / max(inference_s, 1e-6)
+            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
+            for it, value in zip(live, scores, strict=True):
+                req = it.request
+                if req.future.done():
+                    continue
+                req.results[it.index] = value
+                req.remaining -= 1
+                if req.remaining == 0:
+                    req.future.set_result(req.results)
+        else:
+            logger.error("micro-batch of %d rows failed: %s", len(live), error)
+            for req in {id(it.request): it.request for it in live}.values():
+                self._finish_request(req, error)
+        if self._observer is not None:
+            width = max(it.length for it in live)
+            try:
+                self._observer.on_batch(
+                    rows=len(live),
+                    real_tokens=sum(it.length for it in live),
+                    padded_tokens=width * len(live),
+                    queue_wait_s=waits,
+                    inference_s=inference_s,
+                    error=error,
+                )
+            except Exception:
+                logger.exception("batch observer failed")
