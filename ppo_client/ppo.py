@@ -1,0 +1,229 @@
+"""Pure tensor maths of RLHF PPO: masks, whitening, KL penalty, GAE and the clipped losses.
+
+Conventions: ``B`` is the batch, ``T`` the response length. A response ``mask`` is ``True`` on
+the real response tokens, i.e. positions ``0..sequence_length`` (the stop token included), and
+``False`` on the padding after it. ``values[:, t]`` is the critic's estimate of the state just
+before response token ``t`` is emitted, ``logprobs[:, t]`` the log-probability of that token.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+
+KLEstimator = Literal["k1", "k3"]
+
+__all__ = [
+    "KLEstimator",
+    "PolicyLoss",
+    "ValueLoss",
+    "compute_gae",
+    "entropy_from_logits",
+    "first_true_indices",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "per_token_rewards",
+    "policy_loss",
+    "response_mask",
+    "sequence_lengths",
+    "truncate_response",
+    "value_loss",
+]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is true (over ``dim`` if given)."""
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / mask.sum()
+    return (values * mask).sum(dim) / mask.sum(dim)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``values`` over the masked positions, Bessel-corrected when ``unbiased``."""
+    count = mask.sum()
+    if count < 2:
+        raise ValueError(
+            f"masked_var needs at least 2 unmasked values, got {int(count)}; "
+            "use a larger batch (per_device_train_batch_size * gradient_accumulation_steps)"
+        )
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        var = var * count / (count - 1)
+    return var
+
+
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Normalise to unit variance over the masked positions; zero mean unless not ``shift_mean``."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        # Scale only: keep the original mean (used for rewards, whose sign carries meaning).
+        whitened = whitened + mean
+    return whitened
+
+
+def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
+    """Index of the first true entry of each row of ``bools`` (B, T), or ``T`` when there is none."""
+    length = bools.size(-1)
+    positions = torch.arange(length, device=bools.device).expand_as(bools)
+    # Where false, push the index past the end so that the row minimum is the first true one.
+    return torch.where(bools, positions, torch.full_like(positions, length)).min(-1).values
+
+
+def truncate_response(
+    responses: torch.Tensor, stop_token_id: int, pad_token_id: int
+) -> torch.Tensor:
+    """Replace every token after the first ``stop_token_id`` (kept) with ``pad_token_id``."""
+    stop_at = first_true_indices(responses == stop_token_id).unsqueeze(-1)  # (B, 1)
+    positions = torch.arange(responses.size(-1), device=responses.device)
+    return responses.masked_fill(positions > stop_at, pad_token_id)
+
+
+def sequence_lengths(responses: torch.Tensor, stop_token_id: int | None) -> torch.Tensor:
+    """Index of each response's last real token (B,): its first stop token, else ``T - 1``."""
+    last = responses.size(-1) - 1
+    if stop_token_id is None:
+        return torch.full(responses.shape[:1], last, dtype=torch.long, device=responses.device)
+    return first_true_indices(responses == stop_token_id).clamp(max=last)
+
+
+def response_mask(seq_lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """Mask (B, T) that is true on positions ``0..seq_lengths`` of each row."""
+    positions = torch.arange(length, device=seq_lengths.device)
+    return positions.unsqueeze(0) <= seq_lengths.unsqueeze(-1)
+
+
+def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-probability (B, T) of ``tokens`` (B, T) under ``logits`` (B, T, V)."""
+    logits = logits.float()
+    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    # log softmax at one index = logit - logsumexp, without materialising the (B, T, V) result.
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (B, T) of the categorical distributions given by ``logits`` (B, T, V)."""
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)
+    # H = logsumexp(z) - sum_i p_i z_i
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    estimator: KLEstimator = "k1",
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled-token log-probs (B, T)."""
+    # log r = log p_ref(x) - log p(x), with x sampled from the policy (joschu.net/blog/kl-approx).
+    log_ratio = ref_logprobs - logprobs
+    if estimator == "k1":
+        kl = -log_ratio
+    elif estimator == "k3":
+        kl = torch.expm1(log_ratio) - log_ratio  # (r - 1) - log r >= 0
+    else:
+        raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {estimator!r}")
+    if mask is not None:
+        kl = kl * mask.to(kl.dtype)
+    return kl
+
+
+def per_token_rewards(
+    kl: torch.Tensor, scores: torch.Tensor, seq_lengths: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL-penalised rewards (B, T) with each score added at its last response token; also the
+    penalty alone (the ``non_score_reward``)."""
+    non_score_reward = -kl_coef * kl  # (B, T)
+    rewards = non_score_reward.clone()
+    rows = torch.arange(rewards.size(0), device=rewards.device)
+    # The reward model judges the finished response: the score is the reward of its last action.
+    rewards[rows, seq_lengths] += scores.to(rewards.dtype)
+    return rewards, non_score_reward
+
+
+def compute_gae(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    gamma: float,
+    lam: float,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates and returns (both B, T) by the backward recursion."""
+    if mask is not None:
+        # Positions after the last token are beyond the terminal state: value and reward 0.
+        values = values * mask.to(values.dtype)
+        rewards = rewards * mask.to(rewards.dtype)
+    length = rewards.size(1)
+    last_gae = torch.zeros_like(rewards[:, 0])
+    advantages_reversed = []
+    for t in reversed(range(length)):
+        next_values = values[:, t + 1] if t < length - 1 else torch.zeros_like(values[:, t])
+        # delta_t = r_t + gamma * V(s_{t+1}) - V(s_t);  A_t = delta_t + gamma * lam * A_{t+1}
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        last_gae = delta + gamma * lam * last_gae
+        advantages_reversed.append(last_gae)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    returns = advantages + values
+    return advantages, returns
+
+
+class PolicyLoss(NamedTuple):
+    """Clipped surrogate loss and its diagnostics (scalars)."""
+
+    loss: torch.Tensor
+    clipfrac: torch.Tensor
+    approxkl: torch.Tensor
+    ratio: torch.Tensor
+
+
+class ValueLoss(NamedTuple):
+    """Clipped value loss (already scaled by 0.5) and the fraction of clipped positions."""
+
+    loss: torch.Tensor
+    clipfrac: torch.Tensor
+
+
+def policy_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange: float,
+) -> PolicyLoss:
+    """PPO clipped surrogate: masked mean of max(-A * r, -A * clip(r, 1 - eps, 1 + eps))."""
+    log_ratio = new_logprobs - old_logprobs  # (B, T)
+    ratio = torch.exp(log_ratio)
+    pg_losses = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    loss = masked_mean(torch.max(pg_losses, pg_losses2), mask)
+    with torch.no_grad():
+        clipfrac = masked_mean((pg_losses2 > pg_losses).float(), mask)
+        approxkl = 0.5 * masked_mean(log_ratio**2, mask)
+        mean_ratio = masked_mean(ratio, mask)
+    return PolicyLoss(loss, clipfrac, approxkl, mean_ratio)
+
+
+def value_loss(
+    vpred: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange_value: float,
+) -> ValueLoss:
+    """Clipped value loss: 0.5 * masked mean of max((V - R)^2, (clip(V, V_old +- eps) - R)^2)."""
+    vpred_clipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
+    vf_losses1 = torch.square(vpred - returns)
+    vf_losses2 = torch.square(vpred_clipped - returns)
+    loss = 0.5 * masked_mean(torch.max(vf_losses1, vf_losses2), mask)
+    with torch.no_grad():
+        clipfrac = masked_mean((vf_losses2 > vf_losses1).float(), mask)
+    return ValueLoss(loss, clipfrac)
