@@ -1,0 +1,200 @@
+"""``reward-server``: load a reward model, then serve it with uvicorn.
+
+Every flag is derived from a ``ServerSettings`` field (so flags, env vars and settings never
+drift apart): ``--max-batch-tokens`` <-> ``max_batch_tokens`` <-> ``REWARD_SERVER_MAX_BATCH_TOKENS``.
+Flags override the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import uvicorn
+from pydantic import SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+
+from reward_server import __version__
+from reward_server.config import ENV_PREFIX, ServerSettings
+
+logger = logging.getLogger("reward_server")
+
+PROG = "reward-server"
+
+#: Python logging level for uvicorn's extra "trace" level.
+_TRACE = 5
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    """``X | None`` -> ``X``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _argument(name: str, field: FieldInfo) -> tuple[list[str], dict[str, Any]]:
+    """argparse ``add_argument`` arguments for one settings field."""
+    annotation = _unwrap_optional(field.annotation)
+    env = ENV_PREFIX + name.upper()
+    kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+    if annotation is bool:
+        kwargs["action"] = "store_true"
+        default_text = ""
+    else:
+        if typing.get_origin(annotation) is Literal:
+            choices = typing.get_args(annotation)
+            kwargs["choices"] = choices
+            kwargs["type"] = type(choices[0])
+        elif annotation is SecretStr:
+            kwargs["type"] = str
+            kwargs["metavar"] = "KEY"
+        elif annotation in (int, float, str):
+            kwargs["type"] = annotation
+        else:  # pragma: no cover - a new field type needs a mapping here
+            raise TypeError(f"no CLI mapping for field {name}: {annotation!r}")
+        if "metavar" not in kwargs and "choices" not in kwargs:
+            kwargs["metavar"] = name.upper()
+        if field.is_required():
+            default_text = "required"
+        elif field.default is None:
+            default_text = "default: none"
+        else:
+            default_text = f"default: {field.default}"
+    details = "; ".join(part for part in (default_text, f"env {env}") if part)
+    kwargs["help"] = f"{field.description or ''} [{details}]".replace("%", "%%")
+    return [_flag(name)], kwargs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, one flag per ServerSettings field."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Serve a sequence-classification reward model over HTTP: POST /score "
+        "takes texts, query/response pairs or conversations and returns raw reward logits.",
+        epilog=f"Every flag can also be set through its environment variable "
+        f"({ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}MAX_BATCH_TOKENS); flags win.",
+    )
+    for name, field in ServerSettings.model_fields.items():
+        flags, kwargs = _argument(name, field)
+        parser.add_argument(*flags, **kwargs)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
+    """Settings from flags over ``REWARD_SERVER_*`` env vars (exits with usage on error)."""
+    parser = build_parser()
+    given = vars(parser.parse_args(argv))
+    try:
+        # Keyword arguments beat environment variables in pydantic-settings.
+        return ServerSettings(**given)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            if err["type"] == "missing":
+                problems.append(f"{_flag(name)} is required (or set {ENV_PREFIX}{name.upper()})")
+            else:
+                problems.append(f"{_flag(name)}: {err['msg']}")
+        parser.error("; ".join(problems))
+
+
+def _configure_logging(level: str) -> None:
+    numeric = _TRACE if level == "trace" else getattr(logging, level.upper())
+    logging.addLevelName(_TRACE, "TRACE")
+    logging.basicConfig(
+        level=numeric,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _load(settings: ServerSettings) -> Any:
+    """Load the model, or print one line saying why not and return None."""
+    from reward_server.app import load_model
+    from reward_server.model import ModelLoadError, RewardModel
+
+    try:
+        return load_model(settings, RewardModel)
+    except ModelLoadError as exc:
+        reason = str(exc)
+    except Exception as exc:  # an unexpected failure still gets one line, not a traceback
+        logger.debug("model load failed", exc_info=exc)
+        reason = f"{type(exc).__name__}: {exc}"
+    reason = " ".join(reason.split())  # one line, whatever the message held
+    print(f"{PROG}: error: could not load model {settings.model}: {reason}", file=sys.stderr)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, load the model, serve until SIGTERM/SIGINT; return the exit code."""
+    settings = parse_settings(argv)
+    _configure_logging(settings.log_level)
+    from reward_server.app import create_app
+
+    logger.info("loading reward model %s", settings.model)
+    try:
+        model = _load(settings)
+    except KeyboardInterrupt:
+        return 130
+    if model is None:
+        return 1
+
+    app = create_app(settings, model=model)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers propagate to the root handler set up above
+        access_log=settings.log_level in ("debug", "trace"),
+        lifespan="on",
+        timeout_graceful_shutdown=None,  # finish every request in flight, however long
+    )
+    server = DrainingServer(config, on_drain=app.state.service.begin_drain)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    logger.info(
+        "serving %s on %s (%s) at http://%s:%d",
+        model.name,
+        model.device,
+        model.dtype,
+        host,
+        settings.port,
+    )
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits this way when it cannot bind or start
+        code = exc.code if isinstance(exc.code, int) else 1
+        return code or 1
+    if not server.started:
+        return 1
+    return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server that flips the app to draining first and exits 0 on SIGTERM/SIGINT."""
+
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_drain = on_drain
+
+    def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
+        """Mark the app draining (/health 503), then let uvicorn shut down gracefully."""
+        self._on_drain()
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises a captured signal after shutting down, which would make a
+        # graceful SIGTERM exit look like a kill (-15). A drained shutdown exits 0.
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            self._captured_signals.clear()

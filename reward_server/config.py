@@ -1,0 +1,144 @@
+"""Server settings: one pydantic-settings model behind every CLI flag and environment variable.
+
+Each field is a flag ``--field-name`` of ``reward-server`` and an environment variable
+``REWARD_SERVER_FIELD_NAME``; flags win over the environment. The field descriptions are the
+CLI help texts, so they say how to tune each value.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "REWARD_SERVER_"
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+TruncationSide = Literal["left", "right"]
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+
+
+class ServerSettings(BaseSettings):
+    """Configuration of the reward server (flags, ``REWARD_SERVER_*`` env vars, or kwargs)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, frozen=True
+    )
+
+    model: str = Field(
+        min_length=1,
+        description="Reward model: a local folder or a hub id (read from the local hub cache "
+        "when offline). Loaded with AutoModelForSequenceClassification and its own tokenizer.",
+    )
+    adapter: str | None = Field(
+        default=None,
+        description="Optional PEFT (LoRA) adapter folder or hub id loaded on top of --model.",
+    )
+    merge_adapter: bool = Field(
+        default=False,
+        description="Merge the adapter into the base weights at load time: faster scoring, "
+        "same scores up to float rounding.",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="Interface to bind. Loopback by default; use 0.0.0.0 in a container and "
+        "set --api-key when the port is reachable from other machines.",
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
+    dtype: Dtype = Field(
+        default="auto",
+        description="Weight dtype. auto: bfloat16 on GPUs that support it, else float32. "
+        "float32 gives the most reproducible scores; bfloat16/float16 halve memory and are "
+        "faster on GPU.",
+    )
+    device: str = Field(
+        default="auto",
+        pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
+        description="Device: auto (CUDA when present, else CPU), cpu, cuda or cuda:N. Run one "
+        "server per GPU and list them all as client base URLs to use several GPUs.",
+    )
+    max_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most tokens scored per text (default: the model's own limit). Longer "
+        "texts are truncated (and reported so) unless --no-truncate is set.",
+    )
+    truncation_side: TruncationSide = Field(
+        default="left",
+        description="Which end of an over-long text to cut. left keeps the end of the "
+        "response, where a decoder reward model reads its score.",
+    )
+    no_truncate: bool = Field(
+        default=False,
+        description="Reject over-long texts with 413 (naming the index) instead of truncating "
+        'them; a request may still ask for truncation with "truncate": true.',
+    )
+    label_index: int = Field(
+        default=0,
+        ge=0,
+        description="Which logit of the score head is the reward (for heads with several "
+        "labels). Scores are raw logits: no sigmoid, no softmax.",
+    )
+    chat_template: str = Field(
+        default="auto",
+        min_length=1,
+        description="How query/response pairs and conversations become text: auto uses the "
+        "reward tokenizer's chat template when it has one, none joins query + response, or a "
+        "path to a Jinja template file.",
+    )
+    max_batch_tokens: int = Field(
+        default=16384,
+        gt=0,
+        description="Padded-token budget of one forward pass (longest item x rows). Raise it "
+        "until GPU memory or latency says stop; on CPU a few thousand to 16k is plenty. Must "
+        "be at least --max-length, or the longest texts cannot be scored.",
+    )
+    max_batch_size: int = Field(
+        default=64,
+        gt=0,
+        description="Most rows in one forward pass. Larger batches raise throughput until the "
+        "device is saturated; 32-256 on GPU, 16-64 on CPU.",
+    )
+    max_wait_ms: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long the batcher waits for more items before running a partial "
+        "batch. Higher values fill batches under light load at the cost of latency; 0 runs "
+        "whatever is queued at once.",
+    )
+    max_client_batch: int = Field(
+        default=256,
+        gt=0,
+        description="Most items one request may carry (more gives 413). Clients read it from "
+        "/info and split their calls; capped at --max-queue.",
+    )
+    max_queue: int = Field(
+        default=4096,
+        gt=0,
+        description="Most items waiting to be scored; beyond it requests get 429 with "
+        "Retry-After instead of unbounded latency. Size it to a few seconds of throughput.",
+    )
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        gt=0,
+        description="Largest accepted request body in bytes (more gives 413 before the body "
+        "is read). Keep it near max_client_batch x the longest expected text.",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Require 'Authorization: Bearer <key>' on /score, /get_reward and /info "
+        "(/health and /metrics stay open). Prefer the environment variable "
+        "REWARD_SERVER_API_KEY, which other users of the machine cannot see in ps.",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Allow model code from the model folder or hub repo to run. Only for "
+        "models you trust.",
+    )
+    log_level: LogLevel = Field(default="info", description="Log level of the server.")
+
+    @property
+    def effective_max_client_batch(self) -> int:
+        """Items per request actually accepted: a request larger than the queue never fits."""
+        return min(self.max_client_batch, self.max_queue)

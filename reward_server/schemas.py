@@ -1,0 +1,164 @@
+"""Request and response bodies of the HTTP API (validation lives here, in pydantic)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+
+#: A non-empty list of strings (numbers, nulls and objects are rejected, not coerced).
+StrList = Annotated[list[StrictStr], Field(min_length=1)]
+
+
+class Message(BaseModel):
+    """One chat message; keys other than role and content are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: StrictStr = Field(min_length=1, examples=["user"])
+    content: StrictStr = Field(examples=["hello"])
+
+
+Conversation = Annotated[list[Message], Field(min_length=1)]
+
+
+class ScoreRequest(BaseModel):
+    """Exactly one input form: texts, queries + responses, or conversations."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"texts": ["a complete text scored as given"]},
+                {"queries": ["Say hi."], "responses": ["Hello!"]},
+                {
+                    "conversations": [
+                        [
+                            {"role": "user", "content": "Say hi."},
+                            {"role": "assistant", "content": "Hello!"},
+                        ]
+                    ]
+                },
+            ]
+        },
+    )
+
+    texts: StrList | None = Field(default=None, description="Complete texts, scored as given.")
+    queries: StrList | None = Field(
+        default=None, description="Prompts; rendered with the matching responses."
+    )
+    responses: StrList | None = Field(default=None, description="Completions, one per query.")
+    conversations: Annotated[list[Conversation], Field(min_length=1)] | None = Field(
+        default=None, description="Chat conversations rendered with the reward chat template."
+    )
+    truncate: StrictBool | None = Field(
+        default=None,
+        description="Truncate over-long texts (true) or reject them with 413 (false); "
+        "default: the server's setting.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_form(self) -> ScoreRequest:
+        if (self.queries is None) != (self.responses is None):
+            raise ValueError("queries and responses must be given together")
+        forms = [
+            name
+            for name, value in (
+                ("texts", self.texts),
+                ("queries+responses", self.queries),
+                ("conversations", self.conversations),
+            )
+            if value is not None
+        ]
+        if len(forms) != 1:
+            got = " and ".join(forms) if forms else "none"
+            raise ValueError(
+                f"give exactly one of texts, queries+responses or conversations (got {got})"
+            )
+        if (
+            self.queries is not None
+            and self.responses is not None
+            and len(self.queries) != len(self.responses)
+        ):
+            raise ValueError(
+                f"queries and responses differ in length "
+                f"({len(self.queries)} != {len(self.responses)})"
+            )
+        return self
+
+    @property
+    def num_items(self) -> int:
+        """How many items the request scores."""
+        for value in (self.texts, self.queries, self.conversations):
+            if value is not None:
+                return len(value)
+        return 0
+
+
+class ScoreResponse(BaseModel):
+    """Scores in request order, with the tokens scored and truncation per item."""
+
+    scores: list[float] = Field(description="Raw logit of the configured label, per item.")
+    tokens: list[int] = Field(description="Tokens actually scored, per item.")
+    truncated: list[bool] = Field(description="Whether the item was truncated.")
+    model: str = Field(description="Name of the reward model (and adapter) that scored.")
+
+
+class GetRewardRequest(BaseModel):
+    """OpenRLHF remote reward request: ``query`` holds complete texts."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={"examples": [{"query": ["prompt and response as one text"]}]},
+    )
+
+    query: StrList = Field(description="Complete texts (prompt + response), scored as given.")
+    prompts: list[StrictStr] | None = Field(default=None, description="Accepted and ignored.")
+    labels: list[Any] | None = Field(default=None, description="Accepted and ignored.")
+
+
+class GetRewardResponse(BaseModel):
+    """OpenRLHF remote reward answer; ``rewards`` equals ``scores``."""
+
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: dict[str, list[float]] = Field(
+        description="Per-item values OpenRLHF logs: tokens and truncated (0/1)."
+    )
+
+
+class InfoResponse(BaseModel):
+    """What is served and with which limits."""
+
+    model: str
+    adapter: str | None
+    architecture: str
+    num_labels: int
+    label_index: int
+    max_length: int
+    truncation_side: str
+    dtype: str
+    device: str
+    chat_template: bool
+    truncate: bool = Field(description="Default truncation of over-long texts.")
+    max_batch_tokens: int
+    max_batch_size: int
+    max_wait_ms: float
+    max_client_batch: int
+    max_queue: int
+    max_body_bytes: int
+    auth: bool = Field(description="Whether /score, /get_reward and /info need a bearer key.")
+    version: str
+
+
+class HealthResponse(BaseModel):
+    """Readiness of the server."""
+
+    status: str = Field(examples=["ok"])
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer: a readable message and a machine-readable kind."""
+
+    error: str
+    type: str
