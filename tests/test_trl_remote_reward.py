@@ -1,0 +1,223 @@
+"""RemoteReward (TRL reward function) against a mock transport and a stdlib HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from ppo_client.client import RewardServerError
+from ppo_client.trl import RemoteReward
+
+URL = "http://rm:8000"
+
+
+def fake_score(item: Any) -> float:
+    """Deterministic score of one item of any form."""
+    return float(len(json.dumps(item))) / 10
+
+
+def answer(body: dict[str, Any]) -> dict[str, Any]:
+    """A /score answer: one score per item, every other item truncated."""
+    if "texts" in body:
+        items: list[Any] = body["texts"]
+    elif "queries" in body:
+        items = list(zip(body["queries"], body["responses"], strict=True))
+    else:
+        items = body["conversations"]
+    return {
+        "scores": [fake_score(i) for i in items],
+        "tokens": [7] * len(items),
+        "truncated": [i % 2 == 1 for i in range(len(items))],
+    }
+
+
+class Recorder:
+    """Mock transport handler recording /score bodies."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        return httpx.Response(200, json=answer(body))
+
+
+def make_reward(recorder: Recorder, **kwargs: Any) -> RemoteReward:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(recorder))
+    return RemoteReward(URL, http_client=http, max_client_batch=3, **kwargs)
+
+
+def test_plain_prompts_are_sent_as_queries_and_responses() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder)
+    prompts = ["The movie was", "I think", "A B", "x"]
+    completions = [" great", " not bad", " C", " yz"]
+    logged: list[tuple[str, float]] = []
+    scores = asyncio.run(
+        reward(
+            prompts=prompts,
+            completions=completions,
+            completion_ids=[[1], [2], [3], [4]],
+            trainer_state=None,
+            log_metric=lambda name, value: logged.append((name, value)),
+            log_extra=lambda column, values: None,
+            label=["a", "b", "c", "d"],
+        )
+    )
+    assert scores == [fake_score([p, c]) for p, c in zip(prompts, completions, strict=True)]
+    assert all(isinstance(s, float) for s in scores)
+    assert recorder.bodies == [
+        {"queries": prompts[:3], "responses": completions[:3]},
+        {"queries": prompts[3:], "responses": completions[3:]},
+    ]
+    # The fake server truncates the second item of each request: 1 of 4 here.
+    assert logged == [("rewards/remote_reward/truncated_frac", 0.25)]
+
+
+def test_conversational_prompts_are_sent_as_conversations() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder)
+    prompts = [
+        [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}],
+        [{"role": "user", "content": "Tell me a joke"}],
+    ]
+    completions = [
+        [{"role": "assistant", "content": "Hello!"}],
+        [{"role": "assistant", "content": "No."}],
+    ]
+    scores = asyncio.run(reward(prompts=prompts, completions=completions))
+    expected = [p + c for p, c in zip(prompts, completions, strict=True)]
+    assert recorder.bodies == [{"conversations": expected}]
+    assert scores == [fake_score(c) for c in expected]
+
+
+def test_message_content_is_reduced_to_text() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder, truncate=False)
+    prompts = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]]
+    completions = [
+        [
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
+            {"role": "tool", "name": "f", "content": "42"},
+            {"role": "assistant", "content": "It is 42.", "thinking": "hmm"},
+        ]
+    ]
+    asyncio.run(reward(prompts=prompts, completions=completions))
+    assert recorder.bodies == [
+        {
+            "conversations": [
+                [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": ""},
+                    {"role": "tool", "content": "42"},
+                    {"role": "assistant", "content": "It is 42."},
+                ]
+            ],
+            "truncate": False,
+        }
+    ]
+
+
+def test_name_is_readable_for_trl() -> None:
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
+    reward = RemoteReward(URL)
+    assert reward.__name__ == "remote_reward"
+    assert get_callable_name(reward) == "remote_reward"
+    assert is_async_callable(reward)
+    named = RemoteReward([URL, "http://rm2:8000"], name="helpfulness_rm")
+    assert get_callable_name(named) == "helpfulness_rm"
+    assert "helpfulness_rm" in repr(named)
+
+
+def test_server_error_propagates() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"error": "conversations[0]: empty"})
+
+    reward = RemoteReward(
+        URL,
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        max_client_batch=2,
+    )
+    with pytest.raises(RewardServerError, match="HTTP 422: conversations"):
+        asyncio.run(reward(prompts=["a"], completions=["b"]))
+
+
+def test_empty_batch_and_length_mismatch() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder)
+    assert asyncio.run(reward(prompts=[], completions=[])) == []
+    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+        asyncio.run(reward(prompts=["a", "b"], completions=["c"]))
+    assert recorder.bodies == []
+
+
+# --- real sockets: TRL's daemon loop and several event loops --------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Answers POST /score like the reward server; records the API key it saw."""
+
+    keys: list[str | None] = []  # noqa: RUF012 - shared by design, reset per test
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).keys.append(self.headers.get("Authorization"))
+        data = json.dumps(answer(body)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the default stderr access log."""
+
+
+@pytest.fixture
+def stdlib_server() -> Iterator[str]:
+    """A threaded stdlib HTTP server speaking the /score protocol, on a free loopback port."""
+    _Handler.keys = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_works_on_trl_daemon_loop_and_across_event_loops(stdlib_server: str) -> None:
+    from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in_daemon
+
+    reward = RemoteReward(stdlib_server, api_key="k", max_client_batch=2)
+    prompts, completions = ["a", "bb", "ccc"], ["1", "22", "333"]
+    expected = [fake_score([p, c]) for p, c in zip(prompts, completions, strict=True)]
+
+    # As GRPOTrainer does: await the reward function on a daemon thread's event loop.
+    thread, loop, ready = start_event_loop_in_daemon(name="reward-test")
+    ready.wait()
+    try:
+        for _ in range(2):
+            future = asyncio.run_coroutine_threadsafe(
+                reward(prompts=prompts, completions=completions), loop
+            )
+            assert future.result(timeout=30) == expected
+        asyncio.run_coroutine_threadsafe(reward.aclose(), loop).result(timeout=30)
+    finally:
+        shutdown_event_loop_in_daemon(thread, loop)
+
+    # And from fresh event loops, one per call (each gets its own connections).
+    for _ in range(2):
+        assert asyncio.run(reward(prompts=prompts, completions=completions)) == expected
+    assert set(_Handler.keys) == {"Bearer k"}
