@@ -1,0 +1,215 @@
+"""TRL's GRPOTrainer and OpenRLHF-style clients against a live reward-server subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tiny_models
+from datasets import Dataset
+from server_proc import ServerProcess, running_server
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from trl import GRPOConfig, GRPOTrainer
+
+from examples import grpo_remote_reward
+from ppo_client.client import RewardClient
+from ppo_client.trl import RemoteReward
+
+#: A ChatML-like template for the policy; its markup must never reach the reward server.
+POLICY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+REWARD_KEY = "rewards/remote_reward/mean"
+
+
+@pytest.fixture(scope="module")
+def bert_server(bert_rm: Path) -> Iterator[ServerProcess]:
+    """The real server hosting the tiny BERT reward model (WordPiece, no chat template)."""
+    with running_server(bert_rm) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def llama_server(llama_rm: Path) -> Iterator[ServerProcess]:
+    """The real server hosting the tiny Llama reward model (its own chat template)."""
+    with running_server(llama_rm) as server:
+        yield server
+
+
+class Capture:
+    """Records every /score request body and answer that a RemoteReward exchanges."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def on_response(self, response: httpx.Response) -> None:
+        await response.aread()
+        if response.request.url.path == "/score" and response.status_code == 200:
+            self.exchanges.append((json.loads(response.request.content), response.json()))
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
+
+
+def policy_tokenizer(path: Path, *, chat: bool) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat:
+        tokenizer.chat_template = POLICY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def train_grpo(
+    policy: Path, url: str, prompts: list[Any], output_dir: Path, *, chat: bool
+) -> tuple[GRPOTrainer, Capture]:
+    """Two GRPO steps of 2 prompts x 2 generations, rewarded by RemoteReward(url)."""
+    capture = Capture()
+    reward = RemoteReward(url, http_client=capture.client())
+    config = GRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(policy),
+        reward_funcs=[reward],
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=policy_tokenizer(policy, chat=chat),
+    )
+    trainer.train()
+    return trainer, capture
+
+
+def check_logged_rewards(trainer: GRPOTrainer, capture: Capture) -> None:
+    """Each step's logged reward mean is the mean of what the server answered that step."""
+    steps = [h for h in trainer.state.log_history if REWARD_KEY in h]
+    assert [h["step"] for h in steps] == [1, 2]
+    # One generation batch (4 completions, one request) per optimisation step.
+    assert len(capture.exchanges) == 2
+    for logged, (_body, answer) in zip(steps, capture.exchanges, strict=True):
+        assert len(answer["scores"]) == 4
+        assert logged[REWARD_KEY] == pytest.approx(sum(answer["scores"]) / 4, rel=1e-5, abs=1e-6)
+        assert logged["rewards/remote_reward/truncated_frac"] == 0.0
+    # TRL keeps the last batch's completions with the reward of each.
+    last_answer = capture.exchanges[-1][1]
+    logged_rewards = list(trainer._logs["rewards"]["remote_reward"])
+    assert logged_rewards == pytest.approx(last_answer["scores"], rel=1e-5, abs=1e-6)
+    assert all(math.isfinite(r) for r in logged_rewards)
+
+
+def test_grpo_plain_prompts_rewards_equal_server_scores(
+    gpt2_policy: Path, bert_server: ServerProcess, tmp_path: Path
+) -> None:
+    prompts = tiny_models.make_corpus(8, seed=1, min_words=2, max_words=5)
+    trainer, capture = train_grpo(gpt2_policy, bert_server.url, prompts, tmp_path, chat=False)
+    check_logged_rewards(trainer, capture)
+
+    # The server received the prompt and completion texts as query/response pairs.
+    last_prompts = list(trainer._logs["prompt"])
+    last_completions = list(trainer._logs["completion"])
+    assert capture.exchanges[-1][0] == {"queries": last_prompts, "responses": last_completions}
+    # Scoring those completions afresh gives the rewards TRL logged.
+    with RewardClient(bert_server.url) as client:
+        rescored = client(last_prompts, last_completions)
+    assert list(trainer._logs["rewards"]["remote_reward"]) == pytest.approx(rescored, abs=1e-5)
+
+
+def test_grpo_conversational_prompts_are_sent_as_conversations(
+    gpt2_policy: Path, llama_server: ServerProcess, tmp_path: Path
+) -> None:
+    texts = tiny_models.make_corpus(8, seed=2, min_words=2, max_words=5)
+    prompts = [[{"role": "user", "content": t}] for t in texts]
+    trainer, capture = train_grpo(gpt2_policy, llama_server.url, prompts, tmp_path, chat=True)
+    check_logged_rewards(trainer, capture)
+
+    for body, _ in capture.exchanges:
+        assert list(body) == ["conversations"]
+        for conversation in body["conversations"]:
+            assert [m["role"] for m in conversation] == ["user", "assistant"]
+            assert conversation[0]["content"] in texts
+            # The policy's template markup never reaches the reward model.
+            assert "<|im_start|>" not in json.dumps(conversation)
+    last = capture.exchanges[-1][0]["conversations"]
+    expected = [
+        list(p) + list(c)
+        for p, c in zip(trainer._logs["prompt"], trainer._logs["completion"], strict=True)
+    ]
+    assert last == expected
+    with RewardClient(llama_server.url) as client:
+        rescored = client.score(conversations=expected)
+    assert list(trainer._logs["rewards"]["remote_reward"]) == pytest.approx(rescored, abs=1e-5)
+
+
+def test_openrlhf_concurrent_single_sample_requests(bert_server: ServerProcess) -> None:
+    texts = tiny_models.make_corpus(16, seed=3, min_words=1, max_words=30)
+    assert len(set(texts)) == 16
+    with RewardClient(bert_server.url) as client:
+        expected = client.score(texts=texts)
+
+    async def post_all() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=bert_server.url, timeout=60) as http:
+            responses = await asyncio.gather(
+                *(
+                    http.post(
+                        "/get_reward",
+                        json={"query": [text], "prompts": [text[:5]], "labels": ["x"]},
+                    )
+                    for text in texts
+                )
+            )
+        assert [r.status_code for r in responses] == [200] * 16
+        return [r.json() for r in responses]
+
+    answers = asyncio.run(post_all())
+    for answer, score in zip(answers, expected, strict=True):
+        assert answer["rewards"] == pytest.approx([score], abs=1e-5)
+        assert answer["scores"] == answer["rewards"]
+        assert isinstance(answer["extra_logs"], dict)
+
+
+def test_grpo_example_runs_offline(
+    gpt2_policy: Path, bert_server: ServerProcess, tmp_path: Path
+) -> None:
+    data = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"prompt": p}) for p in tiny_models.make_corpus(6, seed=4, max_words=5)]
+    data.write_text("\n".join(lines) + "\n")
+    history = grpo_remote_reward.main(
+        [
+            "--reward-url",
+            bert_server.url,
+            "--model",
+            str(gpt2_policy),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "2",
+            "--per-device-train-batch-size",
+            "4",
+            "--num-generations",
+            "2",
+            "--max-completion-length",
+            "8",
+            "--use-cpu",
+        ]
+    )
+    rewards = [h[REWARD_KEY] for h in history if REWARD_KEY in h]
+    assert len(rewards) == 2 and all(math.isfinite(r) for r in rewards)
+    assert (tmp_path / "out" / "model.safetensors").is_file()
