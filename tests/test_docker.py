@@ -231,6 +231,12 @@ def mounts(name: str) -> list[dict]:
     return result
 
 
+def _compose_text() -> str:
+    """compose.yaml without its comments (where ``${...}`` is not interpolated)."""
+    lines = COMPOSE_FILE.read_text(encoding="utf-8").splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+
+
 def documented_reward_urls() -> list[str]:
     """Every ``REWARD_URL=...`` value written in compose.yaml's comments."""
     comments = [ln for ln in COMPOSE_FILE.read_text().splitlines() if ln.lstrip().startswith("#")]
@@ -323,6 +329,19 @@ def test_reward_server_variables_are_real_settings() -> None:
     assert found, "no REWARD_SERVER_* variable found"
     unknown = {key: where for key, where in found.items() if key not in fields}
     assert not unknown, f"not a reward-server setting: {unknown}"
+    # Variables compose reads from the user's shell: a REWARD_SERVER_ name there must be a
+    # setting too, or it would look like one and do something else.
+    interpolated = {m.group("name") for m in _INTERPOLATION.finditer(_compose_text())}
+    assert {n for n in interpolated if n.startswith(ENV_PREFIX)} <= fields
+
+
+@pytest.mark.parametrize("service", reward_server_services())
+def test_compose_passes_every_server_flag(service: str) -> None:
+    """Each setting is listed, so any flag can be given as REWARD_SERVER_<FLAG> to compose."""
+    listed = {key for key in service_env(service) if key.startswith(ENV_PREFIX)}
+    assert listed == {ENV_PREFIX + name.upper() for name in ServerSettings.model_fields}
+    pinned = {k for k, v in service_env(service).items() if k in listed and v is not None}
+    assert pinned == {ENV_PREFIX + "HOST", ENV_PREFIX + "PORT"}  # the rest pass through
 
 
 def _container_env(service: str) -> dict[str, str]:
