@@ -534,7 +534,8 @@ class RewardClient(_ClientBase):
 
     Also a reward callable ``(prompts, responses) -> list[float]`` for the PPO trainer.
     ``http_client`` (the test seam) is used as given and not closed by :meth:`close`;
-    ``sleep`` replaces :func:`time.sleep` between retries.
+    ``timeout`` applies to every request, also through a passed-in ``http_client``.
+    ``sleep`` replaces :func:`time.sleep` between retries; ``seed`` seeds the jitter.
     """
 
     def __init__(

@@ -1,10 +1,11 @@
-"""TRL's GRPOTrainer and OpenRLHF-style clients against a live reward-server subprocess."""
+"""TRL's GRPOTrainer, OpenRLHF-style requests and the reward clients against a live server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from trl import GRPOConfig, GRPOTrainer
 
 from examples import grpo_remote_reward
-from ppo_client.client import RewardClient
+from ppo_client.client import AsyncRewardClient, RewardClient, RewardServerError
 from ppo_client.trl import RemoteReward
 
 #: A ChatML-like template for the policy; its markup must never reach the reward server.
@@ -213,3 +214,31 @@ def test_grpo_example_runs_offline(
     rewards = [h[REWARD_KEY] for h in history if REWARD_KEY in h]
     assert len(rewards) == 2 and all(math.isfinite(r) for r in rewards)
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_reward_clients_against_live_server(bert_server: ServerProcess) -> None:
+    texts = tiny_models.make_corpus(10, seed=5)
+    with RewardClient(bert_server.url) as client:
+        reference = client.score_detailed(texts=texts)
+        assert client.max_client_batch == client.info()["max_client_batch"]
+        # BERT has no chat template: a conversation is a 422, reported at once.
+        with pytest.raises(RewardServerError) as info:
+            client.score(conversations=[[{"role": "user", "content": "hi"}]])
+        assert info.value.status == 422 and info.value.attempts == 1
+        assert info.value.message in str(info.value)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens once closed
+
+    # Chunks of 3 spread over a dead URL and the live one: same scores, same order.
+    with RewardClient([dead, bert_server.url], max_client_batch=3, backoff_max=0.01) as client:
+        assert client.score(texts=texts) == pytest.approx(reference.scores, abs=1e-5)
+
+    async def score_async() -> list[float]:
+        async with AsyncRewardClient(
+            [bert_server.url, dead], max_client_batch=4, backoff_max=0.01
+        ) as client:
+            return await client.score(texts=texts)
+
+    assert asyncio.run(score_async()) == pytest.approx(reference.scores, abs=1e-5)
