@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -51,11 +52,13 @@ def texts_of_many_lengths(rm: RewardModel, n: int = 50, seed: int = 0) -> list[s
     rng.shuffle(targets)
     texts = []
     for start, target in enumerate(targets):
-        prefixes = [" ".join(words[start : start + k]) for k in range(1, 201)]
-        counts = [e.num_tokens for e in rm.encode(prefixes, truncate=True)]
-        # The longest prefix within the target (the first word when even that is longer).
-        fits = [k for k, c in enumerate(counts) if c <= target]
-        texts.append(prefixes[fits[-1] if fits else 0])
+        # Binary search: the most words whose encoding fits the target (at least one word).
+        lo, hi = 1, 200
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            (enc,) = rm.encode([" ".join(words[start : start + mid])], truncate=True)
+            lo, hi = (mid, hi) if enc.num_tokens <= target else (lo, mid - 1)
+        texts.append(" ".join(words[start : start + lo]))
     return texts
 
 
@@ -430,3 +433,28 @@ def test_bfloat16_on_cpu(gpt2_rm: Path, gpt2: RewardModel) -> None:
     assert rm.dtype == "bfloat16"
     rows = [e.input_ids for e in rm.encode(tiny_models.make_corpus(4, seed=2), truncate=True)]
     assert rm.score_batch(rows) == pytest.approx(gpt2.score_batch(rows), abs=0.1)
+
+
+def test_base_lm_plus_adapter_with_head(
+    gpt2_rm: Path, lora_adapter: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """A causal-LM checkpoint + a SEQ_CLS adapter carrying the head (TRL's LoRA layout)."""
+    from transformers import AutoModelForCausalLM
+
+    lm_path = tmp_path / "base_lm"
+    AutoModelForCausalLM.from_pretrained(gpt2_rm).save_pretrained(lm_path)
+    AutoTokenizer.from_pretrained(gpt2_rm).save_pretrained(lm_path)
+    assert "not a sequence-classification model" in _load_error(str(lm_path))
+
+    path, expected = lora_adapter
+    rm = RewardModel.load(str(lm_path), adapter=str(path))
+    texts = list(expected)
+    rows = [e.input_ids for e in rm.encode(texts, truncate=True)]
+    assert rm.score_batch(rows) == pytest.approx([expected[t] for t in texts], abs=1e-4)
+
+    headless = tmp_path / "headless"
+    shutil.copytree(path, headless)
+    cfg = json.loads((headless / "adapter_config.json").read_text())
+    cfg["modules_to_save"] = None
+    (headless / "adapter_config.json").write_text(json.dumps(cfg))
+    assert "does not provide one" in _load_error(str(lm_path), adapter=str(headless))
