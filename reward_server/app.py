@@ -86,6 +86,10 @@ class ScoringError(RuntimeError):
     """The model failed on a request (details are logged, never sent)."""
 
 
+class ClientDisconnectedError(ConnectionError):
+    """The client went away before its scores were ready; its queued work was dropped."""
+
+
 class BodyTooLargeError(StarletteHTTPException):
     """A request body over ``max_body_bytes`` (raised from the body reader)."""
 
@@ -106,6 +110,8 @@ ERRORS: dict[type[BaseException], tuple[int, str]] = {
     NotReadyError: (503, "not_ready"),
     BatcherClosedError: (503, "shutting_down"),
     ScoringError: (500, "model_error"),
+    # nginx's "client closed request": nobody reads it, but metrics count it.
+    ClientDisconnectedError: (499, "client_disconnected"),
 }
 
 _KNOWN_ERRORS = tuple(ERRORS)
@@ -486,17 +492,25 @@ class Service:
 async def _cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``, cancelling it if the client goes away (its queued items are dropped)."""
     task = asyncio.ensure_future(work)
+    disconnected = False
 
     async def watch() -> None:
+        nonlocal disconnected
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
+                disconnected = True
                 task.cancel()
                 return
 
     watcher = asyncio.create_task(watch())
     try:
         return await task
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        logger.info("client disconnected from %s; its queued items were dropped", request.url.path)
+        raise ClientDisconnectedError("client disconnected") from None
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

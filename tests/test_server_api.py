@@ -447,6 +447,53 @@ def test_concurrent_requests_are_batched_and_routed() -> None:
     assert max(fake.batches) > 1  # some forward passes held rows of several requests
 
 
+def test_client_disconnect_drops_its_queued_items() -> None:
+    fake = FakeModel()
+    fake.gate = threading.Event()
+    app = create_app(settings(max_batch_size=1, max_wait_ms=0), model=fake)
+    sent: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            batcher = app.state.service.batcher
+            gone = asyncio.Event()
+            messages = [
+                {"type": "http.request", "body": json.dumps({"texts": ["a", "b", "c"]}).encode()}
+            ]
+
+            async def receive() -> dict[str, Any]:
+                if messages:
+                    return messages.pop(0)
+                await gone.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            scope = {
+                "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                "method": "POST", "scheme": "http", "path": "/score", "raw_path": b"/score",
+                "query_string": b"", "root_path": "", "server": ("rm", 80),
+                "client": ("127.0.0.1", 1), "headers": [(b"content-type", b"application/json")],
+            }  # fmt: skip
+            request = asyncio.create_task(app(scope, receive, send))
+            await asyncio.to_thread(fake.entered.wait, 30)  # "a" runs, "b" and "c" wait
+            assert batcher.queued == 2
+            gone.set()  # the client hangs up
+            while batcher.queued:
+                await asyncio.sleep(0.01)
+            fake.gate.set()
+            await request
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://rm") as http:
+                ok = await http.post("/score", json={"texts": ["next"]})
+            assert ok.status_code == 200
+
+    asyncio.run(scenario())
+    assert fake.batches == [1, 1]  # "a" (already running) and "next"; "b" and "c" dropped
+    assert sent[0]["status"] == 499
+
+
 # --------------------------------------------------------------------------- lifecycle
 
 
