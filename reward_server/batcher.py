@@ -172,6 +172,10 @@ class Batcher:
         n = len(items)
         if n == 0:
             return []
+        if any(
+            len(row) == 0 for row in items
+        ):  # an empty row would fail its whole micro-batch, neighbours too
+            raise ValueError("cannot score an empty row (zero tokens)")
         if self._queued + n > self.max_queue:
             raise QueueFullError(self._retry_after(self._queued + n - self.max_queue))
         loop = asyncio.get_running_loop()

@@ -445,6 +445,22 @@ def test_retry_after_follows_throughput() -> None:
     run(main())
 
 
+def test_empty_row_is_refused_at_submit() -> None:
+    scorer = FakeScorer()
+
+    async def main() -> None:
+        batcher = make(scorer)
+        await batcher.start()
+        with pytest.raises(ValueError, match="empty row"):
+            await batcher.submit([[1], []])
+        assert batcher.queued == 0
+        assert await batcher.submit([]) == []
+        await batcher.stop()
+
+    run(main())
+    assert scorer.batches == []
+
+
 def test_invalid_limits_rejected() -> None:
     with pytest.raises(ValueError):
         Batcher(lambda rows: [], max_batch_tokens=0, max_batch_size=1, max_wait_ms=0, max_queue=1)
