@@ -267,6 +267,8 @@ class RewardModel:
             raise ModelLoadError(
                 f"truncation_side must be 'left' or 'right', not {truncation_side!r}"
             )
+        if max_length is not None and max_length < 1:
+            raise ModelLoadError(f"max_length must be positive, not {max_length}")
         path = Path(model).expanduser()
         if path.is_dir():
             source = str(path)
@@ -308,6 +310,11 @@ class RewardModel:
             if fallback is None:
                 raise ModelLoadError(f"tokenizer of {model!r} has no pad, eos or unk token")
             tokenizer.pad_token = fallback
+        # We tokenize untruncated and cut ourselves; silence transformers' "longer than the
+        # maximum ... indexing errors" warning, which would be false here.
+        warned = getattr(tokenizer, "deprecation_warnings", None)
+        if isinstance(warned, dict):
+            warned["sequence-length-is-longer-than-the-specified-maximum"] = True
         if template is not None:
             tokenizer.chat_template = template
         elif chat_template == "none":
@@ -367,8 +374,6 @@ class RewardModel:
                     f"cannot tell the maximum length of {model!r}; pass max_length"
                 )
             max_length = model_limit
-        elif max_length < 1:
-            raise ModelLoadError(f"max_length must be positive, not {max_length}")
         elif model_limit is not None and max_length > model_limit:
             logger.warning(
                 "max_length %d exceeds the model's limit %d; long texts may fail or degrade",

@@ -405,7 +405,7 @@ def _load_error(*args: object, **kwargs: object) -> str:
 
 
 def test_load_errors(
-    tmp_path: Path, gpt2_rm: Path, gpt2_policy: Path, lora_adapter: tuple[Path, dict]
+    tmp_path: Path, bert_rm: Path, gpt2_rm: Path, gpt2_policy: Path, lora_adapter: tuple[Path, dict]
 ) -> None:
     assert "not found" in _load_error(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
@@ -424,6 +424,8 @@ def test_load_errors(
     assert "dtype" in _load_error(str(gpt2_rm), dtype="float8")
     assert "truncation_side" in _load_error(str(gpt2_rm), truncation_side="middle")
     assert "device" in _load_error(str(gpt2_rm), device="tpu:7")
+    assert "max_length must be positive" in _load_error(str(gpt2_rm), max_length=0)
+    assert "leaves no room" in _load_error(str(bert_rm), max_length=2)
     if not torch.cuda.is_available():
         assert "CUDA is not available" in _load_error(str(gpt2_rm), device="cuda")
 
