@@ -1,0 +1,5 @@
+"""``python -m ppo_client`` (also ``accelerate launch -m ppo_client train ...``)."""
+
+from ppo_client.cli import main
+
+raise SystemExit(main())
