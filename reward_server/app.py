@@ -690,8 +690,25 @@ def create_app(settings: ServerSettings, *, model: ScorerLike | None = None) -> 
     )
     app.state.service = service
     app.include_router(router)
+    if settings.api_key is None:
+        _drop_security_from_openapi(app)
     for exc_type in (*ERRORS, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_type, _handle_error)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, metrics=metrics_)
     app.add_middleware(MetricsMiddleware, metrics=metrics_)
     return app
+
+
+def _drop_security_from_openapi(app: FastAPI) -> None:
+    """Without an API key nothing needs auth: say so in /openapi.json too."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.pop("security", None)
+        schema.get("components", {}).pop("securitySchemes", None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

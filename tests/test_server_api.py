@@ -581,3 +581,15 @@ def test_openapi_and_docs(client: TestClient) -> None:
     assert "HTTPValidationError" not in json.dumps(spec)
     assert {"/score", "/get_reward", "/health", "/info", "/metrics"} <= set(spec["paths"])
     assert client.get("/docs").status_code == 200
+
+
+def test_openapi_declares_bearer_auth_only_with_a_key(fake: FakeModel) -> None:
+    with TestClient(create_app(settings(), model=fake)) as c:
+        spec = c.get("/openapi.json").json()
+        assert "security" not in spec["paths"]["/score"]["post"]
+        assert "securitySchemes" not in spec.get("components", {})
+    with TestClient(create_app(settings(api_key="k3y"), model=fake)) as c:
+        spec = c.get("/openapi.json").json()
+        assert spec["paths"]["/score"]["post"]["security"]
+        assert "security" not in spec["paths"]["/health"]["get"]
+        assert "k3y" not in json.dumps(spec)
