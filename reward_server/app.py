@@ -79,7 +79,7 @@ class UnauthorizedError(PermissionError):
 
 
 class NotReadyError(RuntimeError):
-    """The model is still loading or the server is draining."""
+    """The model is still loading (the lifespan has not finished starting)."""
 
 
 class ScoringError(RuntimeError):
@@ -118,7 +118,6 @@ _KNOWN_ERRORS = tuple(ERRORS)
 
 #: Kinds of plain HTTP errors raised by the framework itself (routing, body parsing).
 _HTTP_KINDS = {
-    400: "bad_request",
     404: "not_found",
     405: "method_not_allowed",
     413: "body_too_large",
@@ -196,7 +195,7 @@ def _message(exc: BaseException, status: int) -> str:
             f"{exc.max_length}, and truncation is off"
         )
     if isinstance(exc, QueueFullError):
-        return "the scoring queue is full; retry later"
+        return f"the scoring queue is full; retry in {_retry_after(exc)} s"
     if isinstance(exc, BatcherClosedError):
         return "the server is shutting down"
     if isinstance(exc, StarletteHTTPException):
@@ -450,10 +449,11 @@ class Service:
         truncate: bool | None,
     ) -> tuple[list[float], list[Any]]:
         """Render, tokenize and score ``n_items`` items; returns scores and encodings."""
-        if not self.ready or self.model is None or self.batcher is None:
-            raise NotReadyError(
-                "the server is draining" if self.draining else "the model is loading"
-            )
+        # Draining does not refuse work here: after SIGTERM uvicorn accepts no new
+        # connections, so whatever still arrives was already in flight and is finished;
+        # the batcher refuses (503) only once it stops, after those requests are done.
+        if self.model is None or self.batcher is None:
+            raise NotReadyError("the model is loading")
         if n_items > self.max_client_batch:
             raise TooManyItemsError(
                 f"{n_items} items in one request; the limit is {self.max_client_batch} "

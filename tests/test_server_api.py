@@ -513,6 +513,8 @@ def test_health_before_start_and_while_draining(fake: FakeModel) -> None:
         app.state.service.begin_drain()  # what SIGTERM does first
         body = assert_error(await http.get("/health"), 503, "not_ready")
         assert body["error"] == "draining"
+        # Requests that reach the app while draining were in flight: they are still served.
+        assert (await http.post("/score", json={"texts": ["late"]})).status_code == 200
 
     run_async(app, draining)
 
