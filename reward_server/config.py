@@ -48,9 +48,9 @@ class ServerSettings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
     dtype: Dtype = Field(
         default="auto",
-        description="Weight dtype. auto: bfloat16 on GPUs that support it, else float32. "
-        "float32 gives the most reproducible scores; bfloat16/float16 halve memory and are "
-        "faster on GPU.",
+        description="Weight dtype. auto: float32 on CPU; on CUDA a float16 checkpoint stays "
+        "float16, anything else runs in bfloat16 (float16 on GPUs without bf16). float32 gives "
+        "the most exact scores; bfloat16/float16 halve memory and are faster on GPU.",
     )
     device: str = Field(
         default="auto",
@@ -142,3 +142,21 @@ class ServerSettings(BaseSettings):
     def effective_max_client_batch(self) -> int:
         """Items per request actually accepted: a request larger than the queue never fits."""
         return min(self.max_client_batch, self.max_queue)
+
+
+def flags_markdown() -> str:
+    """A Markdown table of every flag, its env variable, default and help (for the README)."""
+    rows = ["| Flag | Environment variable | Default | What it does |", "|---|---|---|---|"]
+    for name, field in ServerSettings.model_fields.items():
+        if field.is_required():
+            default = "required"
+        elif field.default is None:
+            default = "none"
+        elif field.default is False:
+            default = "off"
+        else:
+            default = f"`{field.default}`"
+        help_text = (field.description or "").replace("|", "\\|")
+        flag = "--" + name.replace("_", "-")
+        rows.append(f"| `{flag}` | `{ENV_PREFIX}{name.upper()}` | {default} | {help_text} |")
+    return "\n".join(rows) + "\n"
