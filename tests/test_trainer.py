@@ -1,0 +1,447 @@
+"""PPOTrainer on a tiny GPT-2 policy with in-process rewards (and a mock reward server)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tiny_models
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config
+
+from ppo_client import PPOConfig, PPOTrainer, RewardClient
+from ppo_client.config import ConfigError
+
+#: The metrics every step must log, with TRL's names.
+TRL_METRICS = [
+    "objective/scores",
+    "objective/kl",
+    "objective/entropy",
+    "objective/non_score_reward",
+    "objective/rlhf_reward",
+    "policy/approxkl_avg",
+    "policy/clipfrac_avg",
+    "loss/policy_avg",
+    "loss/value_avg",
+    "val/clipfrac_avg",
+    "policy/entropy_avg",
+    "val/ratio",
+    "val/ratio_var",
+    "val/num_eos_tokens",
+    "lr",
+    "episode",
+    "eps",
+    "time/reward_wait_s",
+    "step",
+]
+ALGORITHM_METRICS = [
+    "objective/scores",
+    "objective/kl",
+    "objective/entropy",
+    "loss/policy_avg",
+    "loss/value_avg",
+    "policy/approxkl_avg",
+    "val/ratio",
+    "lr",
+    "episode",
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, especially on a shared machine."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+PROMPTS = tiny_models.make_corpus(48, seed=1, min_words=1, max_words=6)
+
+
+def dataset() -> list[dict[str, Any]]:
+    return [{"prompt": p} for p in PROMPTS]
+
+
+def space_reward(prompts: list[Any], responses: list[str]) -> list[float]:
+    """Fraction of the response's characters that are spaces: rewards word-like text."""
+    return [r.count(" ") / max(1, len(r)) for r in responses]
+
+
+def make_config(policy: Path, out: Path, **overrides: Any) -> PPOConfig:
+    values: dict[str, Any] = {
+        "model_name_or_path": str(policy),
+        "output_dir": str(out),
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "num_mini_batches": 1,
+        "local_rollout_forward_batch_size": 8,
+        "num_ppo_epochs": 2,
+        "total_episodes": 8 * 4,
+        "response_length": 8,
+        "learning_rate": 3e-3,
+        "temperature": 1.0,
+        "kl_coef": 0.01,
+        "save_steps": 1000,
+        "num_sample_generations": 0,
+        "disable_tqdm": True,
+    }
+    values.update(overrides)
+    return PPOConfig(**values)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_from_yaml_with_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "ppo.yaml"
+    path.write_text(
+        "model_name_or_path: some/model\n"
+        "learning_rate: 1e-5\n"  # YAML 1.1 reads this as a string: coerced to float
+        "reward_url: [http://a:8000, http://b:8000]\n"
+        "stop_token: eos\n"
+    )
+    cfg = PPOConfig.from_yaml(
+        path,
+        ["--kl_coef", "0.1", "--use_peft", "--missing_eos_penalty=1", "--output_dir", "123"],
+    )
+    assert cfg.learning_rate == 1e-5
+    assert cfg.reward_url == ["http://a:8000", "http://b:8000"]
+    assert (cfg.kl_coef, cfg.use_peft, cfg.missing_eos_penalty) == (0.1, True, 1.0)
+    assert cfg.output_dir == "123"  # a string field keeps the text as typed
+    assert cfg.stop_token == "eos"
+    assert cfg.num_ppo_epochs == 4 and cfg.cliprange == 0.2 and cfg.lam == 0.95  # TRL defaults
+
+
+def test_config_rejects_unknown_keys_and_bad_values() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
+        PPOConfig.from_args(["--learnig_rate", "1"])
+    with pytest.raises(ConfigError, match="expected int"):
+        PPOConfig.from_args(["--per_device_train_batch_size", "eight"])
+    with pytest.raises(ConfigError, match="not both"):
+        PPOConfig(stop_token="eos", stop_token_id=3)
+    with pytest.raises(ConfigError, match="kl_estimator"):
+        PPOConfig.from_args(["--kl_estimator", "k2"])
+
+
+def test_derived_batch_sizes() -> None:
+    cfg = PPOConfig(
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=3,
+        num_mini_batches=2,
+        total_episodes=100,
+    )
+    cfg.derive_sizes(world_size=2, dataset_size=50)
+    # one optimiser step = 2 x 3 rollouts per rank; 2 of them per PPO epoch
+    assert (cfg.local_mini_batch_size, cfg.local_batch_size) == (6, 12)
+    assert (cfg.batch_size, cfg.mini_batch_size, cfg.micro_batch_size) == (24, 12, 4)
+    assert cfg.num_total_batches == math.ceil(100 / 24)
+    with pytest.raises(ConfigError, match="fewer than one batch"):
+        cfg.derive_sizes(world_size=2, dataset_size=10)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_short_run_writes_metrics_checkpoints_plot_and_samples(
+    gpt2_policy: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    cfg = make_config(
+        gpt2_policy,
+        out,
+        save_steps=2,
+        num_sample_generations=4,
+        stop_token="eos",
+        missing_eos_penalty=0.5,
+        num_mini_batches=2,  # 16 rollouts per step
+        total_episodes=16 * 4,
+        local_rollout_forward_batch_size=6,  # chunks of 6, 6 and 4 rollouts
+    )
+    history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward).train()
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] == [h["step"] for h in history]
+    for row in rows:
+        for key in TRL_METRICS:
+            assert key in row, key
+            assert math.isfinite(row[key]), (key, row[key])
+    assert [r["episode"] for r in rows] == [16, 32, 48, 64]
+    assert rows[0]["objective/kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference
+    # a response without EOS is penalised: score = raw score - 0.5
+    assert rows[0]["objective/scores"] <= rows[0]["objective/raw_scores"]
+
+    for step in (2, 4):
+        ckpt = out / f"checkpoint-{step}"
+        for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pt", "trainer_state.json"):
+            assert (ckpt / name).is_file(), name
+        assert (ckpt / "policy" / "model.safetensors").is_file()
+        assert (ckpt / "policy" / "tokenizer.json").is_file()
+        assert (ckpt / "value_model" / "model.safetensors").is_file()
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        assert (state["step"], state["episode"], state["data_position"]) == (step, step * 16, step)
+    assert not list(out.glob(".tmp-*")), "temporary checkpoint folders must be renamed"
+
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    samples = read_jsonl(out / "samples.jsonl")
+    assert samples and {"step", "prompt", "response", "score"} <= set(samples[0])
+    assert samples[0]["prompt"] in PROMPTS
+
+    trained = AutoModelForCausalLM.from_pretrained(out)  # the final policy, loadable as is
+    assert trained.config.vocab_size == 350
+
+
+def test_zero_learning_rate_keeps_ratio_one_and_kl_zero(gpt2_policy: Path, tmp_path: Path) -> None:
+    """Rollout and update log-probs agree exactly: same masks, positions and temperature,
+    whatever the prompt padding, chunking, mini-batching and stop tokens."""
+    cfg = make_config(
+        gpt2_policy,
+        tmp_path / "run",
+        learning_rate=0.0,
+        temperature=0.7,
+        stop_token="eos",
+        total_episodes=16,
+        num_mini_batches=2,
+        local_rollout_forward_batch_size=5,
+        kl_estimator="k3",
+    )
+    history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward).train()
+    for row in history:
+        assert row["val/ratio"] == pytest.approx(1.0, abs=1e-5)
+        assert row["policy/approxkl_avg"] == pytest.approx(0.0, abs=1e-9)
+        assert row["policy/clipfrac_avg"] == 0.0
+        assert row["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_peft_policy_uses_the_base_model_as_reference(gpt2_policy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = make_config(
+        gpt2_policy, out, use_peft=True, lora_r=4, lora_alpha=8, learning_rate=1e-2, save_steps=2
+    )
+    trainer = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward)
+    assert trainer.ref_policy is None  # no second copy: the adapter is disabled instead
+    history = trainer.train()
+    assert history[0]["objective/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert history[-1]["objective/kl"] != pytest.approx(0.0, abs=1e-6)  # the adapter learned
+    assert (out / "adapter_model.safetensors").is_file()
+    assert (out / "value_model" / "adapter_model.safetensors").is_file()
+    assert (out / "checkpoint-2" / "policy" / "adapter_model.safetensors").is_file()
+    # The base weights are untouched; only the LoRA matrices trained.
+    base = AutoModelForCausalLM.from_pretrained(gpt2_policy)
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy.get_base_model()
+    trained = dict(policy.named_parameters())
+    for name, param in base.named_parameters():
+        if name not in trained:  # a layer LoRA wraps keeps its weights under base_layer
+            name = name.replace(".weight", ".base_layer.weight").replace(
+                ".bias", ".base_layer.bias"
+            )
+        torch.testing.assert_close(trained[name], param)
+
+
+def test_policy_learns_a_text_reward(gpt2_policy: Path, tmp_path: Path) -> None:
+    cfg = make_config(
+        gpt2_policy,
+        tmp_path / "run",
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=1,
+        local_rollout_forward_batch_size=16,
+        total_episodes=16 * 30,
+        num_ppo_epochs=4,
+        response_length=10,
+        seed=42,
+    )
+    history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward).train()
+    scores = [row["objective/scores"] for row in history]
+    first, last = statistics.mean(scores[:5]), statistics.mean(scores[-5:])
+    assert last > first + 0.05, (first, last, scores)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+class CrashingReward:
+    """The space reward, but the reward server "goes away" on call number ``crash_at``."""
+
+    def __init__(self, crash_at: int) -> None:
+        self.calls = 0
+        self.crash_at = crash_at
+
+    def __call__(self, prompts: list[Any], responses: list[str]) -> list[float]:
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise RuntimeError("reward server went away")
+        return space_reward(prompts, responses)
+
+
+def test_resume_continues_from_the_checkpoint(gpt2_policy: Path, tmp_path: Path) -> None:
+    settings = {"total_episodes": 8 * 6, "save_steps": 2, "num_sample_generations": 6}
+    full = PPOTrainer(
+        make_config(gpt2_policy, tmp_path / "full", **settings),
+        train_dataset=dataset(),
+        reward_fn=space_reward,
+    ).train()
+
+    out = tmp_path / "crashed"
+    with pytest.raises(RuntimeError, match="went away"):
+        PPOTrainer(
+            make_config(gpt2_policy, out, **settings),
+            train_dataset=dataset(),
+            reward_fn=CrashingReward(crash_at=6),  # one reward call per step: dies in step 6
+        ).train()
+    before = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in before] == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+    resumed = PPOTrainer(
+        make_config(gpt2_policy, out, resume_from_checkpoint="latest", **settings),
+        train_dataset=dataset(),
+        reward_fn=space_reward,
+    )
+    assert resumed.state.step == 4
+    resumed.train()
+    after = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in after] == [1, 2, 3, 4, 5, 6]
+    assert after[:4] == before[:4]  # step 5 of the crashed run was dropped, not duplicated
+    assert json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())["step"] == 6
+    assert {r["step"] for r in read_jsonl(out / "samples.jsonl")} == {1, 2, 3, 4, 5, 6}
+    # Same data order, RNG, weights and optimiser state: the resumed steps repeat the
+    # uninterrupted run's.
+    for got, want in zip(after[4:], full[4:], strict=True):
+        for key in ALGORITHM_METRICS:
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (got["step"], key)
+
+
+def test_resume_from_an_explicit_checkpoint_path(gpt2_policy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    PPOTrainer(
+        make_config(gpt2_policy, out, total_episodes=16, save_steps=1),
+        train_dataset=dataset(),
+        reward_fn=space_reward,
+    ).train()
+    resumed = PPOTrainer(
+        make_config(
+            gpt2_policy, out, total_episodes=16, resume_from_checkpoint=str(out / "checkpoint-1")
+        ),
+        train_dataset=dataset(),
+        reward_fn=space_reward,
+    )
+    assert resumed.state.step == 1 and resumed.state.episode == 8
+    with pytest.raises(ConfigError, match="not a checkpoint"):
+        PPOTrainer(
+            make_config(gpt2_policy, out, resume_from_checkpoint=str(tmp_path)),
+            train_dataset=dataset(),
+            reward_fn=space_reward,
+        )
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+def test_reward_function_must_return_one_score_per_response(
+    gpt2_policy: Path, tmp_path: Path
+) -> None:
+    trainer = PPOTrainer(
+        make_config(gpt2_policy, tmp_path / "run"),
+        train_dataset=dataset(),
+        reward_fn=lambda prompts, responses: [0.0],
+    )
+    with pytest.raises(ValueError, match="returned 1 scores for 8 responses"):
+        trainer.train()
+
+
+def test_score_transform_baseline_and_scale(gpt2_policy: Path, tmp_path: Path) -> None:
+    cfg = make_config(
+        gpt2_policy,
+        tmp_path / "run",
+        total_episodes=8,
+        reward_baseline=2.0,
+        reward_scale=0.5,
+        learning_rate=0.0,
+    )
+    history = PPOTrainer(
+        cfg, train_dataset=dataset(), reward_fn=lambda p, r: [3.0] * len(r)
+    ).train()
+    assert history[0]["objective/raw_scores"] == pytest.approx(3.0)
+    assert history[0]["objective/scores"] == pytest.approx((3.0 - 2.0) * 0.5)
+
+
+POLICY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 chat policy: Zephyr-style markup as special tokens, EOS "</s>"."""
+    path = tmp_path_factory.mktemp("chat_policy")
+    tok = tiny_models.byte_bpe_tokenizer(
+        eos="</s>",
+        extra_special=tiny_models.CHAT_SPECIAL_TOKENS,
+        chat_template=POLICY_CHAT_TEMPLATE,
+    )
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=256,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_chat_prompts_reach_the_server_as_conversations(chat_policy: Path, tmp_path: Path) -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/info":
+            return httpx.Response(200, json={"model": "rm", "max_client_batch": 64})
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(body["conversations"])
+        scores = [len(c[-1]["content"]) / 10 for c in body["conversations"]]
+        return httpx.Response(
+            200,
+            json={"scores": scores, "tokens": [5] * n, "truncated": [i % 4 == 0 for i in range(n)]},
+        )
+
+    client = RewardClient(
+        "http://rm.test", http_client=httpx.Client(transport=httpx.MockTransport(handler))
+    )
+    chats = [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": p}]
+        if i % 2
+        else [{"role": "user", "content": p}]
+        for i, p in enumerate(PROMPTS)
+    ]
+    cfg = make_config(chat_policy, tmp_path / "run", stop_token="eos", total_episodes=16)
+    history = PPOTrainer(
+        cfg, train_dataset=[{"prompt": c} for c in chats], reward_fn=client
+    ).train()
+
+    assert bodies and all(set(b) <= {"conversations", "truncate"} for b in bodies)
+    conversations = [c for b in bodies for c in b["conversations"]]
+    assert len(conversations) == 16
+    for conversation in conversations:
+        *prompt, answer = conversation
+        assert prompt in chats  # the original messages, not the rendered template
+        assert answer["role"] == "assistant"
+        for marker in ("<|user|>", "<|assistant|>", "<|system|>", "</s>"):
+            assert marker not in json.dumps(conversation), marker
+    assert [row["reward/truncated_frac"] for row in history] == [0.25, 0.25]
