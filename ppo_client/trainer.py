@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
@@ -295,8 +296,12 @@ class PPOTrainer:
         self.config = config
         self.accelerator = Accelerator(
             cpu=_launched_on_cpu(),
-            gradient_accumulation_steps=config.gradient_accumulation_steps,
-            mixed_precision="bf16" if config.bf16 else "no",
+            # Explicit: the update loop below assumes exactly this many micro-batches per step.
+            gradient_accumulation_plugin=GradientAccumulationPlugin(
+                num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False
+            ),
+            # None: accelerate's own setting (``accelerate launch --mixed_precision``) applies.
+            mixed_precision="bf16" if config.bf16 else None,
             log_with=_available_trackers(config.report_to) or None,
             project_dir=config.output_dir,
         )
@@ -342,6 +347,8 @@ class PPOTrainer:
             value_model = AutoModelForSequenceClassification.from_pretrained(
                 value_path, num_labels=1, dtype=dtype, trust_remote_code=config.trust_remote_code
             )
+        for name, model in (("policy", policy), ("value model", value_model)):
+            _check_vocab(name, model, tokenizer)
         if config.use_peft:
             policy, value_model = self._add_adapters(policy, value_model)
         self.is_peft = _is_peft(policy)
@@ -1023,6 +1030,18 @@ def _load_weights(model: nn.Module, folder: Path) -> None:
     missing = [k for k in params if k not in loaded and params[k].data_ptr() not in loaded_ptrs]
     if missing:
         raise RuntimeError(f"{folder}: checkpoint lacks {missing[:5]}")
+
+
+def _check_vocab(name: str, model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+    """The policy tokenizer's ids must index the model's embeddings (value model included:
+    it reads the policy's token ids, so it must share the policy's vocabulary)."""
+    embeddings = model.get_input_embeddings()  # type: ignore[operator]
+    size = getattr(embeddings, "num_embeddings", None)
+    if size is not None and len(tokenizer) > size:
+        raise ConfigError(
+            f"the {name} has {size} token embeddings but the policy tokenizer has "
+            f"{len(tokenizer)} tokens; the {name} must use the policy's vocabulary"
+        )
 
 
 def _rng_state(np_rng: np.random.Generator) -> dict[str, Any]:

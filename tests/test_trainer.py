@@ -445,3 +445,40 @@ def test_chat_prompts_reach_the_server_as_conversations(chat_policy: Path, tmp_p
         for marker in ("<|user|>", "<|assistant|>", "<|system|>", "</s>"):
             assert marker not in json.dumps(conversation), marker
     assert [row["reward/truncated_frac"] for row in history] == [0.25, 0.25]
+
+
+# ----------------------------------------------------------------------------- precision, trackers
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> Iterator[None]:
+    """accelerate keeps one process-wide state; a different precision needs a fresh one."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_bf16_mixed_precision_run(gpt2_policy: Path, tmp_path: Path) -> None:
+    cfg = make_config(gpt2_policy, tmp_path / "run", bf16=True, total_episodes=16)
+    trainer = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward)
+    assert trainer.accelerator.mixed_precision == "bf16"
+    history = trainer.train()
+    for row in history:
+        assert all(math.isfinite(row[k]) for k in TRL_METRICS), row
+
+
+def test_missing_tracker_is_skipped_with_a_warning(
+    gpt2_policy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+        pytest.skip("tensorboard is installed here")
+    cfg = make_config(gpt2_policy, tmp_path / "run", total_episodes=8, report_to="tensorboard")
+    with caplog.at_level("WARNING", logger="ppo_client.trainer"):
+        history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward).train()
+    assert len(history) == 1
+    assert "tensorboard is not installed" in caplog.text
