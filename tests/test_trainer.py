@@ -246,6 +246,20 @@ def test_peft_policy_uses_the_base_model_as_reference(gpt2_policy: Path, tmp_pat
                 ".bias", ".base_layer.bias"
             )
         torch.testing.assert_close(trained[name], param)
+    # Resuming loads the adapters (policy and value head) back from the last checkpoint.
+    resumed = PPOTrainer(
+        make_config(
+            gpt2_policy, out, use_peft=True, lora_r=4, lora_alpha=8, resume_from_checkpoint="latest"
+        ),
+        train_dataset=dataset(),
+        reward_fn=space_reward,
+    )
+    assert resumed.state.step == 4
+    want = dict(trainer.accelerator.unwrap_model(trainer.model).named_parameters())
+    got = dict(resumed.accelerator.unwrap_model(resumed.model).named_parameters())
+    assert want.keys() == got.keys()
+    for name, param in want.items():
+        torch.testing.assert_close(got[name], param, msg=name)
 
 
 def test_policy_learns_a_text_reward(gpt2_policy: Path, tmp_path: Path) -> None:
