@@ -211,6 +211,12 @@ class PPOConfig:
             "batch_size (per_device_train_batch_size * gradient_accumulation_steps * "
             "num_mini_batches * world_size) must be a multiple of num_mini_batches",
         )
+        if self.whiten_rewards and self.local_mini_batch_size < 8:
+            raise ConfigError(
+                f"whiten_rewards needs at least 8 rollouts per rank and mini-batch, got "
+                f"{self.local_mini_batch_size} (per_device_train_batch_size x "
+                "gradient_accumulation_steps)"
+            )
         if dataset_size < self.batch_size:
             raise ConfigError(
                 f"the dataset has {dataset_size} prompts, fewer than one batch of "

@@ -148,6 +148,9 @@ def test_derived_batch_sizes() -> None:
     assert cfg.num_total_batches == math.ceil(100 / 24)
     with pytest.raises(ConfigError, match="fewer than one batch"):
         cfg.derive_sizes(world_size=2, dataset_size=10)
+    cfg.whiten_rewards = True
+    with pytest.raises(ConfigError, match="whiten_rewards needs at least 8"):
+        cfg.derive_sizes(world_size=2, dataset_size=50)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -164,6 +167,7 @@ def test_short_run_writes_metrics_checkpoints_plot_and_samples(
         num_sample_generations=4,
         stop_token="eos",
         missing_eos_penalty=0.5,
+        whiten_rewards=True,
         num_mini_batches=2,  # 16 rollouts per step
         total_episodes=16 * 4,
         local_rollout_forward_batch_size=6,  # chunks of 6, 6 and 4 rollouts
