@@ -1,122 +1,15 @@
-"""Run the real ``reward-server`` console script in a subprocess for end-to-end tests."""
+"""Run the real ``reward-server`` console script in a subprocess for end-to-end tests.
 
-from __future__ import annotations
+The implementation lives in :mod:`reward_server.launcher` (the demo and the benchmarks use
+it too); this module keeps the tests' import path short.
+"""
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from pathlib import Path
+from reward_server.launcher import (
+    REWARD_SERVER,
+    ServerProcess,
+    free_port,
+    running_server,
+    start_server,
+)
 
-import httpx
-
-#: The console script installed next to the running interpreter (the project's venv).
-REWARD_SERVER = Path(sys.executable).parent / "reward-server"
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """A started ``reward-server`` subprocess with its URL and captured output."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-        self.proc = proc
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self._log_path = log_path
-
-    def log(self) -> str:
-        """Everything the server wrote to stdout and stderr so far."""
-        try:
-            return self._log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Send ``sig``, wait for the exit (killing after ``timeout``) and return the code."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return int(self.proc.returncode)
-
-    def wait_ready(self, timeout: float) -> None:
-        """Poll ``GET /health`` until it answers 200; raise with the log if it never does."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"reward-server exited with code {self.proc.returncode} before it was "
-                    f"ready:\n{self.log()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"reward-server not healthy after {timeout}s:\n{self.log()}")
-
-
-def start_server(
-    model_path: str | Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    port: int | None = None,
-) -> ServerProcess:
-    """Start ``reward-server --model model_path --port P *args`` without waiting for it."""
-    port = port or free_port()
-    fd, name = tempfile.mkstemp(prefix="reward-server-", suffix=".log")
-    log_path = Path(name)
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = [str(REWARD_SERVER), "--port", str(port), "--host", "127.0.0.1", *args]
-    if model_path is not None:
-        cmd[1:1] = ["--model", str(model_path)]
-    with os.fdopen(fd, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
-    return ServerProcess(proc, port, log_path)
-
-
-@contextlib.contextmanager
-def running_server(
-    model_path: str | Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    timeout: float = 60,
-) -> Iterator[ServerProcess]:
-    """Start the real server on a free loopback port, wait for health, stop it on exit.
-
-    ``args`` are extra CLI flags; ``env`` is added to the inherited environment. A port
-    taken between choosing and binding it is retried with another port.
-    """
-    server: ServerProcess | None = None
-    for attempt in range(3):
-        server = start_server(model_path, *args, env=env)
-        try:
-            server.wait_ready(timeout)
-            break
-        except RuntimeError:
-            server.stop(signal.SIGKILL)
-            in_use = "address already in use" in server.log().lower()
-            if not in_use or attempt == 2:
-                server._log_path.unlink(missing_ok=True)
-                raise
-            server._log_path.unlink(missing_ok=True)
-    assert server is not None
-    try:
-        yield server
-    finally:
-        server.stop()
-        server._log_path.unlink(missing_ok=True)
+__all__ = ["REWARD_SERVER", "ServerProcess", "free_port", "running_server", "start_server"]
