@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
         help="server base URL (repeat the flag for several servers)",
     )
     score.add_argument("--api-key", default=os.environ.get("REWARD_API_KEY"))
-    score.add_argument("--timeout", type=float, default=60.0)
+    score.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    score.add_argument("--max-retries", type=int, default=5, help="retries per request")
     score.add_argument(
         "--query",
         help="score TEXTs as responses to this query (sent as query/response pairs)",
@@ -86,7 +87,9 @@ def _score(args: argparse.Namespace) -> int:
     from ppo_client.client import RewardClient, RewardServerError
 
     urls = [u.strip() for arg in args.reward_url for u in arg.split(",") if u.strip()]
-    with RewardClient(urls, api_key=args.api_key, timeout=args.timeout) as client:
+    with RewardClient(
+        urls, api_key=args.api_key, timeout=args.timeout, max_retries=args.max_retries
+    ) as client:
         try:
             if args.query is not None:
                 result = client.score_detailed(

@@ -119,7 +119,17 @@ def test_train_cli_reports_config_errors(tmp_path: Path) -> None:
 
 def test_score_cli_reports_an_unreachable_server() -> None:
     proc = subprocess.run(
-        [str(PPO_CLIENT), "score", "--reward-url", "http://127.0.0.1:9", "--timeout", "2", "x"],
+        [
+            str(PPO_CLIENT),
+            "score",
+            "--reward-url",
+            "http://127.0.0.1:9",
+            "--timeout",
+            "2",
+            "--max-retries",
+            "0",
+            "x",
+        ],
         capture_output=True,
         text=True,
         env=_env(),
