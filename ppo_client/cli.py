@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ppo_client.config import PPOConfig
+
 __all__ = ["main"]
 
 logger = logging.getLogger("ppo_client.cli")
@@ -34,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="Run PPO. Options come from --config (YAML) and any --key value "
         "overrides; keys are the PPOConfig fields (see the README).",
+        epilog="config keys: " + ", ".join(PPOConfig.field_names()),
     )
     train.add_argument("--config", help="YAML file of PPOConfig options")
     train.add_argument(
@@ -47,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="server base URL (repeat the flag for several servers)",
     )
-    score.add_argument("--api-key", default=os.environ.get("REWARD_API_KEY"))
+    score.add_argument(
+        "--api-key", default=os.environ.get("REWARD_API_KEY"), help="default: $REWARD_API_KEY"
+    )
     score.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     score.add_argument("--max-retries", type=int, default=5, help="retries per request")
     score.add_argument(
@@ -60,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    from ppo_client.config import ConfigError, PPOConfig
+    from ppo_client.config import ConfigError
 
     try:
         if args.config:

@@ -184,3 +184,27 @@ def test_reward_inputs_keep_the_original_chat_messages(chat_tokenizer: object) -
     for marker in MARKUP:
         assert marker not in out.responses[0]
         assert all(marker not in m["content"] for m in out.prompts[0])
+
+
+def test_log_prob_forward_reproduces_the_sampling_distribution(gpt2_policy: Path) -> None:
+    """On left-padded prompts, the forward pass that gives the rollout and update log-probs
+    sees exactly the logits that generation sampled from (positions from the mask)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from ppo_client.trainer import PolicyAndValue
+
+    policy = AutoModelForCausalLM.from_pretrained(gpt2_policy).eval()
+    critic = AutoModelForSequenceClassification.from_pretrained(gpt2_policy, num_labels=1)
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7], [1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    cfg = sampling_config(5, 0.7, stop_token_id=None, pad_token_id=0)
+    cfg.output_logits, cfg.return_dict_in_generate = True, True
+    torch.manual_seed(0)
+    out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
+    sampled_from = torch.stack(out.logits, 1)  # (B, T, V), before the temperature
+    full_mask = torch.cat([mask, torch.ones_like(out.sequences[:, 6:])], 1)
+    with torch.no_grad():
+        logits = PolicyAndValue(policy, critic, response_length=5).policy_logits(
+            out.sequences, full_mask, position_ids_from_mask(full_mask)
+        )
+    torch.testing.assert_close(logits, sampled_from, atol=1e-5, rtol=0)
