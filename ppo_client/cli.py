@@ -82,7 +82,18 @@ def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"ppo-client train: {exc}", file=sys.stderr)
         return 2
-    trainer.train()
+    from ppo_client.client import RewardClientError
+
+    try:
+        trainer.train()
+    except RewardClientError as exc:
+        # The reward server failed for good (after retries): say so without a traceback.
+        print(
+            f"ppo-client train: stopped at step {trainer.state.step}: {exc}; resume with "
+            "--resume_from_checkpoint latest",
+            file=sys.stderr,
+        )
+        return 1
     if trainer.accelerator.is_main_process:
         print(f"done: {trainer.state.step} steps, outputs in {config.output_dir}")
     return 0
