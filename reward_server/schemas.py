@@ -4,10 +4,34 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
+
+
+def _encodable(value: str) -> str:
+    """Reject strings that are not valid Unicode text (JSON escapes of lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # JSON allows "\ud800" alone; no tokenizer can encode it, so it is malformed input.
+        raise ValueError(
+            f"invalid Unicode: lone surrogate {value[exc.start]!r} at character {exc.start}"
+        ) from None
+    return value
+
+
+#: A string that reaches the tokenizer: strict (no coercion) and valid Unicode.
+Text = Annotated[StrictStr, AfterValidator(_encodable)]
 
 #: A non-empty list of strings (numbers, nulls and objects are rejected, not coerced).
-StrList = Annotated[list[StrictStr], Field(min_length=1)]
+StrList = Annotated[list[Text], Field(min_length=1)]
 
 
 class Message(BaseModel):
@@ -15,8 +39,8 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    role: StrictStr = Field(min_length=1, examples=["user"])
-    content: StrictStr = Field(examples=["hello"])
+    role: Text = Field(min_length=1, examples=["user"])
+    content: Text = Field(examples=["hello"])
 
 
 Conversation = Annotated[list[Message], Field(min_length=1)]
