@@ -33,6 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from examples import demo_data, demo_models
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SAMPLE_PROMPTS = ["the movie was", "i thought the film", "the acting", "this film is", "i"]
 
 
@@ -48,7 +49,7 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(rm_pairs=200, policy_sentences=2000, policy_steps=250, ppo_episodes=512, ppo_batch=32)
+QUICK = Sizes(rm_pairs=400, policy_sentences=2000, policy_steps=250, ppo_episodes=768, ppo_batch=32)
 
 
 def stage(n: int, title: str, text: str) -> None:
@@ -78,7 +79,7 @@ def ppo_config(out: Path, url: str, sizes: Sizes, seed: int) -> dict[str, object
         "temperature": 1.0,
         "kl_coef": 0.05,
         "missing_eos_penalty": 1.0,
-        "save_steps": 0,
+        "save_steps": 100_000,  # no intermediate checkpoints; the final model is saved
         "num_sample_generations": 4,
         "report_to": "none",
     }
@@ -212,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         reward model's own WordPiece tokenizer and batches requests dynamically.
     """,
     )
-    with running_server(rm_dir, "--max-wait-ms", "2", log_path=out / "reward_server.log") as server:
+    with running_server(
+        rm_dir, "--max-wait-ms", "2", env=ONE_THREAD, log_path=out / "reward_server.log"
+    ) as server:
         print(f"    serving at {server.url} (log: {out / 'reward_server.log'})")
         before = sample_and_score(policy_dir, server.url, args.seed)
         print_samples("samples BEFORE PPO (score from the reward server):", before)
@@ -237,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             + "\n"
         )
-        subprocess.run([str(PPO_CLIENT), "train", "--config", str(config_path)], check=True)
+        # One torch thread each: the trainer and the server share this machine's cores.
+        done = subprocess.run(
+            [str(PPO_CLIENT), "train", "--config", str(config_path)], env=ONE_THREAD, check=False
+        )
+        if done.returncode != 0:
+            print(f"ppo-client train failed (exit {done.returncode})", file=sys.stderr)
+            return done.returncode
         after = sample_and_score(ppo_out, server.url, args.seed)
         print_samples("samples AFTER PPO:", after)
 

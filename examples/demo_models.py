@@ -183,7 +183,7 @@ def train_policy(
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
-            loss_value = float(loss)
+            loss_value = loss.item()
             bar.set_postfix(loss=f"{loss_value:.3f}")
     model.eval()
     model.save_pretrained(out_dir)

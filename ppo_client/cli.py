@@ -138,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=args.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        # One line per reward request would drown the progress bar; retries and failures
+        # are logged by the reward client itself.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         return _train(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

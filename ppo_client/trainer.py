@@ -45,6 +45,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     get_scheduler,
 )
+from transformers import logging as hf_logging
 
 from ppo_client import ppo
 from ppo_client.config import ConfigError, PPOConfig
@@ -344,9 +345,20 @@ class PPOTrainer:
             value_path = config.value_model_path or model_path or _name_of(policy)
             if value_path is None:
                 raise ConfigError("set value_model_path or model_name_or_path")
-            value_model = AutoModelForSequenceClassification.from_pretrained(
-                value_path, num_labels=1, dtype=dtype, trust_remote_code=config.trust_remote_code
-            )
+            # A value model made from the policy checkpoint has a new score head by design:
+            # transformers' "newly initialised weights" report is expected, so it is muted.
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()
+            try:
+                value_model = AutoModelForSequenceClassification.from_pretrained(
+                    value_path,
+                    num_labels=1,
+                    dtype=dtype,
+                    trust_remote_code=config.trust_remote_code,
+                )
+            finally:
+                hf_logging.set_verbosity(verbosity)
+            logger.info("value model loaded from %s", value_path)
         for name, model in (("policy", policy), ("value model", value_model)):
             _check_vocab(name, model, tokenizer)
         if config.use_peft:
