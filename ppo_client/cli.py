@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ppo_client.config import PPOConfig
 
@@ -35,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
         help="run PPO",
         allow_abbrev=False,
         description="Run PPO. Options come from --config (YAML) and any --key value "
-        "overrides; keys are the PPOConfig fields (see the README).",
+        "overrides; keys are the PPOConfig fields (see the README). The environment "
+        "variables REWARD_URL and REWARD_API_KEY, when set, override the file's reward_url "
+        "and reward_api_key (flags override both).",
         epilog="config keys: " + ", ".join(PPOConfig.field_names()),
     )
     train.add_argument("--config", help="YAML file of PPOConfig options")
@@ -64,14 +66,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Environment variables that override config keys (compose sets them for the trainer).
+ENV_KEYS = {"REWARD_URL": "reward_url", "REWARD_API_KEY": "reward_api_key"}
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[str]:
+    """``--key value`` overrides from the environment; empty variables count as unset.
+
+    They are placed before the command line's overrides, so flags win over the environment,
+    which wins over the YAML file.
+    """
+    return [
+        arg
+        for var, key in ENV_KEYS.items()
+        if environ.get(var)
+        for arg in (f"--{key}", environ[var])
+    ]
+
+
 def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from ppo_client.config import ConfigError
 
+    from_env = env_overrides(os.environ)
     try:
         if args.config:
-            config = PPOConfig.from_yaml(args.config, overrides)
+            config = PPOConfig.from_yaml(args.config, [*from_env, *overrides])
         else:
-            config = PPOConfig.from_args(overrides)
+            config = PPOConfig.from_args([*from_env, *overrides])
     except (ConfigError, OSError) as exc:
         print(f"ppo-client train: {exc}", file=sys.stderr)
         return 2
