@@ -1,0 +1,377 @@
+"""Load: 64 concurrent clients, mixed request sizes and forms, every score checked.
+
+One test, parametrised by duration: a short run in ``make test`` and a long one marked
+``soak`` for ``make soak`` (``RELIABILITY_SOAK_SECONDS``, default 900). Every answer is
+compared with a per-item reference computed once in process (the same reward model, one
+item at a time, no padding), the server's own item counters must equal what the clients
+sent (nothing lost or scored twice), and the server's resident memory after the run must be
+within 10% of its level after warm-up.
+
+Also here: a queue that is too small for the load answers 429 with ``Retry-After``, and the
+reward client's retries bring every request through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from server_proc import ServerProcess, running_server
+from tiny_models import make_corpus
+
+from ppo_client import AsyncRewardClient, RewardClient
+from reward_server.model import RewardModel
+
+CLIENTS = 64
+TOL = 1e-5
+SHORT_SECONDS = 10.0
+SOAK_SECONDS = float(os.environ.get("RELIABILITY_SOAK_SECONDS", "900"))
+#: Where the soak run writes its figures (the README's Reliability section quotes them).
+REPORT = os.environ.get("RELIABILITY_REPORT", "runs/reliability/soak.json")
+#: The server answers at most this many items a request; larger client calls are split.
+MAX_CLIENT_BATCH = 32
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- reference pool
+
+
+@dataclass
+class Pool:
+    """Texts, pairs and conversations with their reference scores, keyed by position."""
+
+    texts: list[str]
+    queries: list[str]
+    responses: list[str]
+    conversations: list[list[dict[str, str]]]
+    text_ref: list[float]
+    pair_ref: list[float]
+    conv_ref: list[float]
+
+
+def _one_by_one(model: RewardModel, rendered: Sequence[str]) -> list[float]:
+    """Reference scores: each item alone (no padding, no neighbours)."""
+    encoded = model.encode(list(rendered), truncate=True)
+    return [model.score_batch([e.input_ids])[0] for e in encoded]
+
+
+def build_pool(model_path: Path, seed: int = 7) -> Pool:
+    """A seeded pool of mixed-length inputs and their in-process reference scores."""
+    rng = random.Random(seed)
+    texts = make_corpus(160, seed=seed, min_words=1, max_words=120)
+    queries = make_corpus(80, seed=seed + 1, min_words=1, max_words=30)
+    responses = make_corpus(80, seed=seed + 2, min_words=1, max_words=60)
+    conversations = []
+    for turn in make_corpus(60, seed=seed + 3, min_words=1, max_words=40):
+        conv = [{"role": "user", "content": turn}]
+        if rng.random() < 0.5:
+            conv.insert(0, {"role": "system", "content": "be kind"})
+        conv.append({"role": "assistant", "content": " ".join(reversed(turn.split()))})
+        conversations.append(conv)
+    model = RewardModel.load(str(model_path), dtype="float32", device="cpu")
+    return Pool(
+        texts=texts,
+        queries=queries,
+        responses=responses,
+        conversations=conversations,
+        text_ref=_one_by_one(model, texts),
+        pair_ref=_one_by_one(model, model.render_pairs(queries, responses)),
+        conv_ref=_one_by_one(model, model.render_conversations(conversations)),
+    )
+
+
+# --------------------------------------------------------------------------- metrics scrape
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The server's Prometheus samples, ``name{labels}`` -> value."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def items_scored(samples: dict[str, float]) -> dict[str, float]:
+    """Items scored per endpoint (``reward_server_items_total``)."""
+    out = {}
+    for name, value in samples.items():
+        m = re.fullmatch(r'reward_server_items_total\{endpoint="([^"]+)"\}', name)
+        if m:
+            out[m.group(1)] = value
+    return out
+
+
+def rss(proc: psutil.Process) -> int:
+    """Resident set size in bytes."""
+    return int(proc.memory_info().rss)
+
+
+# --------------------------------------------------------------------------- load generator
+
+
+@dataclass
+class Tally:
+    """What the clients did and saw."""
+
+    requests: int = 0
+    items: int = 0
+    errors: int = 0
+    wrong: int = 0
+    verified: int = 0
+    by_form: Counter[str] = field(default_factory=Counter)
+    items_by_endpoint: Counter[str] = field(default_factory=Counter)
+    first_problems: list[str] = field(default_factory=list)
+
+    def problem(self, text: str) -> None:
+        if len(self.first_problems) < 10:
+            self.first_problems.append(text)
+
+
+FORMS = ("texts", "pairs", "conversations", "get_reward", "client")
+
+
+def _check(tally: Tally, form: str, got: Sequence[float], want: Sequence[float]) -> None:
+    if len(got) != len(want):
+        tally.wrong += len(want)
+        tally.problem(f"{form}: {len(got)} scores for {len(want)} items")
+        return
+    for g, w in zip(got, want, strict=True):
+        if isinstance(g, float) and math.isfinite(g) and abs(g - w) <= TOL * max(1.0, abs(w)):
+            tally.verified += 1
+        else:
+            tally.wrong += 1
+            tally.problem(f"{form}: score {g!r}, reference {w!r}")
+
+
+async def _one_request(
+    http: httpx.AsyncClient,
+    client: AsyncRewardClient,
+    url: str,
+    pool: Pool,
+    rng: random.Random,
+    tally: Tally,
+) -> None:
+    """Send one request of a random form and size; check every score against the pool."""
+    form = rng.choice(FORMS)
+    # Mostly small requests, sometimes large ones (the client call splits past 32 items).
+    n = rng.choice((1, 1, 2, 3, 5, 8, 13, 21, 32)) if form != "client" else rng.randint(1, 100)
+    tally.requests += 1
+    tally.by_form[form] += 1
+    tally.items += n
+    try:
+        if form == "texts":
+            idx = [rng.randrange(len(pool.texts)) for _ in range(n)]
+            body: dict[str, Any] = {"texts": [pool.texts[i] for i in idx]}
+            want, path, key = [pool.text_ref[i] for i in idx], "/score", "scores"
+        elif form == "pairs":
+            idx = [rng.randrange(len(pool.queries)) for _ in range(n)]
+            body = {
+                "queries": [pool.queries[i] for i in idx],
+                "responses": [pool.responses[i] for i in idx],
+            }
+            want, path, key = [pool.pair_ref[i] for i in idx], "/score", "scores"
+        elif form == "conversations":
+            idx = [rng.randrange(len(pool.conversations)) for _ in range(n)]
+            body = {"conversations": [pool.conversations[i] for i in idx]}
+            want, path, key = [pool.conv_ref[i] for i in idx], "/score", "scores"
+        elif form == "get_reward":
+            idx = [rng.randrange(len(pool.texts)) for _ in range(n)]
+            body = {"query": [pool.texts[i] for i in idx]}
+            want, path, key = [pool.text_ref[i] for i in idx], "/get_reward", "rewards"
+        else:
+            idx = [rng.randrange(len(pool.queries)) for _ in range(n)]
+            got = await client.score(
+                queries=[pool.queries[i] for i in idx], responses=[pool.responses[i] for i in idx]
+            )
+            tally.items_by_endpoint["/score"] += n
+            _check(tally, form, got, [pool.pair_ref[i] for i in idx])
+            return
+        r = await http.post(url + path, json=body)
+        if r.status_code != 200:
+            tally.errors += 1
+            tally.problem(f"{form}: HTTP {r.status_code} {r.text[:200]}")
+            return
+        tally.items_by_endpoint[path] += n
+        _check(tally, form, r.json()[key], want)
+    except Exception as exc:  # any failure of a request is an error of the run
+        tally.errors += 1
+        tally.problem(f"{form}: {type(exc).__name__}: {exc}")
+
+
+async def _drive(url: str, pool: Pool, seconds: float, seed: int, tally: Tally) -> None:
+    """``CLIENTS`` concurrent clients, each sending requests back to back until time is up."""
+    deadline = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
+
+    async def one_client(k: int) -> None:
+        rng = random.Random(seed * 1000 + k)
+        async with AsyncRewardClient(url, timeout=120, max_retries=0) as client:
+            while time.monotonic() < deadline:
+                await _one_request(http, client, url, pool, rng, tally)
+
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        await asyncio.gather(*(one_client(k) for k in range(CLIENTS)))
+
+
+def run_load(url: str, pool: Pool, seconds: float, seed: int) -> Tally:
+    """Run the clients for ``seconds`` (bounded: each request has a 120 s timeout)."""
+    tally = Tally()
+    asyncio.run(_drive(url, pool, seconds, seed, tally))
+    return tally
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def pool(llama_rm: Path) -> Pool:
+    return build_pool(llama_rm)
+
+
+@pytest.fixture
+def load_server(llama_rm: Path) -> Iterator[ServerProcess]:
+    # The Llama-like model has a chat template, so every input form is valid.
+    with running_server(
+        llama_rm, "--max-client-batch", str(MAX_CLIENT_BATCH), "--max-wait-ms", "5"
+    ) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [
+        pytest.param(SHORT_SECONDS, id="short"),
+        pytest.param(
+            SOAK_SECONDS,
+            id="soak",
+            marks=[pytest.mark.soak, pytest.mark.slow, pytest.mark.timeout(SOAK_SECONDS + 600)],
+        ),
+    ],
+)
+def test_concurrent_clients_mixed_load(
+    load_server: ServerProcess, pool: Pool, seconds: float
+) -> None:
+    server = load_server
+    proc = psutil.Process(server.proc.pid)
+    before = items_scored(scrape(server.url))
+
+    # Warm-up with the same load: allocator pools, tokenizer caches and every batch shape
+    # reach their steady state before the baseline is taken.
+    warm_seconds = min(max(seconds * 0.25, 3.0), 60.0)
+    warm = run_load(server.url, pool, warm_seconds, seed=1)
+    assert warm.errors == 0 and warm.wrong == 0, warm.first_problems
+    rss_warm = rss(proc)
+
+    begin = time.monotonic()
+    tally = run_load(server.url, pool, seconds, seed=2)
+    elapsed = time.monotonic() - begin
+    rss_after = rss(proc)
+    after = items_scored(scrape(server.url))
+
+    assert tally.errors == 0, tally.first_problems
+    assert tally.wrong == 0, tally.first_problems
+    assert tally.verified == tally.items
+    assert set(tally.by_form) == set(FORMS), tally.by_form
+    # The server scored exactly what the clients sent: nothing lost, nothing twice.
+    for endpoint in ("/score", "/get_reward"):
+        sent = warm.items_by_endpoint[endpoint] + tally.items_by_endpoint[endpoint]
+        assert after.get(endpoint, 0) - before.get(endpoint, 0) == sent, endpoint
+    drift = (rss_after - rss_warm) / rss_warm
+    assert abs(drift) <= 0.10, (rss_warm, rss_after)
+    assert server.proc.poll() is None
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+    figures = {
+        "clients": CLIENTS,
+        "duration_s": round(elapsed, 1),
+        "warmup_s": round(warm_seconds, 1),
+        "requests": tally.requests,
+        "items": tally.items,
+        "errors": tally.errors,
+        "scores_verified": tally.verified,
+        "requests_by_form": dict(tally.by_form),
+        "rss_after_warmup_mib": round(rss_warm / 2**20, 1),
+        "rss_after_run_mib": round(rss_after / 2**20, 1),
+        "memory_drift_pct": round(100 * drift, 2),
+        "model": "tiny Llama-like reward model (2 layers, hidden 32), float32, CPU",
+        "cpus": os.cpu_count(),
+    }
+    logger.info("load run: %s", json.dumps(figures))
+    print(json.dumps(figures, indent=2))
+    if seconds >= SOAK_SECONDS:
+        report = Path(REPORT)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- queue full
+
+
+def test_queue_full_gives_429_and_client_retries_bring_everything_through(
+    llama_rm: Path, pool: Pool
+) -> None:
+    n_requests, per_request = 12, 8
+    rng = random.Random(5)
+    bodies = []
+    for _ in range(n_requests):
+        idx = [rng.randrange(len(pool.texts)) for _ in range(per_request)]
+        bodies.append((idx, [pool.texts[i] for i in idx]))
+    # Room for four requests at a time; the batcher waits 250 ms for more items, so a burst
+    # of 12 requests certainly overflows the queue.
+    args = ("--max-queue", "32", "--max-client-batch", "8", "--max-wait-ms", "250")
+    with running_server(llama_rm, *args) as server:
+
+        def raw(texts: list[str]) -> httpx.Response:
+            with httpx.Client(timeout=60) as http:
+                return http.post(f"{server.url}/score", json={"texts": texts})
+
+        with ThreadPoolExecutor(n_requests) as threads:
+            answers = list(threads.map(raw, [texts for _, texts in bodies]))
+        refused = [r for r in answers if r.status_code == 429]
+        assert refused, [r.status_code for r in answers]
+        assert {r.status_code for r in answers} <= {200, 429}
+        for r in refused:
+            assert int(r.headers["Retry-After"]) >= 1
+            assert r.json()["type"] == "queue_full"
+            assert "retry" in r.json()["error"]
+        for (idx, _), r in zip(bodies, answers, strict=True):
+            if r.status_code == 200:
+                assert r.json()["scores"] == pytest.approx([pool.text_ref[i] for i in idx], abs=TOL)
+        errors_before = scrape(server.url).get(
+            'reward_server_errors_total{status="429",type="queue_full"}', 0.0
+        )
+
+        # The same burst through RewardClient: its retries (honouring Retry-After, capped at
+        # 1 s to keep the test short) bring every request through, with the right scores.
+        def through_client(texts: list[str]) -> list[float]:
+            with RewardClient(server.url, timeout=60, max_retries=40, max_retry_after=1.0) as c:
+                return c.score(texts=texts)
+
+        with ThreadPoolExecutor(n_requests) as threads:
+            results = list(threads.map(through_client, [texts for _, texts in bodies]))
+        for (idx, _), scores in zip(bodies, results, strict=True):
+            assert scores == pytest.approx([pool.text_ref[i] for i in idx], abs=TOL)
+        errors_after = scrape(server.url).get(
+            'reward_server_errors_total{status="429",type="queue_full"}', 0.0
+        )
+        assert errors_after > errors_before  # the client did meet 429s and retried them
+        assert scrape(server.url)["reward_server_queue_items"] == 0
