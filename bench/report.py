@@ -1,0 +1,220 @@
+"""Render benchmark results as Markdown tables and put them into BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+BEGIN = "<!-- bench:results:begin (written by `make bench`; edit outside these markers) -->"
+END = "<!-- bench:results:end -->"
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """``{"median", "min", "max"}`` -> ``"12.3 (11.0–13.1)"``; a number -> ``"12.3"``."""
+    if isinstance(value, dict):
+        med = value.get("median", math.nan)
+        lo, hi = value.get("min", math.nan), value.get("max", math.nan)
+        if med != med:  # NaN
+            return "–"
+        if value.get("n", 2) <= 1 or (lo == hi):
+            return f"{med:.{digits}f}"
+        return f"{med:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render(results: dict[str, Any]) -> str:
+    """All tables of one run as Markdown."""
+    out: list[str] = []
+    meta = results["meta"]
+    m = meta["machine"]
+    v = meta["versions"]
+    out.append(f"### Run of {meta['date']}\n")
+    out.append(
+        _table(
+            ["run", "value"],
+            [
+                ["command", f"`{meta['command']}`"],
+                ["machine", f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}"],
+                [
+                    "load average (1/5/15 min)",
+                    f"start {' / '.join(map(str, m['load_average']))}; "
+                    f"end {' / '.join(map(str, meta['load_average_end']))}",
+                ],
+                [
+                    "versions",
+                    ", ".join(f"{k} {val}" for k, val in v.items() if k != "git")
+                    + f"; python {m['python']}; commit {v.get('git', '?')}",
+                ],
+                ["threads", meta["threads"]],
+                ["wall time", f"{meta['wall_s'] / 60:.1f} min"],
+            ],
+        )
+    )
+    tp = results.get("throughput")
+    if tp:
+        out.append(_throughput(tp))
+    ppo = results.get("ppo")
+    if ppo:
+        out.append(_ppo(ppo))
+    targets = [*(tp or {}).get("targets", []), *(ppo or {}).get("targets", [])]
+    if targets:
+        out.append("#### Targets\n")
+        out.append(
+            _table(
+                ["target", "measured: median (min–max over rounds)", "goal", "holds"],
+                [
+                    [
+                        t["name"],
+                        fmt(t["value"], 2),
+                        f"{t['op']} {t['threshold']}",
+                        "yes" if t["holds"] else "**no**",
+                    ]
+                    for t in targets
+                ],
+            )
+        )
+    return "\n\n".join(out) + "\n"
+
+
+def _throughput(tp: dict[str, Any]) -> str:
+    parts: list[str] = []
+    cfg = tp["config"]
+    tok = tp["text_tokens"]
+    model = tp["model"]
+    parts.append(
+        f"#### Throughput and latency: {model.get('architecture', '?')} "
+        f"({model.get('dtype', '?')}, {model.get('device', '?')})\n\n"
+        f"{tok['n']} seeded texts of {tok['min']}–{tok['max']} tokens (mean {tok['mean']:.0f}), "
+        f"uniform; {cfg['repeats']} rounds, each load run {cfg['duration_s']:.0f} s after a "
+        f"warm-up of at least {cfg['warmup_s']:.0f} s and one answer per client. "
+        f"Server flags: `{' '.join(cfg['server_args']) or '(defaults)'}`; batching limits "
+        f"max_batch_tokens {model.get('max_batch_tokens')}, max_batch_size "
+        f"{model.get('max_batch_size')}, max_wait_ms {model.get('max_wait_ms')}."
+    )
+    ip = tp["inprocess"]
+    parts.append("**L sweep** (one pass per batch size, length-sorted):\n")
+    parts.append(
+        _table(
+            ["batch size", "texts/s", "padding efficiency"],
+            [
+                [
+                    str(r["batch_size"])
+                    + (" (best)" if r["batch_size"] == ip["best_batch_size"] else ""),
+                    fmt(r["texts_per_s"]),
+                    fmt(r["padding_efficiency"], 2),
+                ]
+                for r in ip["sweep"]
+            ],
+        )
+    )
+    parts.append(
+        f"L at batch size {ip['best_batch_size']}: **{fmt(ip['texts_per_s'])} texts/s**, "
+        f"padding efficiency {fmt(ip['padding_efficiency'], 2)}; one text alone: "
+        f"p50 {fmt(ip['single_text_ms']['p50'], 1)} ms, p99 {fmt(ip['single_text_ms']['p99'], 1)} ms."
+    )
+    naive = {(r["clients"], r["per_request"]): r for r in tp["naive"]}
+    rows = []
+    for s in tp["server"]:
+        key = (s["clients"], s["per_request"])
+        n = naive.get(key, {})
+        ck = f"{key[0]}x{key[1]}"
+        rows.append(
+            [
+                f"{key[0]} × {key[1]}",
+                fmt(s.get("texts_per_s")),
+                fmt(n.get("texts_per_s")),
+                fmt(tp["ratios"].get(f"S/L {ck}"), 2),
+                fmt(tp["ratios"].get(f"S/N {ck}"), 2),
+                fmt(s.get("p50_ms"), 0),
+                fmt(s.get("p99_ms"), 0),
+                fmt(n.get("p50_ms"), 0),
+                fmt(n.get("p99_ms"), 0),
+                fmt(s.get("padding_efficiency"), 2),
+                fmt(n.get("padding_efficiency"), 2),
+                fmt(s.get("mean_batch_rows"), 1),
+                fmt(s.get("busy_frac"), 2),
+            ]
+        )
+    parts.append("**S (reward server) and N (naive server)** under closed-loop clients:\n")
+    parts.append(
+        _table(
+            [
+                "clients × texts/request",
+                "S texts/s",
+                "N texts/s",
+                "S/L",
+                "S/N",
+                "S p50 ms",
+                "S p99 ms",
+                "N p50 ms",
+                "N p99 ms",
+                "S padding eff.",
+                "N padding eff.",
+                "S rows/batch",
+                "S model busy",
+            ],
+            rows,
+        )
+    )
+    failed = sum(r.get("failed", 0) for r in [*tp["server"], *tp["naive"]])
+    parts.append(
+        f"Single text at 1 client: S p50 minus L's time for the same text, median over "
+        f"requests: **{fmt(tp['latency_overhead_ms'], 1)} ms** (S p50 − L p50 over the same "
+        f"texts: {fmt(tp['p50_minus_l_p50_ms'], 1)} ms). Failed requests in all windows: "
+        f"{failed}."
+    )
+    return "\n\n".join(parts)
+
+
+def _ppo(ppo: dict[str, Any]) -> str:
+    cfg = ppo["config"]
+    parts = [
+        "#### PPO step time\n\n"
+        f"Tiny GPT-2 policy, MiniLM reward model, batch "
+        f"{cfg['per_device_train_batch_size'] * cfg['num_mini_batches']} "
+        f"(rollout chunks of {cfg['rollout_chunk']}), response length "
+        f"{cfg['response_length']}, {cfg['num_ppo_epochs']} PPO epochs; "
+        f"{cfg['rounds']} rounds × {cfg['steps']} steps per variant after "
+        f"{cfg['warmup_steps']} warm-up step(s); same seed, max gap between variants' mean "
+        f"scores {ppo['score_gap']:.1e}."
+    ]
+    parts.append(
+        _table(
+            ["variant", "step s", "reward wait s (not hidden)"],
+            [
+                [name, fmt(val, 3), fmt(ppo["reward_wait_s"].get(name), 3)]
+                for name, val in ppo["step_s"].items()
+            ],
+        )
+    )
+    parts.append(
+        _table(
+            ["ratio (paired steps)", "median (min–max)"],
+            [[name, fmt(val, 3)] for name, val in ppo["ratios"].items()],
+        )
+    )
+    return "\n\n".join(parts)
+
+
+def update_markdown(path: Path, section: str) -> None:
+    """Replace the generated section of ``path`` (between the markers), creating it if needed."""
+    block = f"{BEGIN}\n\n{section.strip()}\n\n{END}"
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + "\n\n## Latest results\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")

@@ -1,0 +1,492 @@
+"""Throughput and latency, side by side: L (in process), S (reward server), N (naive server).
+
+- **L**: the texts scored in this process with plain transformers, tokenized, sorted by
+  length and cut into batches of one size; a sweep over batch sizes finds the best one for
+  this machine, which is then measured once per repeat round.
+- **S**: ``reward-server`` in its own process under 1..64 concurrent clients sending
+  requests of 1 or 8 texts (``bench.loadgen`` in a third process).
+- **N**: :mod:`bench.naive_server` under the same load.
+
+Repeat rounds interleave L, S and N, so slow drifts of the machine's background load hit
+all three alike; every figure is the median with min and max over the rounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import NO_MATH_THREADS, metric_sum, parse_prometheus, percentile, summary
+from reward_server.launcher import ServerProcess, free_port, running_server
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ThroughputConfig:
+    """What the throughput benchmark measures, and for how long."""
+
+    model_path: str
+    n_texts: int = 256
+    min_tokens: int = 8
+    max_tokens: int = 256
+    seed: int = 0
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    clients: tuple[int, ...] = (1, 4, 16, 64)
+    per_request: tuple[int, ...] = (1, 8)
+    repeats: int = 3
+    warmup_s: float = 1.0
+    duration_s: float = 5.0
+    #: torch intra-op threads of L (this process) and of both servers (OMP_NUM_THREADS).
+    torch_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    #: Extra ``reward-server`` flags (the defaults are what is measured when empty).
+    server_args: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------------------ L
+
+
+class InProcessScorer:
+    """L: transformers in this process, length-sorted batches, no HTTP, no batcher."""
+
+    def __init__(self, model_path: str, threads: int) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        torch.set_num_threads(threads)
+        self._torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForSequenceClassification.from_pretrained(model_path).eval()
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+
+    def _forward(self, rows: Sequence[Sequence[int]]) -> None:
+        """One right-padded forward pass over token-id rows."""
+        torch = self._torch
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        with torch.inference_mode():
+            self.model(input_ids=ids, attention_mask=mask)
+
+    def run(self, texts: Sequence[str], batch_size: int) -> dict[str, Any]:
+        """Tokenize, sort by length, score in batches; texts/s, padding, per-batch times."""
+        t0 = time.perf_counter()
+        ids = self.tokenizer(list(texts), truncation=True, max_length=512)["input_ids"]
+        tokenize_s = time.perf_counter() - t0
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        real = padded = 0
+        batch_s: list[tuple[list[int], float]] = []
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            rows = [ids[i] for i in idx]
+            b0 = time.perf_counter()
+            self._forward(rows)
+            batch_s.append((idx, time.perf_counter() - b0))
+            real += sum(len(r) for r in rows)
+            padded += max(len(r) for r in rows) * len(rows)
+        elapsed = time.perf_counter() - t0
+        return {
+            "batch_size": batch_size,
+            "texts_per_s": len(texts) / elapsed,
+            "seconds": elapsed,
+            "padding_efficiency": real / padded,
+            "tokenize_s": tokenize_s,
+            "batches": batch_s,
+        }
+
+    def warm_up(self, texts: Sequence[str]) -> None:
+        """A few passes so one-time costs (allocations, kernel selection) are not measured."""
+        for bs in (1, 8):
+            self.run(texts[:16], bs)
+
+
+def run_inprocess_sweep(
+    scorer: InProcessScorer, texts: Sequence[str], batch_sizes: Sequence[int]
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """One pass per batch size; returns the sweep and each text's batch-1 time (ms)."""
+    sweep = []
+    single_ms = [float("nan")] * len(texts)
+    for bs in batch_sizes:
+        res = scorer.run(texts, bs)
+        if bs == 1:
+            per_text_tok = res["tokenize_s"] / max(1, len(texts))
+            for idx, seconds in res["batches"]:
+                single_ms[idx[0]] = (seconds + per_text_tok) * 1000.0
+        logger.info(
+            "L batch %3d: %7.1f texts/s, padding efficiency %.3f",
+            bs,
+            res["texts_per_s"],
+            res["padding_efficiency"],
+        )
+        sweep.append({k: v for k, v in res.items() if k != "batches"})
+    return sweep, single_ms
+
+
+# ------------------------------------------------------------------------------ servers
+
+
+@contextlib.contextmanager
+def running_naive_server(
+    model_path: str, env: dict[str, str], timeout: float = 120
+) -> Iterator[ServerProcess]:
+    """Start :mod:`bench.naive_server` on a free port and wait for /health."""
+    port = free_port()
+    fd, name = tempfile.mkstemp(prefix="naive-server-", suffix=".log")
+    os.close(fd)
+    log_path = Path(name)
+    cmd = [sys.executable, "-m", "bench.naive_server", "--model", model_path, "--port", str(port)]
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            cwd=REPO,
+        )
+    server = ServerProcess(proc, port, log_path)
+    try:
+        server.wait_ready(timeout)
+        yield server
+    finally:
+        server.stop()
+        log_path.unlink(missing_ok=True)
+
+
+def _wait_idle(kind: str, url: str, timeout: float = 180.0) -> None:
+    """Wait until the server has nothing in flight (work abandoned by the last run ends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if kind == "S":
+                samples = parse_prometheus(httpx.get(f"{url}/metrics", timeout=30).text)
+                busy = metric_sum(
+                    samples, "reward_server_requests_in_progress", endpoint="/score"
+                ) + metric_sum(samples, "reward_server_queue_items")
+            else:
+                busy = float(httpx.get(f"{url}/stats", timeout=30).json()["in_flight"])
+        except httpx.HTTPError:
+            busy = 1.0
+        if busy == 0:
+            return
+        time.sleep(0.05)
+    logger.warning("%s server still busy after %.0fs", kind, timeout)
+
+
+def run_loadgen(
+    url: str,
+    texts_file: Path,
+    *,
+    clients: int,
+    per_request: int,
+    warmup: float,
+    duration: float,
+    metrics: bool,
+    samples: bool = False,
+) -> dict[str, Any]:
+    """Run ``bench.loadgen`` in its own process and return its JSON result."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.loadgen",
+        "--url",
+        url,
+        "--texts",
+        str(texts_file),
+        "--clients",
+        str(clients),
+        "--per-request",
+        str(per_request),
+        "--warmup",
+        str(warmup),
+        "--duration",
+        str(duration),
+    ]
+    if metrics:
+        cmd.append("--metrics")
+    if samples:
+        cmd.append("--samples")
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **NO_MATH_THREADS},
+        check=False,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _server_figures(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """One load run's figures; padding and batch shape from the server counters (S)."""
+    out: dict[str, Any] = {
+        "texts_per_s": raw["texts_per_s"],
+        "p50_ms": raw["latency_ms"]["p50"],
+        "p99_ms": raw["latency_ms"]["p99"],
+        "requests": raw["requests"],
+        "failed": raw["failed"],
+        "errors": raw["errors"],
+        "warmup_s": raw["warmup_s"],
+        "loadgen_cpu_frac": raw["loadgen_cpu_s"] / max(raw["window_s"], 1e-9),
+    }
+    c = raw.get("server_counters") or {}
+    if kind == "S" and c.get("reward_server_batch_padded_tokens_total"):
+        out["padding_efficiency"] = (
+            c["reward_server_tokens_total"] / c["reward_server_batch_padded_tokens_total"]
+        )
+        out["mean_batch_rows"] = c["reward_server_batch_rows_sum"] / max(
+            1.0, c["reward_server_batch_rows_count"]
+        )
+        out["busy_frac"] = c["reward_server_inference_seconds_sum"] / raw["window_s"]
+        out["mean_queue_wait_ms"] = (
+            1000.0
+            * c["reward_server_queue_wait_seconds_sum"]
+            / max(1.0, c["reward_server_queue_wait_seconds_count"])
+        )
+    else:
+        # The naive server pads each request to its own longest text: exact from the client.
+        out["padding_efficiency"] = raw["request_padding_efficiency"]
+    return out
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
+    """Measure L, S and N side by side; return every figure (see BENCHMARKS.md)."""
+    from bench.models import make_texts
+
+    scorer = InProcessScorer(cfg.model_path, cfg.torch_threads)
+    texts, tokens = make_texts(
+        scorer.tokenizer,
+        cfg.n_texts,
+        min_tokens=cfg.min_tokens,
+        max_tokens=cfg.max_tokens,
+        seed=cfg.seed,
+    )
+    texts_file = workdir / "texts.json"
+    texts_file.write_text(json.dumps({"texts": texts, "tokens": tokens}), encoding="utf-8")
+    server_env = {
+        "OMP_NUM_THREADS": str(cfg.torch_threads),
+        "MKL_NUM_THREADS": str(cfg.torch_threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    configs = [(c, k) for k in cfg.per_request for c in cfg.clients]
+    runs: dict[str, dict[tuple[int, int], list[dict[str, Any]]]] = {
+        "S": {ck: [] for ck in configs},
+        "N": {ck: [] for ck in configs},
+    }
+    inproc: list[float] = []
+    overheads: list[float] = []
+    p50_vs_l: list[float] = []
+
+    with (
+        running_server(cfg.model_path, *cfg.server_args, env=server_env, timeout=180) as s_server,
+        running_naive_server(cfg.model_path, server_env) as n_server,
+    ):
+        urls = {"S": s_server.url, "N": n_server.url}
+        info = httpx.get(f"{s_server.url}/info", timeout=30).json()
+        # Warm everything once: first calls pay for allocations and kernel selection.
+        scorer.warm_up(texts)
+        for kind in ("S", "N"):
+            run_loadgen(
+                urls[kind],
+                texts_file,
+                clients=4,
+                per_request=8,
+                warmup=0,
+                duration=2,
+                metrics=False,
+            )
+            _wait_idle(kind, urls[kind])
+        logger.info("L sweep over batch sizes %s on %d texts", cfg.batch_sizes, len(texts))
+        sweep, single_ms = run_inprocess_sweep(scorer, texts, cfg.batch_sizes)
+        best = max(sweep, key=lambda r: r["texts_per_s"])
+        best_bs = int(best["batch_size"])
+        logger.info("L best batch size: %d", best_bs)
+
+        for rnd in range(cfg.repeats):
+            res = scorer.run(texts, best_bs)
+            inproc.append(res["texts_per_s"])
+            logger.info("round %d: L %.1f texts/s", rnd + 1, res["texts_per_s"])
+            for clients, k in configs:
+                # Alternate which server goes first so neither always follows the other.
+                order = ("S", "N") if (rnd + clients + k) % 2 == 0 else ("N", "S")
+                for kind in order:
+                    _wait_idle(kind, urls[kind])
+                    raw = run_loadgen(
+                        urls[kind],
+                        texts_file,
+                        clients=clients,
+                        per_request=k,
+                        warmup=cfg.warmup_s,
+                        duration=cfg.duration_s,
+                        metrics=kind == "S",
+                        samples=clients == 1 and k == 1,
+                    )
+                    fig = _server_figures(kind, raw)
+                    runs[kind][(clients, k)].append(fig)
+                    if kind == "S" and clients == 1 and k == 1:
+                        diffs = [
+                            lat - single_ms[i]
+                            for i, lat in raw.get("samples", [])
+                            if single_ms[i] == single_ms[i]
+                        ]
+                        overheads.append(percentile(diffs, 50))
+                        used = [single_ms[i] for i, _ in raw.get("samples", [])]
+                        p50_vs_l.append(fig["p50_ms"] - percentile(used, 50))
+                    logger.info(
+                        "round %d: %s %2d clients x %d texts: %7.1f texts/s, p50 %.0f ms, "
+                        "p99 %.0f ms, padding %.2f",
+                        rnd + 1,
+                        kind,
+                        clients,
+                        k,
+                        fig["texts_per_s"],
+                        fig["p50_ms"],
+                        fig["p99_ms"],
+                        fig["padding_efficiency"],
+                    )
+        s_log_tail = s_server.log()[-4000:]
+
+    return _assemble(
+        cfg,
+        info=info,
+        tokens=tokens,
+        sweep=sweep,
+        best=best,
+        single_ms=single_ms,
+        inproc=inproc,
+        runs=runs,
+        overheads=overheads,
+        p50_vs_l=p50_vs_l,
+        s_log_tail=s_log_tail,
+    )
+
+
+def _assemble(
+    cfg: ThroughputConfig,
+    *,
+    info: dict[str, Any],
+    tokens: list[int],
+    sweep: list[dict[str, Any]],
+    best: dict[str, Any],
+    single_ms: list[float],
+    inproc: list[float],
+    runs: dict[str, dict[tuple[int, int], list[dict[str, Any]]]],
+    overheads: list[float],
+    p50_vs_l: list[float],
+    s_log_tail: str,
+) -> dict[str, Any]:
+    """Summaries (median, min, max over rounds) and paired ratios per round."""
+    numeric = (
+        "texts_per_s",
+        "p50_ms",
+        "p99_ms",
+        "padding_efficiency",
+        "mean_batch_rows",
+        "busy_frac",
+        "mean_queue_wait_ms",
+        "loadgen_cpu_frac",
+    )
+    tables: dict[str, list[dict[str, Any]]] = {}
+    for kind in ("S", "N"):
+        rows = []
+        for (clients, k), figs in runs[kind].items():
+            row: dict[str, Any] = {"clients": clients, "per_request": k}
+            for name in numeric:
+                vals = [f[name] for f in figs if name in f]
+                if vals:
+                    row[name] = summary(vals)
+            row["failed"] = sum(f["failed"] for f in figs)
+            row["requests"] = sum(f["requests"] for f in figs)
+            rows.append(row)
+        tables[kind] = rows
+
+    def paired(kind_a: str, clients: int, k: int, base: str) -> dict[str, float]:
+        a = [f["texts_per_s"] for f in runs[kind_a][(clients, k)]]
+        b = inproc if base == "L" else [f["texts_per_s"] for f in runs[base][(clients, k)]]
+        return summary(x / y for x, y in zip(a, b, strict=False) if y > 0)
+
+    ratios: dict[str, dict[str, float]] = {}
+    for clients, k in runs["S"]:
+        ratios[f"S/L {clients}x{k}"] = paired("S", clients, k, "L")
+        ratios[f"S/N {clients}x{k}"] = paired("S", clients, k, "N")
+
+    single_l = [x for x in single_ms if x == x]
+    l_single_p50 = percentile(single_l, 50)
+    targets = []
+    for clients in (16, 64):
+        for k in cfg.per_request:
+            key = f"S/L {clients}x{k}"
+            if key in ratios:
+                targets.append(_target(f"S/L at {clients} clients x {k}", ratios[key], ">=", 0.90))
+    if "S/N 16x1" in ratios:
+        targets.append(_target("S/N at 16 clients x 1", ratios["S/N 16x1"], ">=", 1.3))
+    targets.append(
+        _target(
+            "p50 at 1 client x 1 text minus L's time for that text (ms)",
+            summary(overheads),
+            "<=",
+            5.0,
+        )
+    )
+    return {
+        "config": {k: v for k, v in asdict(cfg).items() if k != "model_path"},
+        "model": info,
+        "text_tokens": {
+            "n": len(tokens),
+            "min": min(tokens),
+            "max": max(tokens),
+            "mean": sum(tokens) / len(tokens),
+        },
+        "inprocess": {
+            "sweep": sweep,
+            "best_batch_size": best["batch_size"],
+            "texts_per_s": summary(inproc),
+            "padding_efficiency": best["padding_efficiency"],
+            "single_text_ms": {
+                "p50": l_single_p50,
+                "p99": percentile(single_l, 99),
+            },
+        },
+        "server": tables["S"],
+        "naive": tables["N"],
+        "ratios": ratios,
+        "latency_overhead_ms": summary(overheads),
+        "p50_minus_l_p50_ms": summary(p50_vs_l),
+        "targets": targets,
+        "server_log_tail": s_log_tail,
+    }
+
+
+def _target(name: str, value: dict[str, float], op: str, threshold: float) -> dict[str, Any]:
+    """A target with its measured median and whether it holds."""
+    med = value.get("median", float("nan"))
+    ok = med >= threshold if op == ">=" else med <= threshold
+    return {
+        "name": name,
+        "value": value,
+        "op": op,
+        "threshold": threshold,
+        "holds": bool(ok),
+    }

@@ -1,0 +1,121 @@
+"""The benchmark code runs end to end at a tiny size, so it cannot rot (no speed is asserted)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import report, run
+from bench.common import parse_prometheus, percentile, summary
+from bench.models import make_texts
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Iterator[None]:
+    """The benchmark sets torch's thread count; give the test process its own back."""
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+def _is_summary(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and {"median", "min", "max"} <= set(value)
+        and math.isfinite(value["median"])
+        and value["min"] <= value["median"] <= value["max"]
+    )
+
+
+def test_helpers() -> None:
+    assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert math.isnan(summary([])["median"])
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+    text = (
+        "# HELP x\n"
+        'reward_server_tokens_total 12.0\nreward_server_requests_in_progress{endpoint="/score"} 2.0\n'
+    )
+    samples = parse_prometheus(text)
+    assert samples["reward_server_tokens_total"] == 12.0
+    assert samples['reward_server_requests_in_progress{endpoint="/score"}'] == 2.0
+    assert report.fmt({"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}, 1) == "2.0 (1.0–3.0)"
+
+
+def test_text_mix_hits_its_token_counts(bert_rm: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bert_rm)
+    texts, counts = make_texts(tok, 20, min_tokens=8, max_tokens=40, seed=3)
+    assert texts == make_texts(tok, 20, min_tokens=8, max_tokens=40, seed=3)[0]  # seeded
+    assert counts == [len(ids) for ids in tok(texts)["input_ids"]]
+    assert all(8 <= c <= 40 for c in counts)
+
+
+def test_bench_runs_end_to_end_at_a_tiny_size(
+    bert_rm: Path, gpt2_policy: Path, tmp_path: Path
+) -> None:
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\nHand-written findings stay.\n", encoding="utf-8")
+    results, out = run.run(
+        [
+            "--model", str(bert_rm),
+            "--policy", str(gpt2_policy),
+            "--threads", "1",
+            "--n-texts", "12",
+            "--max-tokens", "40",
+            "--batch-sizes", "1,4",
+            "--clients", "1,2",
+            "--per-request", "1,2",
+            "--repeats", "1",
+            "--warmup", "0.1",
+            "--duration", "0.3",
+            "--ppo-steps", "1",
+            "--ppo-rounds", "1",
+            "--ppo-batch", "4",
+            "--ppo-response-length", "6",
+            "--results-dir", str(tmp_path / "results"),
+            "--markdown", str(md),
+        ]
+    )  # fmt: skip
+    assert out.parent == tmp_path / "results" and json.loads(out.read_text()) == results
+
+    tp = results["throughput"]
+    assert tp["inprocess"]["best_batch_size"] in (1, 4)
+    assert _is_summary(tp["inprocess"]["texts_per_s"])
+    assert [r["batch_size"] for r in tp["inprocess"]["sweep"]] == [1, 4]
+    for kind in ("server", "naive"):
+        keys = {(r["clients"], r["per_request"]) for r in tp[kind]}
+        assert keys == {(1, 1), (2, 1), (1, 2), (2, 2)}
+        for row in tp[kind]:
+            for name in ("texts_per_s", "p50_ms", "p99_ms", "padding_efficiency"):
+                assert _is_summary(row[name]), (kind, row)
+            assert 0 < row["padding_efficiency"]["median"] <= 1
+            assert row["failed"] == 0
+    for row in tp["server"]:  # from the server's own /metrics counters
+        assert _is_summary(row["mean_batch_rows"]) and _is_summary(row["busy_frac"])
+    for key in ("S/L 1x1", "S/N 2x1", "S/L 2x2", "S/N 1x2"):
+        assert _is_summary(tp["ratios"][key])
+    assert _is_summary(tp["latency_overhead_ms"])
+    assert any(t["name"].startswith("p50 at 1 client") for t in tp["targets"])
+
+    ppo = results["ppo"]
+    names = {"remote/overlapped", "inprocess/overlapped", "remote/serial", "inprocess/serial"}
+    assert set(ppo["step_s"]) == names and all(_is_summary(v) for v in ppo["step_s"].values())
+    assert all(_is_summary(v) for v in ppo["ratios"].values())
+    assert ppo["score_gap"] < 1e-4  # same seed and models: the same rewards either way
+    assert ppo["targets"][0]["name"] == "PPO step remote / in-process"
+
+    text = md.read_text()
+    assert text.startswith("# Benchmarks\n\nHand-written findings stay.")
+    assert report.BEGIN in text and report.END in text
+    assert "| clients × texts/request | S texts/s | N texts/s |" in text
+    assert "| 2 × 2 |" in text and "remote/inprocess (overlapped)" in text
+    # A second run replaces the generated block instead of appending another one.
+    report.update_markdown(md, report.render(results))
+    assert md.read_text().count(report.BEGIN) == 1
