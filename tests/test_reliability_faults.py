@@ -1,0 +1,447 @@
+"""Faults: servers killed, stalled and stopped, clients gone, a trainer killed mid-write.
+
+Nothing is lost, repeated or invented: a PPO run whose reward server is SIGKILLed and
+restarted logs every step once with real scores; with two servers, one killed mid-run, the
+requests fail over; a stalled server ends in one ``RewardServerError`` naming the URL and
+the cause; a client that hangs up has its queued work dropped; a trainer SIGKILLed while
+writing a checkpoint resumes from the previous one; SIGTERM finishes what is in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from server_proc import ServerProcess, free_port, running_server, start_server
+from test_reliability_load import Pool, build_pool, items_scored, scrape
+from test_trainer import dataset, make_config, read_jsonl
+from tiny_models import make_corpus
+
+from ppo_client import PPOTrainer, RewardClient, RewardServerError
+from ppo_client.client import ScoreResult
+
+PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
+TOL = 1e-5
+
+
+def _env() -> dict[str, str]:
+    # One thread per process: the tiny models run fastest that way on a shared machine.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def wait_for(condition: Any, timeout: float, what: str, interval: float = 0.02) -> None:
+    """Poll ``condition()`` until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def metric(url: str, name: str) -> float:
+    """One Prometheus sample of the server (0 when absent)."""
+    return scrape(url).get(name, 0.0)
+
+
+def steps_of(path: Path) -> list[int]:
+    return [row["step"] for row in read_jsonl(path)] if path.exists() else []
+
+
+def assert_real_scores(rows: Sequence[dict[str, Any]]) -> None:
+    """Every step has a finite, non-zero mean score, and they are not all the same."""
+    scores = [row["objective/scores"] for row in rows]
+    assert all(math.isfinite(s) and s != 0.0 for s in scores), scores
+    assert len(set(scores)) > 1, scores
+
+
+# --------------------------------------------------------------------------- server SIGKILL
+
+
+def test_reward_server_sigkilled_during_train_and_restarted(
+    gpt2_policy: Path, bert_rm: Path, tmp_path: Path
+) -> None:
+    n_steps = 60
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in dataset()))
+    out = tmp_path / "out"
+    port = free_port()
+    server: ServerProcess | None = start_server(bert_rm, port=port)
+    restarted: ServerProcess | None = None
+    trainer_log = tmp_path / "trainer.log"
+    train: subprocess.Popen[bytes] | None = None
+    try:
+        server.wait_ready(90)
+        config = tmp_path / "ppo.yaml"
+        config.write_text(
+            f"model_name_or_path: {gpt2_policy}\n"
+            f"reward_url: {server.url}\n"
+            f"dataset_name: {data}\n"
+            f"output_dir: {out}\n"
+            "per_device_train_batch_size: 4\n"
+            "gradient_accumulation_steps: 1\n"
+            "local_rollout_forward_batch_size: 4\n"
+            f"total_episodes: {4 * n_steps}\n"
+            "response_length: 8\n"
+            "num_ppo_epochs: 1\n"
+            "save_steps: 20\n"
+            f"num_sample_generations: {n_steps}\n"  # samples (with scores) of every step
+            # Enough retries to outlast a restart (backoff is capped at 10 s).
+            "reward_max_retries: 30\n"
+            "reward_timeout: 30\n"
+            "disable_tqdm: true\n"
+        )
+        with trainer_log.open("wb") as log:
+            train = subprocess.Popen(
+                [str(PPO_CLIENT), "train", "--config", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+            )
+        metrics_file = out / "metrics.jsonl"
+
+        def training_is_under_way() -> bool:
+            assert train is not None and train.poll() is None, trainer_log.read_text()
+            return len(steps_of(metrics_file)) >= 3
+
+        wait_for(training_is_under_way, 180, "the first steps")
+        assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+        steps_at_kill = len(steps_of(metrics_file))
+        server = None
+        restarted = start_server(bert_rm, port=port)  # same port, as a supervisor would
+        restarted.wait_ready(90)
+        assert train.wait(timeout=300) == 0, trainer_log.read_text()[-5000:]
+    finally:
+        if train is not None and train.poll() is None:
+            train.kill()
+            train.wait()
+        for srv in (server, restarted):
+            if srv is not None:
+                srv.stop()
+
+    log = trainer_log.read_text()
+    assert f"done: {n_steps} steps" in log
+    assert steps_at_kill < n_steps  # the kill came mid-run...
+    assert "failed (attempt" in log  # ...and the client had to retry through it
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, n_steps + 1))  # each step once
+    assert_real_scores(rows)
+    assert max(r["time/reward_wait_s"] for r in rows) > 0.5  # the outage was waited out
+    # The logged scores of every step, before and after the kill, are the reward model's
+    # scores of those texts: none invented, zero-filled or shifted between requests.
+    samples = read_jsonl(out / "samples.jsonl")
+    assert {s["step"] for s in samples} == set(range(1, n_steps + 1))
+    with running_server(bert_rm) as check, RewardClient(check.url) as client:
+        again = client.score(
+            queries=[s["query"] for s in samples], responses=[s["response"] for s in samples]
+        )
+    for sample, score in zip(samples, again, strict=True):
+        assert abs(sample["score"] - score) <= TOL, (sample, score)
+
+
+# --------------------------------------------------------------------------- failover
+
+
+class KillingClient(RewardClient):
+    """A RewardClient that SIGKILLs ``victim`` while its ``kill_at``-th call is in flight."""
+
+    def __init__(self, urls: Sequence[str], victim: ServerProcess, kill_at: int) -> None:
+        super().__init__(urls, timeout=30, max_retries=10, backoff_max=1.0)
+        self.victim, self.kill_at, self.calls = victim, kill_at, 0
+        self.killed_after_step = -1
+        self.victim_items = 0.0
+
+    def score_pairs_detailed(self, prompts: Sequence[Any], responses: Sequence[str]) -> ScoreResult:
+        self.calls += 1
+        if self.calls == self.kill_at:
+            self.killed_after_step = self.calls - 1
+            self.victim_items = items_scored(scrape(self.victim.url)).get("/score", 0.0)
+            threading.Thread(target=self.victim.stop, args=(signal.SIGKILL,)).start()
+        return super().score_pairs_detailed(prompts, responses)
+
+
+def test_two_reward_urls_one_killed_mid_run_fails_over(
+    gpt2_policy: Path, bert_rm: Path, tmp_path: Path
+) -> None:
+    n_steps = 16
+    # Two items per request: each reward call is split over both servers at once.
+    first, second = (start_server(bert_rm, "--max-client-batch", "2") for _ in range(2))
+    try:
+        for srv in (first, second):
+            srv.wait_ready(90)
+        client = KillingClient([first.url, second.url], victim=first, kill_at=5)
+        config = make_config(
+            gpt2_policy,
+            tmp_path / "out",
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            local_rollout_forward_batch_size=4,
+            num_ppo_epochs=1,
+            total_episodes=4 * n_steps,
+        )
+        with client:
+            history = PPOTrainer(config, train_dataset=dataset(), reward_fn=client).train()
+            second_items = items_scored(scrape(second.url)).get("/score", 0)
+        first_exit = first.proc.wait(timeout=30)
+    finally:
+        first.stop(signal.SIGKILL)
+        second.stop()
+    assert first_exit == -signal.SIGKILL
+    assert client.killed_after_step == 4
+    assert [row["step"] for row in history] == list(range(1, n_steps + 1))  # no step failed
+    assert_real_scores(history)
+    # Both servers shared the first steps; the survivor took over the rest (4 rollouts a
+    # step): every chunk after the kill, and a chunk cut off by it once more.
+    assert client.victim_items > 0
+    assert second_items >= 4 * (n_steps - client.killed_after_step)
+    assert second_items <= 4 * n_steps
+
+
+# --------------------------------------------------------------------------- stalls and hang-ups
+
+
+@pytest.fixture(scope="module")
+def slow_batch_server(bert_rm: Path) -> Iterator[ServerProcess]:
+    """A server whose batcher waits up to a minute for a full batch (256 rows): small
+    requests stay queued until their client hangs up; a 256-item request runs at once."""
+    with running_server(bert_rm, "--max-wait-ms", "60000", "--max-batch-size", "256") as srv:
+        yield srv
+
+
+def _full_batch(seed: int) -> list[str]:
+    return make_corpus(256, seed=seed, min_words=2, max_words=12)
+
+
+def test_stalled_server_ends_in_reward_server_error_naming_url_and_cause(
+    slow_batch_server: ServerProcess,
+) -> None:
+    url = slow_batch_server.url
+    texts = _full_batch(1)
+    want = httpx.post(f"{url}/score", json={"texts": texts}, timeout=60).json()["scores"]
+    os.kill(slow_batch_server.proc.pid, signal.SIGSTOP)  # accepts connections, never answers
+    try:
+        client = RewardClient(
+            url, timeout=1.0, max_retries=2, backoff_max=0.05, max_client_batch=64
+        )
+        with client, pytest.raises(RewardServerError) as info:
+            client.score(texts=texts)
+    finally:
+        os.kill(slow_batch_server.proc.pid, signal.SIGCONT)
+    error = info.value
+    assert error.url == f"{url}/score"
+    assert error.status is None and error.attempts == 3
+    assert str(error).startswith(f"POST {url}/score failed after 3 attempts: timed out")
+    # Resumed, the server drops the abandoned requests and serves the same scores again.
+    with RewardClient(url, timeout=60) as client:
+        assert client.score(texts=texts) == pytest.approx(want, abs=TOL)
+    wait_for(lambda: metric(url, "reward_server_queue_items") == 0, 30, "an empty queue")
+
+
+def _hang_up_after_queueing(url: str, port: int, clients: int, items: int) -> None:
+    """``clients`` raw connections each send a request of ``items`` texts, wait until all
+    of it is queued, then close without reading the answer."""
+    queued_before = metric(url, "reward_server_queue_items")
+    socks = []
+    for k in range(clients):
+        body = json.dumps({"texts": make_corpus(items, seed=100 + k, max_words=8)}).encode()
+        head = (
+            f"POST /score HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(head + body)
+        socks.append(sock)
+    want = queued_before + clients * items
+    wait_for(lambda: metric(url, "reward_server_queue_items") == want, 30, f"{want} items queued")
+    for sock in socks:
+        sock.close()
+
+
+def test_client_hanging_up_mid_request_drops_its_work(slow_batch_server: ServerProcess) -> None:
+    url, port = slow_batch_server.url, slow_batch_server.port
+    proc = psutil.Process(slow_batch_server.proc.pid)
+    disconnected = 'reward_server_errors_total{status="499",type="client_disconnected"}'
+    batches = 'reward_server_batches_total{outcome="ok"}'
+    # 6 rounds of 8 x 4 items stay under one 256-row batch even if the batcher counted the
+    # dropped items towards it, so nothing can start a forward pass.
+    clients, items, rounds, warm = 8, 4, 6, 2
+    before = scrape(url)
+    rss_warm = 0
+    for n in range(rounds):
+        _hang_up_after_queueing(url, port, clients, items)
+        wait_for(lambda: metric(url, "reward_server_queue_items") == 0, 30, "the queue to empty")
+        if n == warm - 1:
+            rss_warm = int(proc.memory_info().rss)
+    after = scrape(url)
+    rss_after = int(proc.memory_info().rss)
+    # Every hang-up was noticed, and its items left the queue without a forward pass.
+    assert after[disconnected] - before.get(disconnected, 0) == clients * rounds
+    assert after.get(batches, 0) == before.get(batches, 0)
+    assert abs(rss_after - rss_warm) <= 0.10 * rss_warm, (rss_warm, rss_after)
+    # And the server keeps serving, right.
+    texts = _full_batch(2)
+    with RewardClient(url, timeout=60) as client:
+        scores = client.score(texts=texts)
+        assert scores == pytest.approx(client.score(texts=texts[::-1])[::-1], abs=TOL)
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+# --------------------------------------------------------------------------- trainer SIGKILL
+
+#: Runs the real trainer in a child process; ``torch.save`` is wrapped so that the write of
+#: the file named by KILL_AT is cut off half-way by SIGKILL: a deterministic kill in the
+#: middle of a checkpoint write (the trainer itself is unchanged).
+CHILD = """
+import json, os, signal, sys
+from pathlib import Path
+import torch
+sys.path[:0] = [sys.argv[4], sys.argv[5]]
+from test_trainer import dataset, make_config, space_reward
+from ppo_client import PPOTrainer
+
+real_save = torch.save
+def save(obj, f, *args, **kwargs):
+    if str(f).endswith(os.environ["KILL_AT"]):
+        with open(f, "wb") as fh:
+            fh.write(b"PK\\x03\\x04 half a file")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_save(obj, f, *args, **kwargs)
+torch.save = save
+
+config = make_config(Path(sys.argv[1]), Path(sys.argv[2]), **json.loads(sys.argv[3]))
+PPOTrainer(config, train_dataset=dataset(), reward_fn=space_reward).train()
+"""
+
+
+def test_trainer_sigkilled_during_checkpoint_write_resumes_from_the_previous(
+    gpt2_policy: Path, tmp_path: Path
+) -> None:
+    from test_trainer import space_reward
+
+    out = tmp_path / "run"
+    settings: dict[str, Any] = {
+        "total_episodes": 8 * 6,
+        "save_steps": 2,
+        "seed": 3,
+    }
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    tests_dir = Path(__file__).parent
+    child = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(gpt2_policy),
+            str(out),
+            json.dumps(settings),
+            str(tests_dir),
+            str(tests_dir.parent),
+        ],
+        capture_output=True,
+        text=True,
+        env={**_env(), "KILL_AT": ".tmp-checkpoint-4/optimizer.pt"},
+        timeout=300,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+    torn = out / ".tmp-checkpoint-4"
+    assert (torn / "optimizer.pt").read_bytes().startswith(b"PK")  # killed mid-write
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert steps_of(out / "metrics.jsonl") == [1, 2, 3, 4]
+
+    # The previous checkpoint is intact and loadable on its own.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / "checkpoint-2" / "policy")
+    torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=True)
+    assert json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["step"] == 2
+
+    resumed = PPOTrainer(
+        make_config(gpt2_policy, out, resume_from_checkpoint="latest", **settings),
+        train_dataset=dataset(),
+        reward_fn=space_reward,
+    )
+    assert resumed.state.step == 2  # the torn write is ignored
+    history = resumed.train()
+    assert [row["step"] for row in history] == [1, 2, 3, 4, 5, 6]
+    assert steps_of(out / "metrics.jsonl") == [1, 2, 3, 4, 5, 6]  # steps 3-4 once, not twice
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-2",
+        "checkpoint-4",
+        "checkpoint-6",
+    ]
+    assert not torn.exists()
+    torch.load(out / "checkpoint-4" / "optimizer.pt", weights_only=True)
+
+
+# --------------------------------------------------------------------------- SIGTERM
+
+
+def _in_progress(url: str) -> float:
+    """Scoring requests being handled (/score and /get_reward)."""
+    samples = scrape(url)
+    return sum(
+        samples.get(f'reward_server_requests_in_progress{{endpoint="{e}"}}', 0.0)
+        for e in ("/score", "/get_reward")
+    )
+
+
+def test_sigterm_finishes_mixed_requests_in_flight_with_right_scores(llama_rm: Path) -> None:
+    """Extends tests/test_server_cli.py's SIGTERM test to every input form and checks the
+    drained answers against per-item references."""
+    pool: Pool = build_pool(llama_rm, seed=11)
+    requests: list[tuple[str, dict[str, Any], str, list[float]]] = []
+    for k in range(8):
+        sl = slice(3 * k, 3 * k + 3)
+        form = k % 4
+        if form == 0:
+            requests.append(("/score", {"texts": pool.texts[sl]}, "scores", pool.text_ref[sl]))
+        elif form == 1:
+            body = {"queries": pool.queries[sl], "responses": pool.responses[sl]}
+            requests.append(("/score", body, "scores", pool.pair_ref[sl]))
+        elif form == 2:
+            body = {"conversations": pool.conversations[sl]}
+            requests.append(("/score", body, "scores", pool.conv_ref[sl]))
+        else:
+            requests.append(
+                ("/get_reward", {"query": pool.texts[sl]}, "rewards", pool.text_ref[sl])
+            )
+    # 24 items never fill a 64-row batch: the batcher holds them for 2.5 s, so every request
+    # is certainly in flight when SIGTERM arrives.
+    with running_server(llama_rm, "--max-wait-ms", "2500", "--max-batch-size", "64") as srv:
+        answers: list[httpx.Response | None] = [None] * len(requests)
+
+        def send(i: int) -> None:
+            path, body, _, _ = requests[i]
+            answers[i] = httpx.post(f"{srv.url}{path}", json=body, timeout=120)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+        for t in threads:
+            t.start()
+        wait_for(lambda: _in_progress(srv.url) == len(requests), 60, "requests in flight")
+        wait_for(lambda: metric(srv.url, "reward_server_queue_items") == 24, 60, "24 items queued")
+        code = srv.stop(signal.SIGTERM, timeout=120)
+        for t in threads:
+            t.join(timeout=120)
+        log = srv.log()
+    assert code == 0, log
+    assert "draining" in log
+    for (_, _, key, want), r in zip(requests, answers, strict=True):
+        assert r is not None and r.status_code == 200, r and r.text
+        assert r.json()[key] == pytest.approx(want, abs=TOL)
+    with pytest.raises(httpx.ConnectError):  # and it is really gone
+        httpx.get(f"{srv.url}/health", timeout=3)
