@@ -71,28 +71,30 @@ def _one_by_one(model: RewardModel, rendered: Sequence[str]) -> list[float]:
     return [model.score_batch([e.input_ids])[0] for e in encoded]
 
 
-def build_pool(model_path: Path, seed: int = 7) -> Pool:
+def build_pool(
+    model_path: Path, seed: int = 7, *, texts: int = 160, pairs: int = 80, conversations: int = 60
+) -> Pool:
     """A seeded pool of mixed-length inputs and their in-process reference scores."""
     rng = random.Random(seed)
-    texts = make_corpus(160, seed=seed, min_words=1, max_words=120)
-    queries = make_corpus(80, seed=seed + 1, min_words=1, max_words=30)
-    responses = make_corpus(80, seed=seed + 2, min_words=1, max_words=60)
-    conversations = []
-    for turn in make_corpus(60, seed=seed + 3, min_words=1, max_words=40):
+    text_list = make_corpus(texts, seed=seed, min_words=1, max_words=120)
+    queries = make_corpus(pairs, seed=seed + 1, min_words=1, max_words=30)
+    responses = make_corpus(pairs, seed=seed + 2, min_words=1, max_words=60)
+    conv_list = []
+    for turn in make_corpus(conversations, seed=seed + 3, min_words=1, max_words=40):
         conv = [{"role": "user", "content": turn}]
         if rng.random() < 0.5:
             conv.insert(0, {"role": "system", "content": "be kind"})
         conv.append({"role": "assistant", "content": " ".join(reversed(turn.split()))})
-        conversations.append(conv)
+        conv_list.append(conv)
     model = RewardModel.load(str(model_path), dtype="float32", device="cpu")
     return Pool(
-        texts=texts,
+        texts=text_list,
         queries=queries,
         responses=responses,
-        conversations=conversations,
-        text_ref=_one_by_one(model, texts),
+        conversations=conv_list,
+        text_ref=_one_by_one(model, text_list),
         pair_ref=_one_by_one(model, model.render_pairs(queries, responses)),
-        conv_ref=_one_by_one(model, model.render_conversations(conversations)),
+        conv_ref=_one_by_one(model, model.render_conversations(conv_list)),
     )
 
 
