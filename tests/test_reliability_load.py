@@ -1,7 +1,7 @@
 """Load: 64 concurrent clients, mixed request sizes and forms, every score checked.
 
 One test, parametrised by duration: a short run in ``make test`` and a long one marked
-``soak`` for ``make soak`` (``RELIABILITY_SOAK_SECONDS``, default 900). Every answer is
+``soak`` for ``make soak`` (``RELIABILITY_SOAK_SECONDS``, default 600). Every answer is
 compared with a per-item reference computed once in process (the same reward model, one
 item at a time, no padding), the server's own item counters must equal what the clients
 sent (nothing lost or scored twice), and the server's resident memory after the run must be
@@ -39,8 +39,8 @@ from reward_server.model import RewardModel
 
 CLIENTS = 64
 TOL = 1e-5
-SHORT_SECONDS = 10.0
-SOAK_SECONDS = float(os.environ.get("RELIABILITY_SOAK_SECONDS", "900"))
+SHORT_SECONDS = 8.0
+SOAK_SECONDS = float(os.environ.get("RELIABILITY_SOAK_SECONDS", "600"))
 #: Where the soak run writes its figures (the README's Reliability section quotes them).
 REPORT = os.environ.get("RELIABILITY_REPORT", "runs/reliability/soak.json")
 #: The server answers at most this many items a request; larger client calls are split.
@@ -278,7 +278,7 @@ def test_concurrent_clients_mixed_load(
 
     # Warm-up with the same load: allocator pools, tokenizer caches and every batch shape
     # reach their steady state before the baseline is taken.
-    warm_seconds = min(max(seconds * 0.25, 3.0), 60.0)
+    warm_seconds = min(max(seconds * 0.25, 2.5), 60.0)
     warm = run_load(server.url, pool, warm_seconds, seed=1)
     assert warm.errors == 0 and warm.wrong == 0, warm.first_problems
     rss_warm = rss(proc)
@@ -331,14 +331,14 @@ def test_concurrent_clients_mixed_load(
 def test_queue_full_gives_429_and_client_retries_bring_everything_through(
     llama_rm: Path, pool: Pool
 ) -> None:
-    n_requests, per_request = 12, 8
+    n_requests, per_request = 10, 8
     rng = random.Random(5)
     bodies = []
     for _ in range(n_requests):
         idx = [rng.randrange(len(pool.texts)) for _ in range(per_request)]
         bodies.append((idx, [pool.texts[i] for i in idx]))
     # Room for four requests at a time; the batcher waits 250 ms for more items, so a burst
-    # of 12 requests certainly overflows the queue.
+    # of 10 requests certainly overflows the queue.
     args = ("--max-queue", "32", "--max-client-batch", "8", "--max-wait-ms", "250")
     with running_server(llama_rm, *args) as server:
 
