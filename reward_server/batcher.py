@@ -4,9 +4,20 @@ One admission counter, one queue, one consumer task. The consumer blocks for the
 collects more until a micro-batch is full (``max_batch_size`` rows or the padded-token budget
 ``max_len * rows <= max_batch_tokens``) or ``max_wait_ms`` has passed since the oldest item
 arrived, then also takes whatever else is already waiting (up to a window of a few batches),
-sorts the window by length so each micro-batch holds similar lengths, and runs the
-micro-batches one at a time in a worker thread. Results go back by index; a failing
-micro-batch fails only the requests that had an item in it.
+sorts the window by length and cuts it into micro-batches, and runs them one at a time in
+its own worker thread. Results go back by index; a failing micro-batch fails only the
+requests that had an item in it.
+
+Where to cut a sorted window is a trade-off the device decides: every forward pass has a
+fixed cost (weights read, kernel launches, framework overhead) and a cost per padded token.
+The batcher fits ``seconds = overhead + per_token * padded_tokens`` to the passes it has run
+(a robust Theil-Sen fit) and cuts each window where that cost is lowest: on a GPU the
+overhead is worth thousands of tokens and windows stay whole up to the limits; on a CPU it
+is worth a few dozen tokens, so long and short texts go to separate passes instead of
+padding the short ones.
+
+When requests arrive further apart than ``max_wait_ms`` (one client waiting for its own
+answers), waiting for company is pure latency, so the first item goes out at once.
 """
 
 from __future__ import annotations
@@ -15,9 +26,11 @@ import asyncio
 import contextlib
 import logging
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +41,97 @@ __all__ = ["BatchObserver", "Batcher", "BatcherClosedError", "QueueFullError"]
 #: Bounds of the Retry-After estimate, seconds.
 MIN_RETRY_AFTER = 0.1
 MAX_RETRY_AFTER = 30.0
+
+#: Recent inter-arrival gaps kept to tell sparse arrivals (don't wait) from bursts (do).
+_GAPS_KEPT = 32
+_MIN_GAPS = 8
+
+
+class _CostModel:
+    """Online robust fit of a forward pass's time: ``overhead + per_token * padded_tokens``.
+
+    Theil-Sen: the slope is the median of the slopes between every pair of recent passes,
+    the intercept the median residual, so a few passes slowed down by a busy machine do not
+    move it. ``overhead_tokens`` (intercept / slope) is the padding worth one extra pass.
+    """
+
+    #: Never split for less padding than this: guards against an over-eager noisy fit.
+    MIN_OVERHEAD_TOKENS = 8.0
+
+    def __init__(
+        self,
+        keep: int = 64,
+        min_samples: int = 16,
+        refit_every: int = 8,
+        fixed: float | None = None,
+    ) -> None:
+        self._samples: deque[tuple[int, float]] = deque(maxlen=keep)
+        self._min_samples = min_samples
+        self._refit_every = refit_every
+        self._since_fit = 0
+        self._fixed = fixed
+        # None: not known (yet); windows are then only cut at the limits.
+        self.overhead_tokens: float | None = fixed
+
+    def add(self, padded_tokens: int, seconds: float) -> None:
+        """Record one successful pass; refit now and then (unless the overhead is fixed)."""
+        if self._fixed is not None:
+            return
+        self._samples.append((padded_tokens, seconds))
+        self._since_fit += 1
+        if len(self._samples) >= self._min_samples and self._since_fit >= self._refit_every:
+            self._since_fit = 0
+            self.overhead_tokens = self._fit()
+            logger.debug(
+                "cost model: one pass costs as much as %s padded tokens",
+                "?" if self.overhead_tokens is None else f"{self.overhead_tokens:.0f}",
+            )
+
+    def _fit(self) -> float | None:
+        pts = list(self._samples)
+        slopes = [
+            (t2 - t1) / (p2 - p1)
+            for i, (p1, t1) in enumerate(pts)
+            for p2, t2 in pts[i + 1 :]
+            if p2 != p1
+        ]
+        if len(slopes) < self._min_samples:
+            return None  # passes of (almost) one size: nothing to learn from
+        slope = statistics.median(slopes)
+        if slope <= 0:
+            return None
+        intercept = statistics.median(t - slope * p for p, t in pts)
+        return max(self.MIN_OVERHEAD_TOKENS, intercept / slope)
+
+
+def partition(
+    lengths: Sequence[int], overhead_tokens: float, max_rows: int, max_tokens: int
+) -> list[int]:
+    """Sizes of the consecutive groups of ascending ``lengths`` with the least total cost.
+
+    Cost of a group: ``overhead_tokens + rows * width`` (width = its last, longest length),
+    within ``rows <= max_rows`` and ``rows * width <= max_tokens`` (a lone item may exceed
+    the latter). Dynamic programming over the end of the last group, O(n * max_rows).
+    """
+    n = len(lengths)
+    best = [0.0] + [math.inf] * n
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        width = lengths[j - 1]
+        for i in range(j - 1, max(0, j - max_rows) - 1, -1):
+            rows = j - i
+            if rows > 1 and rows * width > max_tokens:
+                break
+            cost = best[i] + overhead_tokens + rows * width
+            if cost <= best[j]:  # ties: the larger group
+                best[j] = cost
+                start[j] = i
+    sizes: list[int] = []
+    j = n
+    while j > 0:
+        sizes.append(j - start[j])
+        j = start[j]
+    return sizes[::-1]
 
 
 class QueueFullError(RuntimeError):
@@ -93,11 +197,16 @@ class Batcher:
         max_queue: int,
         observer: BatchObserver | None = None,
         sort_window: int = 4,
+        split_overhead_tokens: float | None = None,
     ) -> None:
+        """``split_overhead_tokens``: what one extra forward pass costs, in padded tokens;
+        None learns it from the passes run (the usual choice)."""
         if max_batch_tokens < 1 or max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_tokens, max_batch_size and max_queue must be positive")
         if max_wait_ms < 0 or sort_window < 1:
             raise ValueError("max_wait_ms must be >= 0 and sort_window >= 1")
+        if split_overhead_tokens is not None and split_overhead_tokens < 0:
+            raise ValueError("split_overhead_tokens must be >= 0")
         self._run_batch = run_batch
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
@@ -113,6 +222,12 @@ class Batcher:
         self._abort = False  # stop(drain=False): fail instead of run what has not started
         self._started = False
         self._rate: float | None = None  # items per second of inference, moving average
+        self._cost = _CostModel(fixed=split_overhead_tokens)
+        self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # seconds between submits
+        self._last_submit: float | None = None
+        # One dedicated thread runs every forward pass: its math library's thread team and
+        # caches stay warm, and passes never overlap.
+        self._executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -134,6 +249,7 @@ class Batcher:
             raise RuntimeError("batcher already started")
         self._started = True
         self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="reward-batch")
         self._task = asyncio.create_task(self._consume(), name="reward-batcher")
         self._task.add_done_callback(self._on_consumer_done)
 
@@ -148,6 +264,8 @@ class Batcher:
         task = self._task
         if task is not None and not task.done():
             await asyncio.shield(task)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
 
     def _on_consumer_done(self, task: asyncio.Task[None]) -> None:
         """If the consumer ever dies, fail whatever is still queued instead of hanging."""
@@ -183,6 +301,9 @@ class Batcher:
             future=loop.create_future(), results=[math.nan] * n, remaining=n, unstarted=n
         )
         now = time.monotonic()
+        if self._last_submit is not None:
+            self._gaps.append(now - self._last_submit)
+        self._last_submit = now
         self._queue.extend(
             _Item(ids=ids, length=len(ids), request=request, index=i, enqueued=now)
             for i, ids in enumerate(items)
@@ -256,7 +377,9 @@ class Batcher:
             rows = len(window)
             return rows >= self.max_batch_size or max_len * (rows + 1) > self.max_batch_tokens
 
-        # Phase 1: wait (up to the oldest item's deadline) until one micro-batch is full.
+        # Phase 1: wait (up to the oldest item's deadline) until one micro-batch is full;
+        # not at all when requests arrive further apart than the wait (nobody would come).
+        sparse = self._arrivals_sparse()
         while not batch_full():
             item = self._pop_live()
             if item is not None:
@@ -264,7 +387,7 @@ class Batcher:
                 max_len = max(max_len, item.length)
                 continue
             timeout = deadline - time.monotonic()
-            if timeout <= 0 or self._closing:
+            if timeout <= 0 or self._closing or sparse:
                 break
             self._wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -281,9 +404,30 @@ class Batcher:
             tokens += item.length
         return window
 
+    def _arrivals_sparse(self) -> bool:
+        """True when the typical gap between submits is longer than ``max_wait_ms``."""
+        if len(self._gaps) < _MIN_GAPS:
+            return False
+        return statistics.median(self._gaps) > self.max_wait_s
+
     def _split(self, window: list[_Item]) -> list[list[_Item]]:
-        """Sort by length and cut into micro-batches under the row and padded-token limits."""
+        """Sort by length and cut into micro-batches under the row and padded-token limits.
+
+        Once the cost model knows the device, cuts go where they cost least (see
+        :func:`partition`); until then each micro-batch is filled up to the limits.
+        """
         window.sort(key=lambda it: it.length)
+        overhead = self._cost.overhead_tokens
+        if overhead is not None and len(window) > 1:
+            sizes = partition(
+                [it.length for it in window], overhead, self.max_batch_size, self.max_batch_tokens
+            )
+            out: list[list[_Item]] = []
+            at = 0
+            for size in sizes:
+                out.append(window[at : at + size])
+                at += size
+            return out
         batches: list[list[_Item]] = []
         current: list[_Item] = []
         for item in window:
@@ -316,8 +460,10 @@ class Batcher:
         inputs = [it.ids for it in live]
         error: BaseException | None = None
         scores: list[float] = []
+        width = max(it.length for it in live)
         try:
-            outputs = await asyncio.to_thread(self._run_batch, inputs)
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(self._executor, self._run_batch, inputs)
             if not isinstance(outputs, Sequence) or len(outputs) != len(inputs):
                 got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
                 raise RuntimeError(f"scorer returned {got} results for {len(inputs)} inputs")
@@ -328,6 +474,7 @@ class Batcher:
         if error is None:
             rate = len(live) / max(inference_s, 1e-6)
             self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
+            self._cost.add(width * len(live), inference_s)
             for it, value in zip(live, scores, strict=True):
                 req = it.request
                 if req.future.done():
@@ -341,7 +488,6 @@ class Batcher:
             for req in {id(it.request): it.request for it in live}.values():
                 self._finish_request(req, error)
         if self._observer is not None:
-            width = max(it.length for it in live)
             try:
                 self._observer.on_batch(
                     rows=len(live),
