@@ -37,6 +37,8 @@ SERVER_COUNTERS = (
     "reward_server_inference_seconds_sum",
     "reward_server_queue_wait_seconds_sum",
     "reward_server_queue_wait_seconds_count",
+    "reward_server_batch_padding_efficiency_sum",
+    "reward_server_batch_padding_efficiency_count",
 )
 
 
@@ -170,9 +172,10 @@ async def run_load(
             "p99": percentile(latencies, 99),
             "mean": sum(latencies) / len(latencies) if latencies else float("nan"),
         },
-        # What a server that pads each request to its own longest text runs (naive server).
+        # What a server that pads each request to its own longest text runs (naive server):
+        # the mean over requests (= forward passes there) of real / padded tokens.
         "request_padding_efficiency": (
-            sum(r.real_tokens for r in good) / max(1, sum(r.padded_tokens for r in good))
+            sum(r.real_tokens / r.padded_tokens for r in good) / len(good) if good else float("nan")
         ),
         "loadgen_cpu_s": cpu1 - cpu0,
         "server_counters": {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}

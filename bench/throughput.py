@@ -51,6 +51,10 @@ class ThroughputConfig:
     repeats: int = 3
     warmup_s: float = 1.0
     duration_s: float = 5.0
+    #: Each window lasts at least this many times (clients x texts per request) / L's rate,
+    #: so deep queues complete several rounds of requests inside it.
+    window_rounds: float = 1.5
+    max_duration_s: float = 40.0
     #: torch intra-op threads of L (this process) and of both servers (OMP_NUM_THREADS).
     torch_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: Extra ``reward-server`` flags (the defaults are what is measured when empty).
@@ -91,7 +95,7 @@ class InProcessScorer:
         ids = self.tokenizer(list(texts), truncation=True, max_length=512)["input_ids"]
         tokenize_s = time.perf_counter() - t0
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        real = padded = 0
+        efficiency: list[float] = []
         batch_s: list[tuple[list[int], float]] = []
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
@@ -99,14 +103,13 @@ class InProcessScorer:
             b0 = time.perf_counter()
             self._forward(rows)
             batch_s.append((idx, time.perf_counter() - b0))
-            real += sum(len(r) for r in rows)
-            padded += max(len(r) for r in rows) * len(rows)
+            efficiency.append(sum(len(r) for r in rows) / (max(len(r) for r in rows) * len(rows)))
         elapsed = time.perf_counter() - t0
         return {
             "batch_size": batch_size,
             "texts_per_s": len(texts) / elapsed,
             "seconds": elapsed,
-            "padding_efficiency": real / padded,
+            "padding_efficiency": sum(efficiency) / len(efficiency),  # mean over passes
             "tokenize_s": tokenize_s,
             "batches": batch_s,
         }
@@ -117,18 +120,22 @@ class InProcessScorer:
             self.run(texts[:16], bs)
 
 
+def single_text_ms(res: dict[str, Any], n: int) -> list[float]:
+    """Each text's time alone (ms) from a batch-size-1 run: its forward + its tokenization."""
+    single = [float("nan")] * n
+    per_text_tok = res["tokenize_s"] / max(1, n)
+    for idx, seconds in res["batches"]:
+        single[idx[0]] = (seconds + per_text_tok) * 1000.0
+    return single
+
+
 def run_inprocess_sweep(
     scorer: InProcessScorer, texts: Sequence[str], batch_sizes: Sequence[int]
-) -> tuple[list[dict[str, Any]], list[float]]:
-    """One pass per batch size; returns the sweep and each text's batch-1 time (ms)."""
+) -> list[dict[str, Any]]:
+    """One pass per batch size."""
     sweep = []
-    single_ms = [float("nan")] * len(texts)
     for bs in batch_sizes:
         res = scorer.run(texts, bs)
-        if bs == 1:
-            per_text_tok = res["tokenize_s"] / max(1, len(texts))
-            for idx, seconds in res["batches"]:
-                single_ms[idx[0]] = (seconds + per_text_tok) * 1000.0
         logger.info(
             "L batch %3d: %7.1f texts/s, padding efficiency %.3f",
             bs,
@@ -136,7 +143,7 @@ def run_inprocess_sweep(
             res["padding_efficiency"],
         )
         sweep.append({k: v for k, v in res.items() if k != "batches"})
-    return sweep, single_ms
+    return sweep
 
 
 # ------------------------------------------------------------------------------ servers
@@ -249,9 +256,11 @@ def _server_figures(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
         "loadgen_cpu_frac": raw["loadgen_cpu_s"] / max(raw["window_s"], 1e-9),
     }
     c = raw.get("server_counters") or {}
-    if kind == "S" and c.get("reward_server_batch_padded_tokens_total"):
+    if kind == "S" and c.get("reward_server_batch_rows_count"):
+        # Mean over the forward passes of the window (both ends counted at batch completion).
         out["padding_efficiency"] = (
-            c["reward_server_tokens_total"] / c["reward_server_batch_padded_tokens_total"]
+            c["reward_server_batch_padding_efficiency_sum"]
+            / c["reward_server_batch_padding_efficiency_count"]
         )
         out["mean_batch_rows"] = c["reward_server_batch_rows_sum"] / max(
             1.0, c["reward_server_batch_rows_count"]
@@ -319,14 +328,22 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
             )
             _wait_idle(kind, urls[kind])
         logger.info("L sweep over batch sizes %s on %d texts", cfg.batch_sizes, len(texts))
-        sweep, single_ms = run_inprocess_sweep(scorer, texts, cfg.batch_sizes)
+        sweep = run_inprocess_sweep(scorer, texts, cfg.batch_sizes)
         best = max(sweep, key=lambda r: r["texts_per_s"])
         best_bs = int(best["batch_size"])
         logger.info("L best batch size: %d", best_bs)
 
+        def window(clients: int, k: int) -> float:
+            rounds = cfg.window_rounds * clients * k / best["texts_per_s"]
+            return min(cfg.max_duration_s, max(cfg.duration_s, rounds))
+
+        single_all: list[float] = []
         for rnd in range(cfg.repeats):
             res = scorer.run(texts, best_bs)
             inproc.append(res["texts_per_s"])
+            # Each text alone, this round: the reference of the single-request latency.
+            single_ms = single_text_ms(scorer.run(texts, 1), len(texts))
+            single_all.extend(single_ms)
             logger.info("round %d: L %.1f texts/s", rnd + 1, res["texts_per_s"])
             for clients, k in configs:
                 # Alternate which server goes first so neither always follows the other.
@@ -339,7 +356,7 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
                         clients=clients,
                         per_request=k,
                         warmup=cfg.warmup_s,
-                        duration=cfg.duration_s,
+                        duration=window(clients, k),
                         metrics=kind == "S",
                         samples=clients == 1 and k == 1,
                     )
@@ -374,7 +391,7 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
         tokens=tokens,
         sweep=sweep,
         best=best,
-        single_ms=single_ms,
+        single_ms=single_all,
         inproc=inproc,
         runs=runs,
         overheads=overheads,
