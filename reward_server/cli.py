@@ -30,6 +30,12 @@ PROG = "reward-server"
 #: Python logging level for uvicorn's extra "trace" level.
 _TRACE = 5
 
+#: Seconds an idle keep-alive connection stays open. Longer than the idle expiry of
+#: clients (httpx: 5 s) and of typical proxies (60 s), so that the client side always
+#: closes first: with equal timeouts a request sent on a connection the server is closing
+#: at that instant fails with a bare ReadError.
+KEEP_ALIVE_S = 75
+
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -161,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_config=None,  # uvicorn's loggers propagate to the root handler set up above
         access_log=settings.log_level in ("debug", "trace"),
         lifespan="on",
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=None,  # finish every request in flight, however long
     )
     server = DrainingServer(config, on_drain=app.state.service.begin_drain)
