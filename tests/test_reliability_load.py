@@ -122,6 +122,11 @@ def items_scored(samples: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def error_answers(samples: dict[str, float]) -> float:
+    """Error answers the server gave so far, of any status (``reward_server_errors_total``)."""
+    return sum(v for k, v in samples.items() if k.startswith("reward_server_errors_total{"))
+
+
 def rss(proc: psutil.Process) -> int:
     """Resident set size in bytes."""
     return int(proc.memory_info().rss)
@@ -274,7 +279,8 @@ def test_concurrent_clients_mixed_load(
 ) -> None:
     server = load_server
     proc = psutil.Process(server.proc.pid)
-    before = items_scored(scrape(server.url))
+    start = scrape(server.url)
+    before = items_scored(start)
 
     # Warm-up with the same load: allocator pools, tokenizer caches and every batch shape
     # reach their steady state before the baseline is taken.
@@ -287,11 +293,13 @@ def test_concurrent_clients_mixed_load(
     tally = run_load(server.url, pool, seconds, seed=2)
     elapsed = time.monotonic() - begin
     rss_after = rss(proc)
-    after = items_scored(scrape(server.url))
+    end = scrape(server.url)
+    after = items_scored(end)
 
     assert tally.errors == 0, tally.first_problems
     assert tally.wrong == 0, tally.first_problems
     assert tally.verified == tally.items
+    assert error_answers(end) == error_answers(start) == 0  # not one error answer
     assert set(tally.by_form) == set(FORMS), tally.by_form
     # The server scored exactly what the clients sent: nothing lost, nothing twice.
     for endpoint in ("/score", "/get_reward"):
