@@ -416,20 +416,23 @@ def _in_progress(url: str) -> float:
 def test_sigterm_finishes_mixed_requests_in_flight_with_right_scores(llama_rm: Path) -> None:
     """Extends tests/test_server_cli.py's SIGTERM test to every input form and checks the
     drained answers against per-item references."""
-    pool: Pool = build_pool(llama_rm, seed=11, texts=12, pairs=6, conversations=6)
-    requests: list[tuple[str, dict[str, Any], str, list[float]]] = []
-    for j in range(2):  # two requests of three items in each form
-        sl, tl = slice(3 * j, 3 * j + 3), slice(6 + 3 * j, 9 + 3 * j)
-        pair = {"queries": pool.queries[sl], "responses": pool.responses[sl]}
-        requests += [
-            ("/score", {"texts": pool.texts[sl]}, "scores", pool.text_ref[sl]),
-            ("/score", pair, "scores", pool.pair_ref[sl]),
-            ("/score", {"conversations": pool.conversations[sl]}, "scores", pool.conv_ref[sl]),
-            ("/get_reward", {"query": pool.texts[tl]}, "rewards", pool.text_ref[tl]),
-        ]
     # 24 items never fill a 64-row batch: the batcher holds them for 3 s, so every request
     # is certainly in flight when SIGTERM arrives. (Draining does not cut that wait short.)
-    with running_server(llama_rm, "--max-wait-ms", "3000", "--max-batch-size", "64") as srv:
+    srv = start_server(llama_rm, "--max-wait-ms", "3000", "--max-batch-size", "64")
+    try:
+        pool: Pool = build_pool(llama_rm, seed=11, texts=12, pairs=6, conversations=6)
+        requests: list[tuple[str, dict[str, Any], str, list[float]]] = []
+        for j in range(2):  # two requests of three items in each form
+            sl, tl = slice(3 * j, 3 * j + 3), slice(6 + 3 * j, 9 + 3 * j)
+            pair = {"queries": pool.queries[sl], "responses": pool.responses[sl]}
+            convs = {"conversations": pool.conversations[sl]}
+            requests += [
+                ("/score", {"texts": pool.texts[sl]}, "scores", pool.text_ref[sl]),
+                ("/score", pair, "scores", pool.pair_ref[sl]),
+                ("/score", convs, "scores", pool.conv_ref[sl]),
+                ("/get_reward", {"query": pool.texts[tl]}, "rewards", pool.text_ref[tl]),
+            ]
+        srv.wait_ready(90)
         answers: list[httpx.Response | None] = [None] * len(requests)
 
         def send(i: int) -> None:
@@ -445,6 +448,9 @@ def test_sigterm_finishes_mixed_requests_in_flight_with_right_scores(llama_rm: P
         for t in threads:
             t.join(timeout=120)
         log = srv.log()
+    finally:
+        srv.stop(signal.SIGKILL)
+        srv.log_path.unlink(missing_ok=True)
     assert code == 0, log
     assert "draining" in log
     for (_, _, key, want), r in zip(requests, answers, strict=True):

@@ -31,7 +31,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from server_proc import ServerProcess, running_server
+import torch
+from server_proc import ServerProcess, running_server, start_server
 from tiny_models import make_corpus
 
 from ppo_client import AsyncRewardClient, RewardClient
@@ -86,16 +87,23 @@ def build_pool(
             conv.insert(0, {"role": "system", "content": "be kind"})
         conv.append({"role": "assistant", "content": " ".join(reversed(turn.split()))})
         conv_list.append(conv)
-    model = RewardModel.load(str(model_path), dtype="float32", device="cpu")
-    return Pool(
-        texts=text_list,
-        queries=queries,
-        responses=responses,
-        conversations=conv_list,
-        text_ref=_one_by_one(model, text_list),
-        pair_ref=_one_by_one(model, model.render_pairs(queries, responses)),
-        conv_ref=_one_by_one(model, model.render_conversations(conv_list)),
-    )
+    # One thread: tiny models run fastest so, and torch's spinning worker threads would
+    # otherwise starve a server process starting next to this one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = RewardModel.load(str(model_path), dtype="float32", device="cpu")
+        return Pool(
+            texts=text_list,
+            queries=queries,
+            responses=responses,
+            conversations=conv_list,
+            text_ref=_one_by_one(model, text_list),
+            pair_ref=_one_by_one(model, model.render_pairs(queries, responses)),
+            conv_ref=_one_by_one(model, model.render_conversations(conv_list)),
+        )
+    finally:
+        torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------------- metrics scrape
@@ -255,12 +263,16 @@ def pool(llama_rm: Path) -> Pool:
 
 
 @pytest.fixture
-def load_server(llama_rm: Path) -> Iterator[ServerProcess]:
+def load_server(llama_rm: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     # The Llama-like model has a chat template, so every input form is valid.
-    with running_server(
-        llama_rm, "--max-client-batch", str(MAX_CLIENT_BATCH), "--max-wait-ms", "5"
-    ) as server:
+    server = start_server(llama_rm, "--max-client-batch", str(MAX_CLIENT_BATCH))
+    try:
+        request.getfixturevalue("pool")  # computed while the server loads
+        server.wait_ready(90)
         yield server
+    finally:
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize(
