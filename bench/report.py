@@ -127,6 +127,11 @@ def _throughput(tp: dict[str, Any]) -> str:
         f"padding efficiency {fmt(ip['padding_efficiency'], 2)}; one text alone: "
         f"p50 {fmt(ip['single_text_ms']['p50'], 1)} ms, p99 {fmt(ip['single_text_ms']['p99'], 1)} ms."
     )
+    if tp.get("batching_gain_bound"):
+        parts.append(
+            "What batching can win on this machine at all (L at its best batch size over L at "
+            f"batch size 1, same sweep): **{tp['batching_gain_bound']:.2f}×**."
+        )
     naive = {(r["clients"], r["per_request"]): r for r in tp["naive"]}
     rows = []
     for s in tp["server"]:

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-texts", type=int, default=256)
     p.add_argument("--min-tokens", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--batch-sizes", type=_ints, default=(1, 2, 4, 8, 16, 32, 64))
+    p.add_argument("--batch-sizes", type=_ints, default=(1, 4, 8, 16, 32, 64))
     p.add_argument("--clients", type=_ints, default=(1, 4, 16, 64))
     p.add_argument("--per-request", type=_ints, default=(1, 8))
     p.add_argument("--repeats", type=int, default=3)
