@@ -933,9 +933,15 @@ class PPOTrainer:
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
         acc.wait_for_everyone()
         if acc.is_main_process:
+            # Re-saving a step (after resuming from an older checkpoint): the old folder is
+            # moved aside, not deleted, until the new one is in place; a kill in between
+            # leaves the older checkpoints to resume from.
+            stale = final.with_name(f".old-{final.name}")
             if final.exists():
-                shutil.rmtree(final)
+                shutil.rmtree(stale, ignore_errors=True)
+                os.replace(final, stale)
             os.replace(tmp, final)
+            shutil.rmtree(stale, ignore_errors=True)
             self._rotate_checkpoints()
             logger.info("saved %s", final)
         acc.wait_for_everyone()
