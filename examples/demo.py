@@ -271,4 +271,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        # The server and the trainer were stopped while unwinding (running_server's exit,
+        # subprocess.run's kill on interrupt): nothing is left running.
+        print("\ninterrupted: the reward server and the trainer were stopped", file=sys.stderr)
+        sys.exit(130)

@@ -55,3 +55,41 @@ def test_demo_reward_model_is_accurate(quick_demo: tuple[Path, str]) -> None:
     out, _ = quick_demo
     meta = json.loads((out / "reward_model" / "demo.json").read_text())
     assert meta["heldout_accuracy"] >= 0.9
+
+
+def test_ctrl_c_leaves_no_process_behind(quick_demo: tuple[Path, str]) -> None:
+    """Ctrl-C during PPO (models cached by the first run) stops the server and the trainer."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    out, _ = quick_demo
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "examples.demo", "--quick", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    assert proc.stdout is not None
+    children: list[psutil.Process] = []
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:  # wait until the server runs and the trainer has started
+        if "[4/4] PPO" in line:
+            break
+        assert time.monotonic() < deadline, "the demo never reached the PPO stage"
+    for _ in range(100):
+        children = psutil.Process(proc.pid).children(recursive=True)
+        if any("ppo-client" in " ".join(c.cmdline()) for c in children):
+            break
+        time.sleep(0.1)
+    assert any("reward-server" in " ".join(c.cmdline()) for c in children)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, rest
+    assert "interrupted" in rest
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [c.cmdline() for c in alive]
