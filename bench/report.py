@@ -107,7 +107,10 @@ def _throughput(tp: dict[str, Any]) -> str:
         f"{model.get('max_batch_size')}, max_wait_ms {model.get('max_wait_ms')}."
     )
     ip = tp["inprocess"]
-    parts.append("**L sweep** (one pass per batch size, length-sorted):\n")
+    parts.append(
+        f"**L sweep** (the first {cfg.get('sweep_texts', tok['n'])} texts, length-sorted, best of "
+        "2 passes per batch size):\n"
+    )
     parts.append(
         _table(
             ["batch size", "texts/s", "padding efficiency"],

@@ -46,6 +46,8 @@ class ThroughputConfig:
     max_tokens: int = 256
     seed: int = 0
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
+    #: Texts of the mix used by the batch-size sweep (its first ones).
+    sweep_texts: int = 128
     clients: tuple[int, ...] = (1, 4, 16, 64)
     per_request: tuple[int, ...] = (1, 8)
     repeats: int = 3
@@ -53,7 +55,7 @@ class ThroughputConfig:
     duration_s: float = 5.0
     #: Each window lasts at least this many times (clients x texts per request) / L's rate,
     #: so deep queues complete several rounds of requests inside it.
-    window_rounds: float = 1.0
+    window_rounds: float = 0.6
     max_duration_s: float = 30.0
     #: torch intra-op threads of L (this process) and of both servers (OMP_NUM_THREADS).
     torch_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -130,20 +132,27 @@ def single_text_ms(res: dict[str, Any], n: int) -> list[float]:
 
 
 def run_inprocess_sweep(
-    scorer: InProcessScorer, texts: Sequence[str], batch_sizes: Sequence[int]
+    scorer: InProcessScorer, texts: Sequence[str], batch_sizes: Sequence[int], passes: int = 2
 ) -> list[dict[str, Any]]:
-    """One pass per batch size."""
-    sweep = []
+    """Best of ``passes`` passes per batch size, the sizes visited up then down.
+
+    The work is deterministic, so background load can only slow a pass down: the best pass
+    is the machine's speed, and visiting the sizes in both orders spreads drifts evenly.
+    """
+    best: dict[int, dict[str, Any]] = {}
+    for p in range(passes):
+        for bs in batch_sizes if p % 2 == 0 else list(reversed(batch_sizes)):
+            res = scorer.run(texts, bs)
+            if bs not in best or res["texts_per_s"] > best[bs]["texts_per_s"]:
+                best[bs] = {k: v for k, v in res.items() if k != "batches"}
     for bs in batch_sizes:
-        res = scorer.run(texts, bs)
         logger.info(
             "L batch %3d: %7.1f texts/s, padding efficiency %.3f",
             bs,
-            res["texts_per_s"],
-            res["padding_efficiency"],
+            best[bs]["texts_per_s"],
+            best[bs]["padding_efficiency"],
         )
-        sweep.append({k: v for k, v in res.items() if k != "batches"})
-    return sweep
+    return [best[bs] for bs in batch_sizes]
 
 
 # ------------------------------------------------------------------------------ servers
@@ -327,8 +336,9 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
                 metrics=False,
             )
             _wait_idle(kind, urls[kind])
-        logger.info("L sweep over batch sizes %s on %d texts", cfg.batch_sizes, len(texts))
-        sweep = run_inprocess_sweep(scorer, texts, cfg.batch_sizes)
+        sweep_texts = texts[: cfg.sweep_texts]
+        logger.info("L sweep: %d texts, best of 2 passes per batch size", len(sweep_texts))
+        sweep = run_inprocess_sweep(scorer, sweep_texts, cfg.batch_sizes)
         best = max(sweep, key=lambda r: r["texts_per_s"])
         best_bs = int(best["batch_size"])
         logger.info("L best batch size: %d", best_bs)
