@@ -36,7 +36,14 @@ from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BatchObserver", "Batcher", "BatcherClosedError", "QueueFullError"]
+__all__ = [
+    "BatchObserver",
+    "Batcher",
+    "BatcherClosedError",
+    "QueueFullError",
+    "fit_pass_cost",
+    "partition",
+]
 
 #: Bounds of the Retry-After estimate, seconds.
 MIN_RETRY_AFTER = 0.1
@@ -88,20 +95,33 @@ class _CostModel:
             )
 
     def _fit(self) -> float | None:
-        pts = list(self._samples)
-        slopes = [
-            (t2 - t1) / (p2 - p1)
-            for i, (p1, t1) in enumerate(pts)
-            for p2, t2 in pts[i + 1 :]
-            if p2 != p1
-        ]
-        if len(slopes) < self._min_samples:
-            return None  # passes of (almost) one size: nothing to learn from
-        slope = statistics.median(slopes)
-        if slope <= 0:
+        fit = fit_pass_cost(list(self._samples), min_pairs=self._min_samples)
+        if fit is None:
             return None
-        intercept = statistics.median(t - slope * p for p, t in pts)
-        return max(self.MIN_OVERHEAD_TOKENS, intercept / slope)
+        overhead_s, per_token_s = fit
+        return max(self.MIN_OVERHEAD_TOKENS, overhead_s / per_token_s)
+
+
+def fit_pass_cost(
+    points: Sequence[tuple[int, float]], min_pairs: int = 16
+) -> tuple[float, float] | None:
+    """Theil-Sen fit of ``seconds = overhead + per_token * padded_tokens`` over passes.
+
+    Returns ``(overhead_s, per_token_s)``, or None when the passes are too alike to tell
+    (fewer than ``min_pairs`` pairs of different sizes) or the slope is not positive.
+    """
+    slopes = [
+        (t2 - t1) / (p2 - p1)
+        for i, (p1, t1) in enumerate(points)
+        for p2, t2 in points[i + 1 :]
+        if p2 != p1
+    ]
+    if len(slopes) < min_pairs:
+        return None
+    slope = statistics.median(slopes)
+    if slope <= 0:
+        return None
+    return statistics.median(t - slope * p for p, t in points), slope
 
 
 def partition(
