@@ -135,6 +135,18 @@ def _throughput(tp: dict[str, Any]) -> str:
             "What batching can win on this machine at all (L at its best batch size over L at "
             f"batch size 1, same sweep): **{tp['batching_gain_bound']:.2f}×**."
         )
+    cost, shapes = tp.get("pass_cost"), tp.get("inprocess_16_windows")
+    if cost and shapes:
+        parts.append(
+            f"A forward pass costs {cost['overhead_ms']:.1f} ms + {cost['per_token_ms']:.3f} ms "
+            f"per padded token (the batcher's Theil-Sen fit over the sweep's passes), so one "
+            f"pass is worth {cost['overhead_tokens']:.0f} padded tokens. The server's batching "
+            "without HTTP (texts in arrival order, 16 at a time, each window cut by the "
+            f"batcher's rule): {fmt(shapes['texts_per_s'])} texts/s, padding efficiency "
+            f"{fmt(shapes['padding_efficiency'], 2)}, {shapes['mean_batch_rows']:.1f} rows per "
+            f"pass; over L at batch size 1 that bounds S/N at 16 × 1 by "
+            f"**{tp['s_over_n_16x1_bound']:.2f}**."
+        )
     naive = {(r["clients"], r["per_request"]): r for r in tp["naive"]}
     rows = []
     for s in tp["server"]:

@@ -97,23 +97,54 @@ class InProcessScorer:
         ids = self.tokenizer(list(texts), truncation=True, max_length=512)["input_ids"]
         tokenize_s = time.perf_counter() - t0
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        return self._score_groups(ids, groups, t0, tokenize_s) | {"batch_size": batch_size}
+
+    def run_windows(
+        self, texts: Sequence[str], window: int, overhead_tokens: float
+    ) -> dict[str, Any]:
+        """Texts in arrival order, ``window`` at a time, each window sorted and cut where the
+        reward server's batcher would cut it (:func:`reward_server.batcher.partition`)."""
+        from reward_server.batcher import partition
+
+        t0 = time.perf_counter()
+        ids = self.tokenizer(list(texts), truncation=True, max_length=512)["input_ids"]
+        tokenize_s = time.perf_counter() - t0
+        groups: list[list[int]] = []
+        for start in range(0, len(ids), window):
+            idx = sorted(range(start, min(start + window, len(ids))), key=lambda i: len(ids[i]))
+            sizes = partition([len(ids[i]) for i in idx], overhead_tokens, 64, 16384)
+            at = 0
+            for size in sizes:
+                groups.append(idx[at : at + size])
+                at += size
+        return self._score_groups(ids, groups, t0, tokenize_s) | {"window": window}
+
+    def _score_groups(
+        self, ids: list[list[int]], groups: list[list[int]], t0: float, tokenize_s: float
+    ) -> dict[str, Any]:
+        """Score each group of text indices in one pass; the figures of the whole run."""
         efficiency: list[float] = []
         batch_s: list[tuple[list[int], float]] = []
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        passes: list[tuple[int, float]] = []
+        for idx in groups:
             rows = [ids[i] for i in idx]
+            padded = max(len(r) for r in rows) * len(rows)
             b0 = time.perf_counter()
             self._forward(rows)
-            batch_s.append((idx, time.perf_counter() - b0))
-            efficiency.append(sum(len(r) for r in rows) / (max(len(r) for r in rows) * len(rows)))
+            seconds = time.perf_counter() - b0
+            batch_s.append((idx, seconds))
+            passes.append((padded, seconds))
+            efficiency.append(sum(len(r) for r in rows) / padded)
         elapsed = time.perf_counter() - t0
         return {
-            "batch_size": batch_size,
-            "texts_per_s": len(texts) / elapsed,
+            "texts_per_s": len(ids) / elapsed,
             "seconds": elapsed,
             "padding_efficiency": sum(efficiency) / len(efficiency),  # mean over passes
+            "mean_batch_rows": len(ids) / len(groups),
             "tokenize_s": tokenize_s,
             "batches": batch_s,
+            "passes": passes,
         }
 
     def warm_up(self, texts: Sequence[str]) -> None:
@@ -133,18 +164,21 @@ def single_text_ms(res: dict[str, Any], n: int) -> list[float]:
 
 def run_inprocess_sweep(
     scorer: InProcessScorer, texts: Sequence[str], batch_sizes: Sequence[int], passes: int = 2
-) -> list[dict[str, Any]]:
-    """Best of ``passes`` passes per batch size, the sizes visited up then down.
+) -> tuple[list[dict[str, Any]], list[tuple[int, float]]]:
+    """Best of ``passes`` passes per batch size (sizes visited up then down), and every
+    forward pass as (padded tokens, seconds).
 
     The work is deterministic, so background load can only slow a pass down: the best pass
     is the machine's speed, and visiting the sizes in both orders spreads drifts evenly.
     """
     best: dict[int, dict[str, Any]] = {}
+    points: list[tuple[int, float]] = []
     for p in range(passes):
         for bs in batch_sizes if p % 2 == 0 else list(reversed(batch_sizes)):
             res = scorer.run(texts, bs)
+            points.extend(res["passes"])
             if bs not in best or res["texts_per_s"] > best[bs]["texts_per_s"]:
-                best[bs] = {k: v for k, v in res.items() if k != "batches"}
+                best[bs] = best_of([res])
     for bs in batch_sizes:
         logger.info(
             "L batch %3d: %7.1f texts/s, padding efficiency %.3f",
@@ -152,7 +186,28 @@ def run_inprocess_sweep(
             best[bs]["texts_per_s"],
             best[bs]["padding_efficiency"],
         )
-    return [best[bs] for bs in batch_sizes]
+    return [best[bs] for bs in batch_sizes], points
+
+
+def fit_inprocess_cost(points: Sequence[tuple[int, float]]) -> dict[str, float] | None:
+    """The batcher's pass-cost fit over in-process passes: overhead and per token (ms)."""
+    from reward_server.batcher import fit_pass_cost
+
+    fit = fit_pass_cost(points)
+    if fit is None:
+        return None
+    overhead_s, per_token_s = fit
+    return {
+        "overhead_ms": overhead_s * 1000.0,
+        "per_token_ms": per_token_s * 1000.0,
+        "overhead_tokens": max(0.0, overhead_s / per_token_s),
+    }
+
+
+def best_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest of several runs of the same work, without its per-batch details."""
+    top = max(runs, key=lambda r: r["texts_per_s"])
+    return {k: v for k, v in top.items() if k not in ("batches", "passes")}
 
 
 # ------------------------------------------------------------------------------ servers
@@ -338,10 +393,23 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
             _wait_idle(kind, urls[kind])
         sweep_texts = texts[: cfg.sweep_texts]
         logger.info("L sweep: %d texts, best of 2 passes per batch size", len(sweep_texts))
-        sweep = run_inprocess_sweep(scorer, sweep_texts, cfg.batch_sizes)
+        sweep, points = run_inprocess_sweep(scorer, sweep_texts, cfg.batch_sizes)
         best = max(sweep, key=lambda r: r["texts_per_s"])
         best_bs = int(best["batch_size"])
         logger.info("L best batch size: %d", best_bs)
+        # The server's batching in process: what S could reach without HTTP at 16 clients.
+        cost = fit_inprocess_cost(points)
+        shapes = None
+        if cost is not None:
+            shapes = best_of(
+                [scorer.run_windows(sweep_texts, 16, cost["overhead_tokens"]) for _ in range(2)]
+            )
+            logger.info(
+                "pass cost %.1f ms + %.3f ms/token; windows of 16 cut so: %.1f texts/s",
+                cost["overhead_ms"],
+                cost["per_token_ms"],
+                shapes["texts_per_s"],
+            )
 
         def window(clients: int, k: int) -> float:
             rounds = cfg.window_rounds * clients * k / best["texts_per_s"]
@@ -401,6 +469,8 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
         tokens=tokens,
         sweep=sweep,
         best=best,
+        cost=cost,
+        shapes=shapes,
         single_ms=single_all,
         inproc=inproc,
         runs=runs,
@@ -417,6 +487,8 @@ def _assemble(
     tokens: list[int],
     sweep: list[dict[str, Any]],
     best: dict[str, Any],
+    cost: dict[str, float] | None,
+    shapes: dict[str, Any] | None,
     single_ms: list[float],
     inproc: list[float],
     runs: dict[str, dict[tuple[int, int], list[dict[str, Any]]]],
@@ -499,6 +571,14 @@ def _assemble(
         },
         # What batching can win at all here: L at its best over L one text per pass.
         "batching_gain_bound": (best["texts_per_s"] / by_bs[1]) if by_bs.get(1) else None,
+        # The forward pass's cost as the batcher models it, fitted on the sweep's passes.
+        "pass_cost": cost,
+        # 16 single-text clients without HTTP: windows of 16 texts in arrival order, cut by
+        # the batcher's rule; over L at batch size 1 it bounds S/N at 16 x 1 from above.
+        "inprocess_16_windows": shapes,
+        "s_over_n_16x1_bound": (
+            shapes["texts_per_s"] / by_bs[1] if shapes is not None and by_bs.get(1) else None
+        ),
         "server": tables["S"],
         "naive": tables["N"],
         "ratios": ratios,

@@ -89,6 +89,10 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
     assert tp["inprocess"]["best_batch_size"] in (1, 4)
     assert _is_summary(tp["inprocess"]["texts_per_s"])
     assert [r["batch_size"] for r in tp["inprocess"]["sweep"]] == [1, 4]
+    assert tp["batching_gain_bound"] > 0
+    if tp["pass_cost"] is not None:  # a fit needs passes of different sizes that differ
+        assert tp["inprocess_16_windows"]["texts_per_s"] > 0
+        assert tp["s_over_n_16x1_bound"] > 0
     for kind in ("server", "naive"):
         keys = {(r["clients"], r["per_request"]) for r in tp[kind]}
         assert keys == {(1, 1), (2, 1), (1, 2), (2, 2)}
