@@ -175,7 +175,9 @@ async def run_load(
         # What a server that pads each request to its own longest text runs (naive server):
         # the mean over requests (= forward passes there) of real / padded tokens.
         "request_padding_efficiency": (
-            sum(r.real_tokens / r.padded_tokens for r in good) / len(good) if good else float("nan")
+            min(1.0, sum(r.real_tokens / r.padded_tokens for r in good) / len(good))
+            if good
+            else float("nan")
         ),
         "loadgen_cpu_s": cpu1 - cpu0,
         "server_counters": {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}

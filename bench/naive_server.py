@@ -15,6 +15,7 @@ flight so the benchmark can wait for the server to be idle.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 
@@ -44,7 +45,7 @@ def create_app(model_path: str, max_length: int = 512) -> FastAPI:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForSequenceClassification.from_pretrained(model_path).eval()
     app = FastAPI(title="naive reward server")
-    state = {"in_flight": 0, "requests": 0}
+    state = {"in_flight": 0, "requests": 0, "skipped": 0}
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -61,7 +62,14 @@ def create_app(model_path: str, max_length: int = 512) -> FastAPI:
         """Tokenize, pad to the longest text of this request, one forward pass."""
         state["in_flight"] += 1
         try:
+            # uvicorn stops reading a connection while its request is handled, so a client's
+            # close is only seen once reading resumes: ask (which resumes it), give the loop
+            # a few turns to read the close, ask again.
+            await request.is_disconnected()
+            for _ in range(3):
+                await asyncio.sleep(0)
             if await request.is_disconnected():
+                state["skipped"] += 1
                 return ScoreOut(scores=[])
             enc = tokenizer(
                 body.texts,

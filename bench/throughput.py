@@ -140,7 +140,8 @@ class InProcessScorer:
         return {
             "texts_per_s": len(ids) / elapsed,
             "seconds": elapsed,
-            "padding_efficiency": sum(efficiency) / len(efficiency),  # mean over passes
+            # Mean over passes; each ratio is <= 1, their float mean may round just above it.
+            "padding_efficiency": min(1.0, sum(efficiency) / len(efficiency)),
             "mean_batch_rows": len(ids) / len(groups),
             "tokenize_s": tokenize_s,
             "batches": batch_s,
@@ -321,10 +322,13 @@ def _server_figures(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
     }
     c = raw.get("server_counters") or {}
     if kind == "S" and c.get("reward_server_batch_rows_count"):
-        # Mean over the forward passes of the window (both ends counted at batch completion).
-        out["padding_efficiency"] = (
+        # Mean over the forward passes of the window (both ends counted at batch completion);
+        # each pass's ratio is <= 1, but a float sum of them divided by the count can round
+        # to 1.0000000000000002, so clamp.
+        out["padding_efficiency"] = min(
+            1.0,
             c["reward_server_batch_padding_efficiency_sum"]
-            / c["reward_server_batch_padding_efficiency_count"]
+            / c["reward_server_batch_padding_efficiency_count"],
         )
         out["mean_batch_rows"] = c["reward_server_batch_rows_sum"] / max(
             1.0, c["reward_server_batch_rows_count"]
@@ -416,7 +420,14 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
             return min(cfg.max_duration_s, max(cfg.duration_s, rounds))
 
         single_all: list[float] = []
+
+        def settle() -> None:
+            # Both servers idle (work abandoned by the last run is finished or dropped).
+            for kind in ("S", "N"):
+                _wait_idle(kind, urls[kind])
+
         for rnd in range(cfg.repeats):
+            settle()
             res = scorer.run(texts, best_bs)
             inproc.append(res["texts_per_s"])
             # Each text alone, this round: the reference of the single-request latency.
@@ -427,7 +438,7 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
                 # Alternate which server goes first so neither always follows the other.
                 order = ("S", "N") if (rnd + clients + k) % 2 == 0 else ("N", "S")
                 for kind in order:
-                    _wait_idle(kind, urls[kind])
+                    settle()
                     raw = run_loadgen(
                         urls[kind],
                         texts_file,
