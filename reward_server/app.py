@@ -370,6 +370,8 @@ class Service:
         self.model = model
         self.metrics = metrics
         self.batcher: Batcher | None = None
+        # --max-batch-tokens, or its default for the model's device once the model is known.
+        self.max_batch_tokens: int | None = settings.max_batch_tokens
         self.draining = False
         # One thread renders and tokenizes: off the event loop, and never two calls into a
         # fast tokenizer at once (its Rust backend is not re-entrant across threads).
@@ -398,24 +400,29 @@ class Service:
 
             self.model = await asyncio.to_thread(load_model, s, RewardModel)
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="reward-tokenize")
+        self.max_batch_tokens = s.batch_token_budget(
+            str(getattr(self.model, "device", "cpu")), self.model.max_length
+        )
         self.batcher = Batcher(
             self.model.score_batch,
-            max_batch_tokens=s.max_batch_tokens,
+            max_batch_tokens=self.max_batch_tokens,
             max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms,
             max_queue=s.max_queue,
             observer=self.metrics,
+            # The thread the model was loaded on (see reward_server.model.compute_thread).
+            executor=getattr(self.model, "executor", None),
         )
         await self.batcher.start()
         batcher = self.batcher
         self.metrics.track_queue(lambda: float(batcher.queued))
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
-        if self.model.max_length > s.max_batch_tokens:
+        if self.model.max_length > self.max_batch_tokens:
             logger.warning(
                 "max_length %d exceeds max_batch_tokens %d: raise --max-batch-tokens or lower "
                 "--max-length",
                 self.model.max_length,
-                s.max_batch_tokens,
+                self.max_batch_tokens,
             )
         if s.max_client_batch > s.max_queue:
             logger.warning(
@@ -710,7 +717,7 @@ async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
         {
             **details,
             "truncate": not s.no_truncate,
-            "max_batch_tokens": s.max_batch_tokens,
+            "max_batch_tokens": service.max_batch_tokens,
             "max_batch_size": s.max_batch_size,
             "max_wait_ms": s.max_wait_ms,
             "max_client_batch": service.max_client_batch,

@@ -30,7 +30,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -218,9 +218,12 @@ class Batcher:
         observer: BatchObserver | None = None,
         sort_window: int = 4,
         split_overhead_tokens: float | None = None,
+        executor: Executor | None = None,
     ) -> None:
         """``split_overhead_tokens``: what one extra forward pass costs, in padded tokens;
-        None learns it from the passes run (the usual choice)."""
+        None learns it from the passes run (the usual choice). ``executor``: where
+        ``run_batch`` runs (one worker; the model's compute thread); None starts a private
+        thread, shut down by :meth:`stop`."""
         if max_batch_tokens < 1 or max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_tokens, max_batch_size and max_queue must be positive")
         if max_wait_ms < 0 or sort_window < 1:
@@ -247,7 +250,8 @@ class Batcher:
         self._last_submit: float | None = None
         # One dedicated thread runs every forward pass: its math library's thread team and
         # caches stay warm, and passes never overlap.
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: Executor | None = executor
+        self._owns_executor = executor is None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -269,7 +273,8 @@ class Batcher:
             raise RuntimeError("batcher already started")
         self._started = True
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="reward-batch")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="reward-batch")
         self._task = asyncio.create_task(self._consume(), name="reward-batcher")
         self._task.add_done_callback(self._on_consumer_done)
 
@@ -284,7 +289,7 @@ class Batcher:
         task = self._task
         if task is not None and not task.done():
             await asyncio.shield(task)
-        if self._executor is not None:
+        if self._executor is not None and self._owns_executor:
             self._executor.shutdown(wait=False)
 
     def _on_consumer_done(self, task: asyncio.Task[None]) -> None:

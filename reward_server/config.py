@@ -19,6 +19,11 @@ TruncationSide = Literal["left", "right"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 
+#: Default padded-token budgets of one forward pass (``--max-batch-tokens``), per device.
+CPU_BATCH_TOKENS = 4096
+GPU_BATCH_TOKENS = 16384
+
+
 class ServerSettings(BaseSettings):
     """Configuration of the reward server (flags, ``REWARD_SERVER_*`` env vars, or kwargs)."""
 
@@ -61,6 +66,7 @@ class ServerSettings(BaseSettings):
     max_length: int | None = Field(
         default=None,
         gt=0,
+        json_schema_extra={"default_label": "the model's"},
         description="Most tokens scored per text (default: the model's own limit). Longer "
         "texts are truncated (and reported so) unless --no-truncate is set.",
     )
@@ -87,12 +93,15 @@ class ServerSettings(BaseSettings):
         "reward tokenizer's chat template when it has one, none joins query + response, or a "
         "path to a Jinja template file.",
     )
-    max_batch_tokens: int = Field(
-        default=16384,
+    max_batch_tokens: int | None = Field(
+        default=None,
         gt=0,
-        description="Padded-token budget of one forward pass (longest item x rows). Raise it "
-        "until GPU memory or latency says stop; on CPU a few thousand to 16k is plenty. Must "
-        "be at least --max-length, or the longest texts cannot be scored.",
+        json_schema_extra={"default_label": f"{CPU_BATCH_TOKENS} CPU, {GPU_BATCH_TOKENS} GPU"},
+        description="Padded-token budget of one forward pass (longest item x rows). Default: "
+        f"{CPU_BATCH_TOKENS} on CPU, where larger passes run no faster and their activations "
+        "no longer fit the allocator's reuse (fresh pages every pass); "
+        f"{GPU_BATCH_TOKENS} on GPU, where raising it pays until memory or latency says "
+        "stop. Never below the model's max length.",
     )
     max_batch_size: int = Field(
         default=64,
@@ -143,13 +152,26 @@ class ServerSettings(BaseSettings):
         """Items per request actually accepted: a request larger than the queue never fits."""
         return min(self.max_client_batch, self.max_queue)
 
+    def batch_token_budget(self, device: str, max_length: int) -> int:
+        """``--max-batch-tokens``, or its per-device default for a model on ``device``.
+
+        The default is never below ``max_length``, so one text of the longest kind fits.
+        """
+        if self.max_batch_tokens is not None:
+            return self.max_batch_tokens
+        base = CPU_BATCH_TOKENS if device.startswith("cpu") else GPU_BATCH_TOKENS
+        return max(base, max_length)
+
 
 def flags_markdown() -> str:
     """A Markdown table of every flag, its env variable, default and help (for the README)."""
     rows = ["| Flag | Environment variable | Default | What it does |", "|---|---|---|---|"]
     for name, field in ServerSettings.model_fields.items():
+        label = (field.json_schema_extra or {}).get("default_label")  # type: ignore[union-attr]
         if field.is_required():
             default = "required"
+        elif isinstance(label, str):
+            default = label
         elif field.default is None:
             default = "none"
         elif field.default is False:

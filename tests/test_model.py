@@ -5,20 +5,26 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 import tiny_models
 import torch
+from fastapi.testclient import TestClient
 from tokenizers import processors
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from reward_server.app import create_app
+from reward_server.config import ServerSettings
 from reward_server.model import (
+    COMPUTE_THREAD_NAME,
     ChatTemplateError,
     Encoded,
     ModelLoadError,
     RewardModel,
     TextTooLongError,
+    compute_thread,
 )
 
 ATOL = 1e-5
@@ -460,3 +466,27 @@ def test_base_lm_plus_adapter_with_head(
     cfg["modules_to_save"] = None
     (headless / "adapter_config.json").write_text(json.dumps(cfg))
     assert "does not provide one" in _load_error(str(lm_path), adapter=str(headless))
+
+
+def test_loading_and_scoring_run_on_the_one_compute_thread(
+    bert_rm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch work stays on one thread: a second OpenMP team would slow every pass on CPU."""
+    seen: list[str] = []
+    real_load = RewardModel._load.__func__  # type: ignore[attr-defined]
+
+    def spy_load(cls: type[RewardModel], *args: object, **kwargs: object) -> RewardModel:
+        seen.append(threading.current_thread().name)
+        return real_load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(RewardModel, "_load", classmethod(spy_load))
+    rm = RewardModel.load(str(bert_rm))  # called from the main thread
+    assert seen == [seen[0]] and seen[0].startswith(COMPUTE_THREAD_NAME)
+    assert rm.executor is compute_thread()
+
+    passes: list[str] = []
+    rm.model.register_forward_pre_hook(lambda *_: passes.append(threading.current_thread().name))
+    with TestClient(create_app(ServerSettings(model=str(bert_rm)), model=rm)) as client:
+        r = client.post("/score", json={"texts": ["a short text", "and a longer one here"]})
+        assert r.status_code == 200, r.text
+    assert passes and all(name.startswith(COMPUTE_THREAD_NAME) for name in passes)

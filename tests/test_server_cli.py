@@ -16,7 +16,7 @@ from server_proc import REWARD_SERVER, running_server
 from tiny_models import make_corpus
 
 from reward_server.cli import build_parser, parse_settings
-from reward_server.config import ServerSettings
+from reward_server.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ServerSettings
 
 
 @pytest.fixture
@@ -59,10 +59,22 @@ def test_flags_override_environment(clean_env: pytest.MonkeyPatch) -> None:
     assert s.port == 9002  # flag beats env
     assert s.no_truncate is True and s.max_wait_ms == 7.5  # env fills the rest
     assert s.dtype == "float32"
-    assert s.host == "127.0.0.1" and s.max_batch_tokens == 16384  # defaults
+    assert s.host == "127.0.0.1" and s.max_batch_tokens is None  # defaults (per device)
     s = parse_settings(["--model", "m", "--api-key", "hidden-key-42", "--merge-adapter"])
     assert s.model == "m" and s.api_key is not None and s.merge_adapter is True
     assert "hidden-key-42" not in repr(s) and "hidden-key-42" not in str(s)
+
+
+def test_batch_token_budget_defaults_per_device() -> None:
+    s = ServerSettings(model="m")
+    assert s.batch_token_budget("cpu", 512) == CPU_BATCH_TOKENS
+    assert s.batch_token_budget("cuda:0", 512) == GPU_BATCH_TOKENS
+    assert CPU_BATCH_TOKENS < GPU_BATCH_TOKENS
+    # never below the model's max length, so one text of the longest kind fits a pass
+    assert s.batch_token_budget("cpu", 32768) == 32768
+    # a given value wins on any device, even under max_length (the server warns then)
+    given = ServerSettings(model="m", max_batch_tokens=300)
+    assert given.batch_token_budget("cpu", 512) == given.batch_token_budget("cuda", 512) == 300
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,8 @@ from server_proc import ServerProcess, running_server
 from tiny_models import CHAT_TEMPLATE, make_corpus
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from reward_server.config import CPU_BATCH_TOKENS
+
 MODELS = ("bert", "gpt2", "llama")
 TOL = 1e-5
 
@@ -199,7 +201,9 @@ def test_info_health_metrics(servers: dict[str, tuple[Path, ServerProcess]]) -> 
     assert info["model"] == str(path)
     assert info["architecture"] == "LlamaForSequenceClassification"
     assert info["chat_template"] is True and info["auth"] is False
-    assert info["max_batch_tokens"] == 16384 and info["max_client_batch"] == 256
+    # the CPU default budget, raised to the model's max length when that is longer
+    assert info["max_batch_tokens"] == max(CPU_BATCH_TOKENS, info["max_length"])
+    assert info["max_client_batch"] == 256
     before = httpx.get(f"{server.url}/metrics").text
     score(server, ["one", "two"])
     after = httpx.get(f"{server.url}/metrics").text
