@@ -54,15 +54,25 @@ class _Record:
 
 
 async def _scrape(client: httpx.AsyncClient) -> dict[str, float]:
-    """The server's counters of interest (empty when /metrics is unavailable)."""
+    """The server's counters of interest (empty when it has none).
+
+    ``texts_scored`` is the texts its model has finished: the reward server's rows over all
+    forward passes, or the naive server's ``/stats`` count.
+    """
     try:
         response = await client.get("/metrics", timeout=30)
-    except httpx.HTTPError:
-        return {}
-    if response.status_code != 200:
-        return {}
-    samples = parse_prometheus(response.text)
-    return {name: samples.get(name, 0.0) for name in SERVER_COUNTERS}
+        if response.status_code == 200:
+            samples = parse_prometheus(response.text)
+            out = {name: samples.get(name, 0.0) for name in SERVER_COUNTERS}
+            out["texts_scored"] = out["reward_server_batch_rows_sum"]
+            return out
+        response = await client.get("/stats", timeout=30)
+        if response.status_code == 200:
+            stats = response.json()
+            return {"texts_scored": float(stats["texts"]), "server_time": float(stats["time"])}
+    except (httpx.HTTPError, ValueError, KeyError):
+        pass
+    return {}
 
 
 async def run_load(
@@ -202,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-warmup", type=float, default=300.0)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--offset", type=int, default=0, help="first request's position")
-    parser.add_argument("--metrics", action="store_true", help="diff the server's /metrics")
+    parser.add_argument(
+        "--metrics", action="store_true", help="diff the server's /metrics (or /stats)"
+    )
     parser.add_argument("--samples", action="store_true", help="return (text, latency) pairs")
     args = parser.parse_args(argv)
     with open(args.texts, encoding="utf-8") as f:

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import os
+import time
 
 import torch
 import uvicorn
@@ -45,7 +46,7 @@ def create_app(model_path: str, max_length: int = 512) -> FastAPI:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForSequenceClassification.from_pretrained(model_path).eval()
     app = FastAPI(title="naive reward server")
-    state = {"in_flight": 0, "requests": 0, "skipped": 0}
+    state = {"in_flight": 0, "requests": 0, "texts": 0, "skipped": 0}
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -53,9 +54,13 @@ def create_app(model_path: str, max_length: int = 512) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/stats")
-    async def stats() -> dict[str, int]:
-        """Requests in flight and served."""
-        return dict(state)
+    async def stats() -> dict[str, float]:
+        """Requests in flight, requests and texts scored, requests skipped (client gone).
+
+        ``time`` is this process's monotonic clock: the loop answers only between forward
+        passes, so a reader times the counts by it rather than by when it asked.
+        """
+        return {**state, "time": time.monotonic()}
 
     @app.post("/score", response_model=ScoreOut)
     async def score(body: ScoreIn, request: Request) -> ScoreOut:
@@ -81,6 +86,7 @@ def create_app(model_path: str, max_length: int = 512) -> FastAPI:
             with torch.inference_mode():
                 logits = model(**enc).logits
             state["requests"] += 1
+            state["texts"] += len(body.texts)
             return ScoreOut(scores=logits[:, 0].tolist())
         finally:
             state["in_flight"] -= 1
