@@ -528,18 +528,26 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 def load_model(settings: ServerSettings, model_cls: Any) -> Any:
-    """Load the reward model named by ``settings`` (raises ModelLoadError)."""
-    return model_cls.load(
-        settings.model,
-        adapter=settings.adapter,
-        merge_adapter=settings.merge_adapter,
-        dtype=settings.dtype,
-        device=settings.device,
-        max_length=settings.max_length,
-        truncation_side=settings.truncation_side,
-        label_index=settings.label_index,
-        chat_template=settings.chat_template,
-        trust_remote_code=settings.trust_remote_code,
+    """Load the reward model named by ``settings`` (raises ModelLoadError).
+
+    The load runs on the process's compute thread, where the batcher later runs every pass
+    (see :func:`reward_server.model.compute_thread`).
+    """
+    from reward_server.model import run_on_compute_thread
+
+    return run_on_compute_thread(
+        lambda: model_cls.load(
+            settings.model,
+            adapter=settings.adapter,
+            merge_adapter=settings.merge_adapter,
+            dtype=settings.dtype,
+            device=settings.device,
+            max_length=settings.max_length,
+            truncation_side=settings.truncation_side,
+            label_index=settings.label_index,
+            chat_template=settings.chat_template,
+            trust_remote_code=settings.trust_remote_code,
+        )
     )
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -39,7 +39,10 @@ __all__ = [
     "TextTooLongError",
     "compute_thread",
     "on_compute_thread",
+    "run_on_compute_thread",
 ]
+
+T = TypeVar("T")
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -79,7 +82,8 @@ def on_compute_thread() -> bool:
     return threading.current_thread().name.startswith(COMPUTE_THREAD_NAME)
 
 
-def _run_on_compute_thread(fn: Callable[[], RewardModel]) -> RewardModel:
+def run_on_compute_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on :func:`compute_thread` (directly when already there); its result."""
     return fn() if on_compute_thread() else compute_thread().submit(fn).result()
 
 
@@ -263,22 +267,20 @@ class RewardModel:
     ) -> RewardModel:
         """Load tokenizer, model and optional PEFT adapter; raise ModelLoadError on failure.
 
-        The work runs on :func:`compute_thread`, where the server later runs the passes.
+        Loads on the calling thread; the server calls it on :func:`compute_thread`.
         """
         try:
-            return _run_on_compute_thread(
-                lambda: cls._load(
-                    model,
-                    adapter=adapter,
-                    merge_adapter=merge_adapter,
-                    dtype=dtype,
-                    device=device,
-                    max_length=max_length,
-                    truncation_side=truncation_side,
-                    label_index=label_index,
-                    chat_template=chat_template,
-                    trust_remote_code=trust_remote_code,
-                )
+            return cls._load(
+                model,
+                adapter=adapter,
+                merge_adapter=merge_adapter,
+                dtype=dtype,
+                device=device,
+                max_length=max_length,
+                truncation_side=truncation_side,
+                label_index=label_index,
+                chat_template=chat_template,
+                trust_remote_code=trust_remote_code,
             )
         except ModelLoadError:
             raise

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from tokenizers import processors
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from reward_server.app import create_app
+from reward_server.app import create_app, load_model
 from reward_server.config import ServerSettings
 from reward_server.model import (
     COMPUTE_THREAD_NAME,
@@ -480,8 +480,10 @@ def test_loading_and_scoring_run_on_the_one_compute_thread(
         return real_load(cls, *args, **kwargs)
 
     monkeypatch.setattr(RewardModel, "_load", classmethod(spy_load))
-    rm = RewardModel.load(str(bert_rm))  # called from the main thread
-    assert seen == [seen[0]] and seen[0].startswith(COMPUTE_THREAD_NAME)
+    rm = RewardModel.load(str(bert_rm))  # the library loads where it is called
+    assert seen == [threading.current_thread().name]
+    rm = load_model(ServerSettings(model=str(bert_rm)), RewardModel)  # the server's way
+    assert seen[1].startswith(COMPUTE_THREAD_NAME)
     assert rm.executor is compute_thread()
 
     passes: list[str] = []
