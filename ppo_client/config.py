@@ -72,6 +72,11 @@ class PPOConfig:
     reward_baseline: float = 0.0
     """Subtracted from every score: score' = (score - reward_baseline) * reward_scale."""
     reward_scale: float = 1.0
+    overlap_reward: bool | None = None
+    """Score a rollout chunk on a worker thread while its policy/reference/value passes run.
+    Default: on for the HTTP reward client (the network wait hides behind the passes), off
+    for other reward functions, which usually compute on the trainer's own CPU or GPU and
+    would only compete with the passes for it."""
 
     # --- data ----------------------------------------------------------------------------
     dataset_name: str | None = None

@@ -27,7 +27,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -274,6 +274,18 @@ class _Rollout:
 # ================================================================================= trainer
 
 
+class _InlineExecutor(Executor):
+    """Runs each submitted call at once on the calling thread (the reward not overlapped)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
 class PPOTrainer:
     """PPO for a causal-LM policy whose reward comes from text (a reward server or any callable).
 
@@ -397,6 +409,14 @@ class PPOTrainer:
         if reward_fn is None:
             reward_fn = self._default_reward_fn()
         self.reward_fn = reward_fn
+        if config.overlap_reward is None:
+            from ppo_client.client import RewardClient
+
+            # A local reward model would compete with the passes for the same device (on CPU
+            # steps got 1.5x slower; see BENCHMARKS.md); only network waits are worth hiding.
+            self.overlap_reward = isinstance(reward_fn, RewardClient)
+        else:
+            self.overlap_reward = config.overlap_reward
 
         # --- randomness and progress ---------------------------------------------------
         self.local_seed = config.seed + acc.process_index * 100003  # a prime, as TRL
@@ -529,7 +549,7 @@ class PPOTrainer:
         return scores, truncated
 
     @torch.no_grad()
-    def _rollout(self, prompts: list[Prompt], pool: ThreadPoolExecutor) -> _Rollout:
+    def _rollout(self, prompts: list[Prompt], pool: Executor) -> _Rollout:
         """Generate, decode and score; ref log-probs and values are computed while scoring runs."""
         cfg, acc = self.config, self.accelerator
         device = acc.device
@@ -651,7 +671,11 @@ class PPOTrainer:
         )
         progress = _progress(cfg, acc, start_step)
         start_time, start_episode = time.time(), self.state.episode
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-reward")
+        pool: Executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-reward")
+            if self.overlap_reward
+            else _InlineExecutor()
+        )
         try:
             for step in range(start_step + 1, cfg.num_total_batches + 1):
                 t0 = time.perf_counter()

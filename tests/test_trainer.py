@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -463,6 +464,53 @@ def test_chat_prompts_reach_the_server_as_conversations(chat_policy: Path, tmp_p
         for marker in ("<|user|>", "<|assistant|>", "<|system|>", "</s>"):
             assert marker not in json.dumps(conversation), marker
     assert [row["reward/truncated_frac"] for row in history] == [0.25, 0.25]
+
+
+def _mock_client(seen: list[str]) -> RewardClient:
+    """A RewardClient whose transport records the thread each request is sent from."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/info":
+            return httpx.Response(200, json={"model": "rm", "max_client_batch": 64})
+        seen.append(threading.current_thread().name)
+        n = len(json.loads(request.content)["responses"])
+        body = {"scores": [0.5] * n, "tokens": [3] * n, "truncated": [False] * n}
+        return httpx.Response(200, json=body)
+
+    return RewardClient(
+        "http://rm.test", http_client=httpx.Client(transport=httpx.MockTransport(handler))
+    )
+
+
+@pytest.mark.parametrize(
+    ("remote", "overlap", "expected_thread"),
+    [
+        (True, None, "ppo-reward"),  # default for the HTTP client: overlapped
+        (False, None, "MainThread"),  # default for a local function: inline
+        (False, True, "ppo-reward"),
+        (True, False, "MainThread"),
+    ],
+)
+def test_reward_overlap_default_and_override(
+    gpt2_policy: Path,
+    tmp_path: Path,
+    remote: bool,
+    overlap: bool | None,
+    expected_thread: str,
+) -> None:
+    seen: list[str] = []
+
+    def local(prompts: list[Any], responses: list[str]) -> list[float]:
+        seen.append(threading.current_thread().name)
+        return space_reward(prompts, responses)
+
+    reward_fn = _mock_client(seen) if remote else local
+    cfg = make_config(gpt2_policy, tmp_path / "run", total_episodes=8, overlap_reward=overlap)
+    trainer = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=reward_fn)
+    assert trainer.overlap_reward is (expected_thread != "MainThread")
+    history = trainer.train()
+    assert len(history) == 1 and seen  # one step, scored
+    assert all(name.startswith(expected_thread) for name in seen), seen
 
 
 # ----------------------------------------------------------------------------- precision, trackers
