@@ -122,6 +122,7 @@ def run_ppo_bench(cfg: PPOBenchConfig) -> dict[str, Any]:
 
     from bench.models import make_prompts
     from ppo_client.client import RewardClient
+    from ppo_client.trainer import default_overlap
 
     torch.set_num_threads(cfg.torch_threads)
     prompts = make_prompts(cfg.n_prompts, seed=cfg.seed)
@@ -167,6 +168,11 @@ def run_ppo_bench(cfg: PPOBenchConfig) -> dict[str, Any]:
                     len(times),
                 )
 
+    defaults = {
+        where: f"{where}/{'overlapped' if default_overlap(fn, torch.device('cpu')) else 'serial'}"
+        for where, fn in (("remote", client), ("inprocess", local))
+    }
+
     def ratio(a: str, b: str) -> dict[str, float]:
         return summary(x / y for x, y in zip(steps[a], steps[b], strict=False) if y > 0)
 
@@ -181,10 +187,11 @@ def run_ppo_bench(cfg: PPOBenchConfig) -> dict[str, Any]:
         },
         "step_s": {name: summary(v) for name, v in steps.items()},
         "reward_wait_s": {name: summary(v) for name, v in waits.items()},
+        # What the trainer picks when not told (ppo_client.trainer.default_overlap): serial
+        # in process; for the client, serial too here (trainer on CPU, server on 127.0.0.1).
+        "defaults": defaults,
         "ratios": {
-            # Each as the trainer runs it by default: overlapped for the HTTP client, serial
-            # for a reward function in the trainer's process.
-            "remote/inprocess (defaults)": ratio("remote/overlapped", "inprocess/serial"),
+            "remote/inprocess (defaults)": ratio(defaults["remote"], defaults["inprocess"]),
             "remote/inprocess (overlapped)": ratio("remote/overlapped", "inprocess/overlapped"),
             "remote/inprocess (serial)": ratio("remote/serial", "inprocess/serial"),
             "overlapped/serial (remote)": ratio("remote/overlapped", "remote/serial"),

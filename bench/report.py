@@ -213,6 +213,13 @@ def _ppo(ppo: dict[str, Any]) -> str:
         f"{cfg['warmup_steps']} warm-up step(s); same seed, max gap between variants' mean "
         f"scores {ppo['score_gap']:.1e}."
     ]
+    defaults = ppo.get("defaults")
+    if defaults:
+        parts[0] += (
+            " The trainer's default (`overlap_reward` unset): "
+            + ", ".join(f"{where} → {name.split('/')[1]}" for where, name in defaults.items())
+            + "."
+        )
     parts.append(
         _table(
             ["variant", "step s", "reward wait s (not hidden)"],

@@ -74,9 +74,9 @@ class PPOConfig:
     reward_scale: float = 1.0
     overlap_reward: bool | None = None
     """Score a rollout chunk on a worker thread while its policy/reference/value passes run.
-    Default: on for the HTTP reward client (the network wait hides behind the passes), off
-    for other reward functions, which usually compute on the trainer's own CPU or GPU and
-    would only compete with the passes for it."""
+    Default: on for the HTTP reward client (the server's time hides behind the passes),
+    except when the trainer runs on CPU and every server is on this machine; off for other
+    reward functions. Overlap only pays when the reward has processors of its own."""
 
     # --- data ----------------------------------------------------------------------------
     dataset_name: str | None = None

@@ -19,18 +19,21 @@ One update reads top to bottom in :meth:`PPOTrainer.train`:
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import logging
 import math
 import os
 import random
 import shutil
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -62,7 +65,7 @@ from ppo_client.rollout import (
     sampling_config,
 )
 
-__all__ = ["PPOTrainer", "RewardFn", "load_prompt_dataset"]
+__all__ = ["PPOTrainer", "RewardFn", "default_overlap", "load_prompt_dataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +277,37 @@ class _Rollout:
 # ================================================================================= trainer
 
 
+def _on_this_machine(url: str) -> bool:
+    """True when ``url``'s host is this machine (a loopback or unspecified address, or its
+    own host name)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host in ("localhost", socket.gethostname().lower(), socket.getfqdn().lower()):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def default_overlap(reward_fn: object, device: torch.device) -> bool:
+    """Whether the trainer overlaps reward calls with its passes when not told.
+
+    Overlap hides the reward's time only where the reward has processors of its own: an
+    HTTP client to a server elsewhere, or any server while the trainer runs on a GPU. A
+    reward computed in process, or a server on this machine while the trainer runs on its
+    CPU, competes with the passes for the same cores; two busy-waiting thread teams on them
+    made CPU steps slower, not faster (BENCHMARKS.md, PPO step).
+    """
+    from ppo_client.client import RewardClient
+
+    if not isinstance(reward_fn, RewardClient):
+        return False
+    if device.type != "cpu":
+        return True
+    return not all(_on_this_machine(url) for url in reward_fn.base_urls)
+
+
 class _InlineExecutor(Executor):
     """Runs each submitted call at once on the calling thread (the reward not overlapped)."""
 
@@ -409,14 +443,11 @@ class PPOTrainer:
         if reward_fn is None:
             reward_fn = self._default_reward_fn()
         self.reward_fn = reward_fn
-        if config.overlap_reward is None:
-            from ppo_client.client import RewardClient
-
-            # A local reward model would compete with the passes for the same device (on CPU
-            # steps got 1.5x slower; see BENCHMARKS.md); only network waits are worth hiding.
-            self.overlap_reward = isinstance(reward_fn, RewardClient)
-        else:
-            self.overlap_reward = config.overlap_reward
+        self.overlap_reward = (
+            default_overlap(reward_fn, self.accelerator.device)
+            if config.overlap_reward is None
+            else config.overlap_reward
+        )
 
         # --- randomness and progress ---------------------------------------------------
         self.local_seed = config.seed + acc.process_index * 100003  # a prime, as TRL

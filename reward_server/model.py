@@ -118,9 +118,14 @@ class Encoded:
 
 
 def _one_line(exc: BaseException) -> str:
-    """An exception as a single line of at most 300 characters."""
+    """An exception as a single line of at most 300 characters (plus the flag to use when
+    transformers asks for ``trust_remote_code=True``, a Python argument the CLI spells
+    differently)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    text = text if len(text) <= 300 else text[:297] + "..."
+    if "trust_remote_code" in text:
+        text += " [the model needs its own code: pass --trust-remote-code if you trust it]"
+    return text
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -112,6 +112,9 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
     names = {"remote/overlapped", "inprocess/overlapped", "remote/serial", "inprocess/serial"}
     assert set(ppo["step_s"]) == names and all(_is_summary(v) for v in ppo["step_s"].values())
     assert all(_is_summary(v) for v in ppo["ratios"].values())
+    # trainer on CPU, server on 127.0.0.1: both paths default to the reward not overlapped
+    assert ppo["defaults"] == {"remote": "remote/serial", "inprocess": "inprocess/serial"}
+    assert "remote/inprocess (defaults)" in ppo["ratios"]
     assert ppo["score_gap"] < 1e-4  # same seed and models: the same rewards either way
     assert ppo["targets"][0]["name"] == "PPO step remote / in-process"
 

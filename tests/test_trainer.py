@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, GPT2Config
 
 from ppo_client import PPOConfig, PPOTrainer, RewardClient
 from ppo_client.config import ConfigError
+from ppo_client.trainer import default_overlap
 
 #: The metrics every step must log, with TRL's names.
 TRL_METRICS = [
@@ -511,6 +512,25 @@ def test_reward_overlap_default_and_override(
     history = trainer.train()
     assert len(history) == 1 and seen  # one step, scored
     assert all(name.startswith(expected_thread) for name in seen), seen
+
+
+@pytest.mark.parametrize(
+    ("urls", "device", "expected"),
+    [
+        (["http://127.0.0.1:8000"], "cpu", False),  # same CPU: the two would compete
+        (["http://localhost:8000", "http://[::1]:8001"], "cpu", False),
+        (["http://127.0.0.1:8000"], "cuda", True),  # a GPU trainer leaves the CPU free
+        (["http://rm-0:8000"], "cpu", True),  # another machine (or container name)
+        (["http://127.0.0.1:8000", "http://10.1.2.3:8000"], "cpu", True),
+    ],
+)
+def test_default_overlap_follows_where_the_reward_runs(
+    urls: list[str], device: str, expected: bool
+) -> None:
+    client = RewardClient(urls, http_client=httpx.Client())
+    assert default_overlap(client, torch.device(device)) is expected
+    # a reward computed in process competes with the passes on any device
+    assert default_overlap(space_reward, torch.device(device)) is False
 
 
 # ----------------------------------------------------------------------------- precision, trackers
