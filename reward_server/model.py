@@ -121,9 +121,9 @@ def _one_line(exc: BaseException) -> str:
     """An exception as a single line of at most 300 characters (plus the flag to use when
     transformers asks for ``trust_remote_code=True``, a Python argument the CLI spells
     differently)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    text = text if len(text) <= 300 else text[:297] + "..."
-    if "trust_remote_code" in text:
+    full = " ".join(str(exc).split()) or type(exc).__name__
+    text = full if len(full) <= 300 else full[:297] + "..."
+    if "trust_remote_code" in full:
         text += " [the model needs its own code: pass --trust-remote-code if you trust it]"
     return text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -103,14 +104,36 @@ def test_python_dash_m_entry_point() -> None:
     assert out.returncode == 0 and out.stdout.startswith("reward-server ")
 
 
-@pytest.mark.parametrize("case", ["not a model", "bad adapter"])
+def _custom_code_model(folder: Path) -> Path:
+    """A model folder whose config names code of its own (auto_map), like many hub models."""
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "custom-x",
+                "architectures": ["XForSequenceClassification"],
+                "auto_map": {"AutoConfig": "cfg.XConfig"},
+            }
+        )
+    )
+    (folder / "cfg.py").write_text(
+        "from transformers import PretrainedConfig\n\n\n"
+        "class XConfig(PretrainedConfig):\n    model_type = 'custom-x'\n"
+    )
+    return folder
+
+
+@pytest.mark.parametrize("case", ["not a model", "bad adapter", "needs its own code"])
 def test_model_load_failure_is_one_line_and_nonzero(
     case: str, tmp_path: Path, gpt2_rm: Path
 ) -> None:
     args = {
         "not a model": ["--model", str(tmp_path)],
         "bad adapter": ["--model", str(gpt2_rm), "--adapter", str(tmp_path / "no-adapter")],
+        "needs its own code": ["--model", str(tmp_path / "custom")],
     }[case]
+    if case == "needs its own code":
+        _custom_code_model(tmp_path / "custom")
     out = subprocess.run(
         [str(REWARD_SERVER), *args, "--port", "1", "--log-level", "warning"],
         capture_output=True,
@@ -123,6 +146,8 @@ def test_model_load_failure_is_one_line_and_nonzero(
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith(f"reward-server: error: could not load model {args[1]}: ")
     assert len(lines[0]) > len("reward-server: error: could not load model : ") + len(args[1])
+    # transformers asks for trust_remote_code=True; the line names the flag that does it
+    assert ("--trust-remote-code" in lines[0]) is (case == "needs its own code")
 
 
 # --------------------------------------------------------------------------- a configured server
