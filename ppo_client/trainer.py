@@ -597,6 +597,7 @@ class PPOTrainer:
             k: [] for k in ("qr", "mask", "pos", "resp", "len", "logp", "ref", "val")
         }
         texts = RewardInputs([], [])
+        reward_wait_s = 0.0  # time this thread was blocked on the reward function
         for start in range(0, queries.size(0), chunk):
             rows = slice(start, start + chunk)
             query, qmask = queries[rows], query_mask[rows]
@@ -610,7 +611,10 @@ class PPOTrainer:
             chunk_texts = reward_inputs(
                 self.tokenizer, prompts[rows], query, qmask, responses, seq_lengths
             )
+            # (An inline executor scores right here: that time counts as waited, too.)
+            submitted = time.perf_counter()
             futures.append(pool.submit(self._score, chunk_texts))
+            reward_wait_s += time.perf_counter() - submitted
             texts.prompts.extend(chunk_texts.prompts)
             texts.responses.extend(chunk_texts.responses)
             # 4. meanwhile: log-probs of policy and reference, and values, on the same inputs
@@ -636,7 +640,7 @@ class PPOTrainer:
         # 5. collect the scores; only the time spent blocked here is network the GPU did not hide
         waited = time.perf_counter()
         results = [f.result() for f in futures]
-        reward_wait_s = time.perf_counter() - waited
+        reward_wait_s += time.perf_counter() - waited
         wrapper.train()
         scores = [s for chunk_scores, _ in results for s in chunk_scores]
         truncated: list[bool] | None = None

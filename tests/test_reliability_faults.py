@@ -416,9 +416,12 @@ def _in_progress(url: str) -> float:
 def test_sigterm_finishes_mixed_requests_in_flight_with_right_scores(llama_rm: Path) -> None:
     """Extends tests/test_server_cli.py's SIGTERM test to every input form and checks the
     drained answers against per-item references."""
-    # 24 items never fill a 64-row batch: the batcher holds them for 3 s, so every request
-    # is certainly in flight when SIGTERM arrives. (Draining does not cut that wait short.)
-    srv = start_server(llama_rm, "--max-wait-ms", "3000", "--max-batch-size", "64")
+    # 24 items never fill a 64-row batch (nor the token budget): the batcher holds them for
+    # 3 s, so every request is certainly in flight when SIGTERM arrives. (Draining does not
+    # cut that wait short.)
+    srv = start_server(
+        llama_rm, "--max-wait-ms", "3000", "--max-batch-size", "64", "--max-batch-tokens", "65536"
+    )
     try:
         pool: Pool = build_pool(llama_rm, seed=11, texts=12, pairs=6, conversations=6)
         requests: list[tuple[str, dict[str, Any], str, list[float]]] = []

@@ -6,6 +6,7 @@ import json
 import math
 import statistics
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -503,6 +504,7 @@ def test_reward_overlap_default_and_override(
 
     def local(prompts: list[Any], responses: list[str]) -> list[float]:
         seen.append(threading.current_thread().name)
+        time.sleep(0.05)
         return space_reward(prompts, responses)
 
     reward_fn = _mock_client(seen) if remote else local
@@ -512,6 +514,9 @@ def test_reward_overlap_default_and_override(
     history = trainer.train()
     assert len(history) == 1 and seen  # one step, scored
     assert all(name.startswith(expected_thread) for name in seen), seen
+    if expected_thread == "MainThread" and not remote:
+        # not overlapped: all of the reward's time is time the trainer waited for it
+        assert history[0]["time/reward_wait_s"] >= 0.05 * len(seen)
 
 
 @pytest.mark.parametrize(
