@@ -229,7 +229,8 @@ def test_two_reward_urls_one_killed_mid_run_fails_over(
 def slow_batch_server(bert_rm: Path) -> Iterator[ServerProcess]:
     """A server whose batcher waits up to a minute for a full batch (256 rows): small
     requests stay queued until their client hangs up; a 256-item request runs at once."""
-    with running_server(bert_rm, "--max-wait-ms", "60000", "--max-batch-size", "256") as srv:
+    args = ("--max-wait-ms", "60000", "--max-batch-size", "256", "--max-batch-tokens", "65536")
+    with running_server(bert_rm, *args) as srv:
         yield srv
 
 

@@ -268,10 +268,11 @@ def test_sigterm_finishes_requests_in_flight_and_exits_zero(gpt2_rm: Path) -> No
     n_requests = 6
     corpus = make_corpus(n_requests * 5, seed=3, min_words=20, max_words=60)
     chunks = [corpus[i * 5 : (i + 1) * 5] for i in range(n_requests)]
-    # The batch is never full (30 rows < 64), so the batcher holds every item until
-    # --max-wait-ms after the first one arrived: the requests are certainly in flight when
-    # SIGTERM comes, and finish only afterwards.
-    with running_server(gpt2_rm, "--max-batch-size", "64", "--max-wait-ms", "2500") as server:
+    # The batch is never full (30 rows < 64, and far under the token budget), so the batcher
+    # holds every item until --max-wait-ms after the first one arrived: the requests are
+    # certainly in flight when SIGTERM comes, and finish only afterwards.
+    args = ("--max-batch-size", "64", "--max-batch-tokens", "65536", "--max-wait-ms", "2500")
+    with running_server(gpt2_rm, *args) as server:
         done_at: list[float] = []
 
         def post(texts: list[str]) -> httpx.Response:
