@@ -107,8 +107,10 @@ class RetryPolicy:
 
     ``max_retries`` counts requests after the first. A failure moves to the next base URL
     at once while some URL has not been tried since the last pause; once every URL failed,
-    the client pauses for the server's ``Retry-After`` (capped at ``max_retry_after``) or
-    for a full-jitter exponential backoff ``uniform(0, min(backoff_max, backoff_base * 2**k))``
+    the client pauses for the server's ``Retry-After`` (capped at ``max_retry_after``, then
+    lengthened by up to ``retry_after_jitter`` of itself, so that the many clients a busy
+    server turned away at once do not all come back at the same instant) or for a
+    full-jitter exponential backoff ``uniform(0, min(backoff_max, backoff_base * 2**k))``
     where ``k`` counts the pauses so far.
     """
 
@@ -116,18 +118,26 @@ class RetryPolicy:
     backoff_base: float = 0.25
     backoff_max: float = 10.0
     max_retry_after: float = 60.0
+    retry_after_jitter: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.backoff_base < 0 or self.backoff_max < 0 or self.max_retry_after < 0:
             raise ValueError("backoff_base, backoff_max and max_retry_after must be >= 0")
+        if self.retry_after_jitter < 0:
+            raise ValueError("retry_after_jitter must be >= 0")
 
     def backoff(self, pauses: int, rng: random.Random) -> float:
         """Full-jitter delay before the next round after ``pauses`` earlier pauses."""
         # Cap the exponent so that 2**pauses cannot overflow a float on long outages.
         ceiling = min(self.backoff_max, self.backoff_base * 2.0 ** min(pauses, 60))
         return rng.uniform(0.0, ceiling)
+
+    def after_retry_after(self, seconds: float, rng: random.Random) -> float:
+        """The pause for a server's ``Retry-After``: never shorter, at most the cap plus jitter."""
+        base = min(seconds, self.max_retry_after)
+        return base + rng.uniform(0.0, self.retry_after_jitter * base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,7 +440,7 @@ class _Attempts:
         if self._failed_since_pause >= len(self._router.urls):
             self._failed_since_pause = 0
             if retry_after is not None:
-                delay = min(retry_after, self._policy.max_retry_after)
+                delay = self._policy.after_retry_after(retry_after, self._rng)
             else:
                 delay = self._policy.backoff(self._pauses, self._rng)
             self._pauses += 1

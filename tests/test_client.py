@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import random
 import socket
 import threading
 import time
@@ -384,7 +385,9 @@ def test_429_honours_retry_after_seconds(make: Callable[..., Harness]) -> None:
     server = Server(plan=[status(429, {"Retry-After": "2"}), status(503, {"Retry-After": "0.5"})])
     client = make(server, max_retries=2)
     assert client.score(texts=["abc"]) == [score_of("abc")]
-    assert client.sleeps == [2.0, 0.5]
+    # never sooner than asked; up to 10 % later, so clients told alike do not return at once
+    assert len(client.sleeps) == 2
+    assert 2.0 <= client.sleeps[0] <= 2.2 and 0.5 <= client.sleeps[1] <= 0.55
 
 
 def test_429_honours_retry_after_http_date(make: Callable[..., Harness]) -> None:
@@ -393,14 +396,24 @@ def test_429_honours_retry_after_http_date(make: Callable[..., Harness]) -> None
     client = make(server)
     client.score(texts=["abc"])
     # An HTTP date has one-second resolution.
-    assert len(client.sleeps) == 1 and 28 <= client.sleeps[0] <= 30
+    assert len(client.sleeps) == 1 and 28 <= client.sleeps[0] <= 33
+
+
+def test_retry_after_jitter_spreads_clients_told_alike() -> None:
+    policy = RetryPolicy()
+    pauses = [policy.after_retry_after(2.0, random.Random(seed)) for seed in range(20)]
+    assert all(2.0 <= p <= 2.2 for p in pauses)
+    assert len({round(p, 6) for p in pauses}) == 20  # twenty clients, twenty instants
+    assert RetryPolicy(retry_after_jitter=0).after_retry_after(2.0, random.Random(0)) == 2.0
+    with pytest.raises(ValueError, match="retry_after_jitter"):
+        RetryPolicy(retry_after_jitter=-0.1)
 
 
 def test_retry_after_is_capped(make: Callable[..., Harness]) -> None:
     server = Server(plan=[status(429, {"Retry-After": "3600"})])
     client = make(server, max_retry_after=5.0)
     client.score(texts=["abc"])
-    assert client.sleeps == [5.0]
+    assert len(client.sleeps) == 1 and 5.0 <= client.sleeps[0] <= 5.5
 
 
 @pytest.mark.parametrize(
@@ -572,8 +585,6 @@ def test_bad_base_url_is_rejected() -> None:
 
 
 def test_backoff_is_capped_full_jitter() -> None:
-    import random
-
     policy = RetryPolicy(backoff_base=0.5, backoff_max=4.0)
     rng = random.Random(0)
     for pauses in range(20):
