@@ -101,10 +101,16 @@ class InProcessScorer:
         return self._score_groups(ids, groups, t0, tokenize_s) | {"batch_size": batch_size}
 
     def run_windows(
-        self, texts: Sequence[str], window: int, overhead_tokens: float
+        self,
+        texts: Sequence[str],
+        window: int,
+        overhead_tokens: float,
+        max_rows: int,
+        max_tokens: int,
     ) -> dict[str, Any]:
         """Texts in arrival order, ``window`` at a time, each window sorted and cut where the
-        reward server's batcher would cut it (:func:`reward_server.batcher.partition`)."""
+        reward server's batcher would cut it (:func:`reward_server.batcher.partition`, under
+        the server's row and padded-token limits)."""
         from reward_server.batcher import partition
 
         t0 = time.perf_counter()
@@ -113,7 +119,7 @@ class InProcessScorer:
         groups: list[list[int]] = []
         for start in range(0, len(ids), window):
             idx = sorted(range(start, min(start + window, len(ids))), key=lambda i: len(ids[i]))
-            sizes = partition([len(ids[i]) for i in idx], overhead_tokens, 64, 16384)
+            sizes = partition([len(ids[i]) for i in idx], overhead_tokens, max_rows, max_tokens)
             at = 0
             for size in sizes:
                 groups.append(idx[at : at + size])
@@ -192,7 +198,7 @@ def run_inprocess_sweep(
 
 def fit_inprocess_cost(points: Sequence[tuple[int, float]]) -> dict[str, float] | None:
     """The batcher's pass-cost fit over in-process passes: overhead and per token (ms)."""
-    from reward_server.batcher import fit_pass_cost
+    from reward_server.batcher import fit_pass_cost, split_overhead_tokens
 
     fit = fit_pass_cost(points)
     if fit is None:
@@ -201,7 +207,7 @@ def fit_inprocess_cost(points: Sequence[tuple[int, float]]) -> dict[str, float] 
     return {
         "overhead_ms": overhead_s * 1000.0,
         "per_token_ms": per_token_s * 1000.0,
-        "overhead_tokens": max(0.0, overhead_s / per_token_s),
+        "overhead_tokens": split_overhead_tokens(overhead_s, per_token_s),
     }
 
 
@@ -416,7 +422,16 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
         shapes = None
         if cost is not None:
             shapes = best_of(
-                [scorer.run_windows(sweep_texts, 16, cost["overhead_tokens"]) for _ in range(2)]
+                [
+                    scorer.run_windows(
+                        sweep_texts,
+                        16,
+                        cost["overhead_tokens"],
+                        info["max_batch_size"],
+                        info["max_batch_tokens"],
+                    )
+                    for _ in range(2)
+                ]
             )
             logger.info(
                 "pass cost %.1f ms + %.3f ms/token; windows of 16 cut so: %.1f texts/s",

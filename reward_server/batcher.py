@@ -43,6 +43,7 @@ __all__ = [
     "QueueFullError",
     "fit_pass_cost",
     "partition",
+    "split_overhead_tokens",
 ]
 
 #: Bounds of the Retry-After estimate, seconds.
@@ -61,9 +62,6 @@ class _CostModel:
     the intercept the median residual, so a few passes slowed down by a busy machine do not
     move it. ``overhead_tokens`` (intercept / slope) is the padding worth one extra pass.
     """
-
-    #: Never split for less padding than this: guards against an over-eager noisy fit.
-    MIN_OVERHEAD_TOKENS = 8.0
 
     def __init__(
         self,
@@ -96,10 +94,16 @@ class _CostModel:
 
     def _fit(self) -> float | None:
         fit = fit_pass_cost(list(self._samples), min_pairs=self._min_samples)
-        if fit is None:
-            return None
-        overhead_s, per_token_s = fit
-        return max(self.MIN_OVERHEAD_TOKENS, overhead_s / per_token_s)
+        return None if fit is None else split_overhead_tokens(*fit)
+
+
+#: Never split for less padding than this: guards against an over-eager noisy fit.
+MIN_OVERHEAD_TOKENS = 8.0
+
+
+def split_overhead_tokens(overhead_s: float, per_token_s: float) -> float:
+    """The padding one extra pass is worth, as the batcher uses it (at least the minimum)."""
+    return max(MIN_OVERHEAD_TOKENS, overhead_s / per_token_s)
 
 
 def fit_pass_cost(
