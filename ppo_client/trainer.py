@@ -281,13 +281,14 @@ def _on_this_machine(url: str) -> bool:
     """True when ``url``'s host is this machine (a loopback or unspecified address, or its
     own host name)."""
     host = (urlsplit(url).hostname or "").lower()
-    if host in ("localhost", socket.gethostname().lower(), socket.getfqdn().lower()):
-        return True
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        return False
-    return ip.is_loopback or ip.is_unspecified
+        pass
+    else:
+        return ip.is_loopback or ip.is_unspecified
+    # A name: compare with this host's own (getfqdn may ask DNS, so it goes last).
+    return host in ("localhost", socket.gethostname().lower()) or host == socket.getfqdn().lower()
 
 
 def default_overlap(reward_fn: object, device: torch.device) -> bool:
