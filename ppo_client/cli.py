@@ -13,16 +13,17 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from ppo_client.config import PPOConfig
+from ppo_client.config import ConfigError, PPOConfig, reject_unknown_args
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main", "train_config"]
 
 logger = logging.getLogger("ppo_client.cli")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ppo-client`` parser; ``train`` has a flag for every PPOConfig key."""
     parser = argparse.ArgumentParser(
         prog="ppo-client",
         description="PPO trainer and client for a remote reward model.",
@@ -34,16 +35,18 @@ def _parser() -> argparse.ArgumentParser:
         "train",
         help="run PPO",
         allow_abbrev=False,
+        usage="%(prog)s [--config FILE] [--log-level LEVEL] [--KEY VALUE ...]",
         description="Run PPO. Options come from --config (YAML) and any --key value "
-        "overrides; keys are the PPOConfig fields (see the README). The environment "
-        "variables REWARD_URL and REWARD_API_KEY, when set, override the file's reward_url "
-        "and reward_api_key (flags override both).",
-        epilog="config keys: " + ", ".join(PPOConfig.field_names()),
+        "overrides (also --key=value, and a bare --flag for booleans); keys are the PPOConfig "
+        "fields listed below (see the README). The environment variables REWARD_URL and "
+        "REWARD_API_KEY, when set, override the file's reward_url and reward_api_key (flags "
+        "override both).",
     )
-    train.add_argument("--config", help="YAML file of PPOConfig options")
+    train.add_argument("--config", metavar="FILE", help="YAML file of PPOConfig options")
     train.add_argument(
         "--log-level", default=os.environ.get("PPO_CLIENT_LOG_LEVEL", "info"), help="logging level"
     )
+    PPOConfig.add_arguments(train.add_argument_group("config keys"))
 
     score = sub.add_parser("score", help="score texts with a running reward server")
     score.add_argument(
@@ -66,33 +69,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Environment variables that override config keys (compose sets them for the trainer).
-ENV_KEYS = {"REWARD_URL": "reward_url", "REWARD_API_KEY": "reward_api_key"}
+def train_config(args: argparse.Namespace, rest: Sequence[str] = ()) -> PPOConfig:
+    """The run's config: the --config file, then REWARD_URL / REWARD_API_KEY, then the flags.
 
-
-def env_overrides(environ: Mapping[str, str]) -> list[str]:
-    """``--key value`` overrides from the environment; empty variables count as unset.
-
-    They are placed before the command line's overrides, so flags win over the environment,
-    which wins over the YAML file.
+    ``rest`` holds the arguments the parser did not take; any is an error.
     """
-    return [
-        arg
-        for var, key in ENV_KEYS.items()
-        if environ.get(var)
-        for arg in (f"--{key}", environ[var])
-    ]
+    reject_unknown_args(rest)
+    flags = {key: value for key, value in vars(args).items() if key in PPOConfig.model_fields}
+    return PPOConfig.from_sources(args.config, flags)
 
 
-def _train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    from ppo_client.config import ConfigError
-
-    from_env = env_overrides(os.environ)
+def _train(args: argparse.Namespace, rest: Sequence[str]) -> int:
     try:
-        if args.config:
-            config = PPOConfig.from_yaml(args.config, [*from_env, *overrides])
-        else:
-            config = PPOConfig.from_args([*from_env, *overrides])
+        config = train_config(args, rest)
     except (ConfigError, OSError) as exc:
         print(f"ppo-client train: {exc}", file=sys.stderr)
         return 2
@@ -152,7 +141,7 @@ def _score(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ppo-client`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "train":
         logging.basicConfig(

@@ -1,24 +1,44 @@
 """PPOConfig: TRL's PPO option names and defaults, plus the remote-reward and data options.
 
-Load it from YAML and ``--key value`` overrides with :meth:`PPOConfig.from_args`; values
-given as strings are coerced to the field's declared type.
+A pydantic model: pydantic converts and checks every value, whether it comes from Python,
+a YAML file, the environment or ``--key value`` flags (argparse flags generated from the
+model's fields, see :meth:`PPOConfig.add_arguments`). :meth:`PPOConfig.from_sources` layers
+them as ``ppo-client train`` does: flags > environment (:class:`RewardEnvironment`) > YAML.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import difflib
 import math
+import os
 import types
 import typing
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, NoReturn
 
 import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ConfigError", "PPOConfig"]
+__all__ = [
+    "ConfigError",
+    "PPOConfig",
+    "RewardEnvironment",
+    "parse_overrides",
+    "read_yaml",
+    "reject_unknown_args",
+]
 
 
 class ConfigError(ValueError):
@@ -32,9 +52,34 @@ def _exact_div(a: int, b: int, what: str) -> int:
     return a // b
 
 
-@dataclass
-class PPOConfig:
+class RewardEnvironment(BaseSettings):
+    """The environment variables ``ppo-client train`` reads (compose sets them for the trainer).
+
+    They override the YAML file's keys of the same name; empty variables count as unset.
+    """
+
+    model_config = SettingsConfigDict(case_sensitive=True, env_ignore_empty=True)
+
+    reward_url: str | None = Field(default=None, validation_alias="REWARD_URL")
+    """One URL or a comma-separated list."""
+    reward_api_key: str | None = Field(default=None, validation_alias="REWARD_API_KEY")
+
+    def overrides(self) -> dict[str, str]:
+        """The config keys the environment sets."""
+        return self.model_dump(exclude_none=True)
+
+
+class PPOConfig(BaseModel):
     """Options of a PPO run; the PPO ones keep TRL's names and defaults."""
+
+    # Numbers as text ("1e-5" from YAML 1.1, anything from a flag) are converted by pydantic;
+    # a number given for a text key (``output_dir: 123``) is kept as its text.
+    model_config = ConfigDict(
+        extra="forbid",
+        coerce_numbers_to_str=True,
+        use_attribute_docstrings=True,
+        protected_namespaces=(),
+    )
 
     # --- models -------------------------------------------------------------------------
     model_name_or_path: str | None = None
@@ -68,6 +113,9 @@ class PPOConfig:
     """Base URL(s) of the reward server(s); several are used round-robin with failover."""
     reward_api_key: str | None = None
     reward_timeout: float = 60.0
+    """Seconds one reward request may take."""
+    reward_retry_timeout: float = Field(default=600.0, ge=0)
+    """Seconds the trainer keeps retrying the reward server(s) before it gives up."""
     reward_max_retries: int = 5
     reward_baseline: float = 0.0
     """Subtracted from every score: score' = (score - reward_baseline) * reward_scale."""
@@ -96,7 +144,7 @@ class PPOConfig:
     """Trackers passed to accelerate ("tensorboard", "wandb", "trackio", "all", "none")."""
     logging_steps: int = 10
     """Every how many steps a summary line is logged; metrics.jsonl gets every step."""
-    save_steps: float = 500
+    save_steps: float = Field(default=500, gt=0)
     """Checkpoint every N steps (a value below 1 is a fraction of the total steps)."""
     save_total_limit: int | None = None
     """Keep at most this many checkpoints (the oldest are deleted)."""
@@ -109,13 +157,13 @@ class PPOConfig:
     disable_tqdm: bool = False
 
     # --- batch sizes (TRL names) ---------------------------------------------------------
-    total_episodes: int | None = None
+    total_episodes: int | None = Field(default=None, ge=1)
     """Number of prompts to train on; default ``num_train_epochs * len(dataset)``."""
     num_train_epochs: float = 3.0
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    num_mini_batches: int = 1
-    local_rollout_forward_batch_size: int = 64
+    per_device_train_batch_size: int = Field(default=8, ge=1)
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    num_mini_batches: int = Field(default=1, ge=1)
+    local_rollout_forward_batch_size: int = Field(default=64, ge=1)
     """Per-rank chunk size of generation and no-grad forward passes in the rollout."""
 
     # --- optimiser -----------------------------------------------------------------------
@@ -131,16 +179,16 @@ class PPOConfig:
     """Clip the gradient norm before each optimiser step (TRL's PPO does not clip)."""
 
     # --- generation ----------------------------------------------------------------------
-    response_length: int = 53
+    response_length: int = Field(default=53, ge=1)
     stop_token: Literal["eos"] | None = None
     """"eos": stop at the tokenizer's EOS token (exclusive with ``stop_token_id``)."""
     stop_token_id: int | None = None
-    temperature: float = 0.7
+    temperature: float = Field(default=0.7, gt=0)
     missing_eos_penalty: float | None = None
     """Subtracted from the score of a response without the stop token."""
 
     # --- PPO -----------------------------------------------------------------------------
-    num_ppo_epochs: int = 4
+    num_ppo_epochs: int = Field(default=4, ge=1)
     whiten_rewards: bool = False
     kl_coef: float = 0.05
     kl_estimator: Literal["k1", "k3"] = "k1"
@@ -150,52 +198,148 @@ class PPOConfig:
     gamma: float = 1.0
     lam: float = 0.95
 
-    # --- derived by derive_sizes() (TRL names; not to be set by hand) ---------------------
-    world_size: int | None = field(default=None, metadata={"derived": True})
-    local_batch_size: int | None = field(default=None, metadata={"derived": True})
-    micro_batch_size: int | None = field(default=None, metadata={"derived": True})
-    local_mini_batch_size: int | None = field(default=None, metadata={"derived": True})
-    mini_batch_size: int | None = field(default=None, metadata={"derived": True})
-    batch_size: int | None = field(default=None, metadata={"derived": True})
-    num_total_batches: int | None = field(default=None, metadata={"derived": True})
+    # ------------------------------------------------------------------------- validation
 
-    def __post_init__(self) -> None:
-        """Check the values that do not depend on the world size or the dataset."""
+    if not typing.TYPE_CHECKING:  # type checkers keep the keyword signature pydantic makes
+
+        def __init__(self, **values: Any) -> None:
+            try:
+                super().__init__(**values)
+            except ValidationError as exc:
+                raise _config_error(exc, type(self)) from None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_value(cls, value: Any, info: ValidationInfo) -> Any:
+        """A path is taken as its text; a boolean for a number key is refused (YAML reads
+        yes/no/on/off as booleans, and pydantic would take them as 1 and 0)."""
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        name = info.field_name or ""
+        if isinstance(value, bool) and bool not in _members(cls.model_fields[name].annotation):
+            raise PydanticCustomError("bool_for_number", "a boolean where a number is expected")
+        return value
+
+    @field_validator("reward_url", "lora_target_modules")
+    @classmethod
+    def _split_commas(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """``"a,b"`` -> ``["a", "b"]`` (a single name stays a string)."""
+        if isinstance(value, str) and "," in value:
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> PPOConfig:
+        """Checks of several keys together (limits of one key are ``Field`` constraints)."""
         if self.model_name_or_path is None and self.sft_model_path is not None:
             self.model_name_or_path = self.sft_model_path
         if self.stop_token is not None and self.stop_token_id is not None:
             raise ConfigError("set stop_token or stop_token_id, not both")
-        if self.stop_token not in (None, "eos"):
-            raise ConfigError(f"stop_token must be 'eos' or null, got {self.stop_token!r}")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ConfigError(f"kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
-        if isinstance(self.reward_url, str) and "," in self.reward_url:
-            self.reward_url = [u.strip() for u in self.reward_url.split(",") if u.strip()]
-        if isinstance(self.lora_target_modules, str) and "," in self.lora_target_modules:
-            self.lora_target_modules = [
-                m.strip() for m in self.lora_target_modules.split(",") if m.strip()
-            ]
-        positive = (
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "num_mini_batches",
-            "local_rollout_forward_batch_size",
-            "num_ppo_epochs",
-            "response_length",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
             raise ConfigError("missing_eos_penalty must be a positive value (it is subtracted)")
-        if self.total_episodes is not None and self.total_episodes < 1:
-            raise ConfigError(f"total_episodes must be >= 1, got {self.total_episodes}")
-        if self.save_steps <= 0:
-            raise ConfigError(f"save_steps must be > 0, got {self.save_steps}")
+        return self
 
-    # --------------------------------------------------------------------------- sizes
+    # ------------------------------------------------------------------------------ use
+
+    def resolved_stop_token_id(self, eos_token_id: int | None) -> int | None:
+        """The token that ends a response: ``stop_token_id``, EOS for ``stop_token: eos``, or None."""
+        if self.stop_token == "eos":
+            if eos_token_id is None:
+                raise ConfigError("stop_token is 'eos' but the policy tokenizer has no EOS token")
+            return eos_token_id
+        return self.stop_token_id
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of all options (the API key masked)."""
+        out = self.model_dump()
+        if out.get("reward_api_key"):
+            out["reward_api_key"] = "***"
+        return out
+
+    # -------------------------------------------------------------------------- loading
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """Names a user may set (derived sizes excluded)."""
+        return [name for name in cls.model_fields if name not in cls._DERIVED]
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PPOConfig:
+        """Build from a mapping (``-`` in a key reads as ``_``); unknown keys are errors."""
+        names = cls.field_names()
+        kwargs = {str(key).replace("-", "_"): value for key, value in values.items()}
+        for name in kwargs:
+            if name not in names:
+                raise ConfigError(_unknown_key(name, names))
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: Sequence[str] = ()) -> PPOConfig:
+        """Load a YAML file of options, then apply ``--key value`` overrides."""
+        return cls.from_args(overrides, base=read_yaml(path))
+
+    @classmethod
+    def from_args(cls, args: Sequence[str], base: Mapping[str, Any] | None = None) -> PPOConfig:
+        """Apply ``--key value`` / ``--key=value`` / ``--flag`` arguments on top of ``base``."""
+        return cls.from_dict({**(base or {}), **parse_overrides(args)})
+
+    @classmethod
+    def from_sources(
+        cls, path: str | Path | None = None, flags: Mapping[str, Any] | None = None
+    ) -> PPOConfig:
+        """``ppo-client train``'s layering: the YAML file at ``path`` (if any), overridden by
+        the environment (:class:`RewardEnvironment`), overridden by ``flags``."""
+        values = read_yaml(path) if path is not None else {}
+        values.update(RewardEnvironment().overrides())
+        values.update(flags or {})
+        return cls.from_dict(values)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse._ActionsContainer) -> None:
+        """Add a ``--key`` flag (also spelt ``--key-with-dashes``) for every key to ``parser``
+        (an argument parser or group).
+
+        Given flags land in the namespace under the key's name, absent ones not at all;
+        values stay text for pydantic to convert, except the null words of a key that may
+        be null, a YAML list (``[a, b]``) for a list key, and a bare boolean flag (true).
+        """
+        for name in cls.field_names():
+            field = cls.model_fields[name]
+            members = _members(field.annotation)
+            kwargs: dict[str, Any] = {
+                "dest": name,
+                "default": argparse.SUPPRESS,
+                "type": _flag_value(members),
+                "metavar": _type_name(field.annotation).replace(" ", ""),
+            }
+            if bool in members:
+                kwargs.update(nargs="?", const=True)
+            default = "" if field.default is None else f" [default: {field.default}]"
+            help_text = f"{field.description or ''}{default}".replace("%", "%%")
+            parser.add_argument(f"--{name}", help=help_text, **kwargs)
+            if "_" in name:  # the same key with dashes, left out of --help
+                parser.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS, **kwargs)
+
+    # --- derived by derive_sizes() (TRL names; not to be set by hand) ---------------------
+    # One block, from here to the end of the class.
+    _DERIVED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "world_size",
+            "local_batch_size",
+            "micro_batch_size",
+            "local_mini_batch_size",
+            "mini_batch_size",
+            "batch_size",
+            "num_total_batches",
+        }
+    )
+    world_size: int | None = None
+    local_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    local_mini_batch_size: int | None = None
+    mini_batch_size: int | None = None
+    batch_size: int | None = None
+    num_total_batches: int | None = None
 
     def derive_sizes(self, world_size: int, dataset_size: int) -> None:
         """Fill the derived batch sizes (as TRL's PPO names them) and check they divide evenly.
@@ -242,197 +386,121 @@ class PPOConfig:
             return max(1, math.ceil((self.num_total_batches or 1) * self.save_steps))
         return int(self.save_steps)
 
-    def resolved_stop_token_id(self, eos_token_id: int | None) -> int | None:
-        """The token that ends a response: ``stop_token_id``, EOS for ``stop_token: eos``, or None."""
-        if self.stop_token == "eos":
-            if eos_token_id is None:
-                raise ConfigError("stop_token is 'eos' but the policy tokenizer has no EOS token")
-            return eos_token_id
-        return self.stop_token_id
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict of all options (the API key masked)."""
-        out = dataclasses.asdict(self)
-        if out.get("reward_api_key"):
-            out["reward_api_key"] = "***"
-        return out
-
-    # --------------------------------------------------------------------------- loading
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        """Names a user may set (derived sizes excluded)."""
-        return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")]
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> PPOConfig:
-        """Build from a mapping, coercing values to the field types; unknown keys are errors."""
-        names = cls.field_names()
-        hints = typing.get_type_hints(cls)
-        kwargs: dict[str, Any] = {}
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            if name not in names:
-                close = difflib.get_close_matches(name, names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"unknown config key {key!r}{hint}")
-            kwargs[name] = _coerce(name, value, hints[name])
-        return cls(**kwargs)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, overrides: Sequence[str] = ()) -> PPOConfig:
-        """Load a YAML file of options, then apply ``--key value`` overrides."""
-        text = Path(path).read_text(encoding="utf-8")
-        values = yaml.safe_load(text) or {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of options at the top level")
-        return cls.from_args(overrides, base=values)
-
-    @classmethod
-    def from_args(cls, args: Sequence[str], base: Mapping[str, Any] | None = None) -> PPOConfig:
-        """Apply ``--key value`` / ``--key=value`` / ``--flag`` arguments on top of ``base``."""
-        values = dict(base or {})
-        values.update(parse_overrides(args, cls._bool_fields()))
-        return cls.from_dict(values)
-
-    @classmethod
-    def _bool_fields(cls) -> set[str]:
-        hints = typing.get_type_hints(cls)
-        return {n for n in cls.field_names() if _allows(hints[n], bool)}
+# ------------------------------------------------------------------------- YAML and flags
 
 
-def parse_overrides(args: Sequence[str], bool_fields: Collection[str] = ()) -> dict[str, Any]:
-    """Parse ``--key value`` pairs; a bool key without a value means true. Values stay strings."""
-    out: dict[str, Any] = {}
-    i = 0
-    args = list(args)
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or len(arg) == 2:
-            raise ConfigError(f"expected --key value, got {arg!r}")
-        key = arg[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-            i += 2
-        elif key.replace("-", "_") in bool_fields:
-            value = "true"
-            i += 1
-        else:
-            raise ConfigError(f"--{key} needs a value")
-        out[key.replace("-", "_")] = _Raw(value)
-    return out
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping of options in a YAML file."""
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of options at the top level")
+    return values
 
 
-class _Raw(str):
-    """A value typed on the command line: parsed as YAML, then coerced to the field type."""
+class _FlagParser(argparse.ArgumentParser):
+    """argparse that raises :class:`ConfigError` instead of exiting the process."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
 
 
-_NONE_WORDS = {"none", "null", "~", ""}
+def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
+    """The keys set by ``--key value`` / ``--key=value`` / ``--flag`` arguments."""
+    parser = _FlagParser(prog="overrides", add_help=False, allow_abbrev=False)
+    PPOConfig.add_arguments(parser)
+    given, rest = parser.parse_known_args(list(args))
+    reject_unknown_args(rest)
+    return vars(given)
 
 
-def _allows(tp: Any, kind: type) -> bool:
-    """Whether the annotation ``tp`` accepts values of ``kind``."""
-    return any(arg is kind for arg in _members(tp))
+def reject_unknown_args(rest: Sequence[str]) -> None:
+    """Raise a :class:`ConfigError` for the first argument no flag took, naming the closest key."""
+    if not rest:
+        return
+    arg = rest[0]
+    if not arg.startswith("--") or len(arg) == 2:
+        raise ConfigError(f"expected --key value, got {arg!r}")
+    key = arg[2:].split("=", 1)[0].replace("-", "_")
+    raise ConfigError(_unknown_key(key, PPOConfig.field_names()))
 
 
-def _members(tp: Any) -> list[Any]:
-    """The alternatives of a union annotation (or the annotation itself)."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        return list(typing.get_args(tp))
-    return [tp]
+_NONE_WORDS = frozenset({"none", "null", "~", ""})
 
 
-def _coerce(name: str, value: Any, tp: Any) -> Any:
-    """Convert ``value`` (maybe a raw command-line string) to the annotation ``tp``."""
-    members = _members(tp)
-    optional = type(None) in members
-    if isinstance(value, _Raw):
-        if optional and value.strip().lower() in _NONE_WORDS:
+def _flag_value(members: Collection[Any]) -> Callable[[str], Any]:
+    """argparse ``type`` for a key whose annotation has these union ``members``."""
+    nullable = type(None) in members
+    listable = any(typing.get_origin(m) is list for m in members)
+
+    def convert(text: str) -> Any:
+        if nullable and text.strip().lower() in _NONE_WORDS:
             return None
-        if any(m is str for m in members) and not any(
-            typing.get_origin(m) is list for m in members
-        ):
-            # A plain string field: keep the text as typed (e.g. a numeric-looking path).
-            literal_only = [m for m in members if typing.get_origin(m) is Literal]
-            if not literal_only:
-                return str(value)
-        try:
-            parsed = yaml.safe_load(str(value))
-        except yaml.YAMLError:
-            parsed = str(value)
-        if isinstance(parsed, str) and any(typing.get_origin(m) is list for m in members):
-            if any(m is str for m in members):
-                return str(value)
-            parsed = [p.strip() for p in parsed.split(",") if p.strip()]
-        value = parsed
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"{name} may not be null")
-    for member in members:
-        ok, converted = _convert(value, member)
-        if ok:
-            return converted
-    expected = " | ".join(_type_name(m) for m in members)
-    raise ConfigError(f"{name}: expected {expected}, got {value!r}")
-
-
-def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
-    """Try to convert ``value`` to the concrete annotation ``tp``."""
-    if tp is type(None):
-        return False, None
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return (value in typing.get_args(tp)), value
-    if origin is list:
-        (item_tp,) = typing.get_args(tp) or (Any,)
-        if isinstance(value, (list, tuple)):
-            items = [_convert(v, item_tp) for v in value]
-            if all(ok for ok, _ in items):
-                return True, [v for _, v in items]
-        return False, None
-    if tp is Any:
-        return True, value
-    if tp is bool:
-        if isinstance(value, bool):
-            return True, value
-        if isinstance(value, str) and value.lower() in {"true", "false", "yes", "no", "1", "0"}:
-            return True, value.lower() in {"true", "yes", "1"}
-        return False, None
-    if tp is int:
-        if isinstance(value, bool):
-            return False, None
-        if isinstance(value, int):
-            return True, value
-        if isinstance(value, float) and value.is_integer():
-            return True, int(value)
-        return False, None
-    if tp is float:
-        if isinstance(value, bool):
-            return False, None
-        if isinstance(value, (int, float)):
-            return True, float(value)
-        if isinstance(value, str):
+        if listable and text.lstrip().startswith("["):
             try:
-                return True, float(value)
-            except ValueError:
-                return False, None
-        return False, None
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return True, str(value)
-        return False, None
-    return False, None
+                return yaml.safe_load(text)
+            except yaml.YAMLError:
+                return text
+        return text
+
+    return convert
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
+# ---------------------------------------------------------------------------- messages
+
+#: pydantic's names of ``Field`` bounds, as the messages write them.
+_BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def _unknown_key(name: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown config key {name!r}{hint}"
+
+
+def _config_error(exc: ValidationError, model: type[PPOConfig]) -> ConfigError:
+    """One :class:`ConfigError` naming each key pydantic refused (its first complaint each)."""
+    messages: dict[str, str] = {}
+    for error in exc.errors(include_url=False):
+        name = str(error["loc"][0]) if error["loc"] else ""
+        messages.setdefault(name, _describe(error, name, model))
+    return ConfigError("; ".join(messages.values()))
+
+
+def _describe(error: Any, name: str, model: type[PPOConfig]) -> str:
+    """One pydantic error in the words of the config: 'kl_coef: expected float, got 'x''."""
+    ctx = error.get("ctx") or {}
+    if isinstance(ctx.get("error"), ConfigError):  # raised by our own validators
+        return str(ctx["error"])
+    if error["type"] == "extra_forbidden":
+        return _unknown_key(name, model.field_names())
+    bound = next((key for key in _BOUNDS if key in ctx), None)
+    if bound is not None:
+        return f"{name} must be {_BOUNDS[bound]} {ctx[bound]}, got {error['input']}"
+    got = f"got {error['input']!r}"
+    if name not in model.model_fields:
+        return f"{error['msg']}, {got}"
+    return f"{name}: expected {_type_name(model.model_fields[name].annotation)}, {got}"
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a union annotation (or the annotation itself)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return list(typing.get_args(annotation))
+    return [annotation]
+
+
+def _type_name(annotation: Any) -> str:
+    """``str | list[str] | None`` -> "str | list | null"; Literal values are quoted."""
+    names: list[str] = []
+    for member in _members(annotation):
+        if typing.get_origin(member) is Literal:
+            names += [repr(arg) for arg in typing.get_args(member)]
+        elif member is type(None):
+            names.append("null")
+        else:
+            names.append(getattr(member, "__name__", str(member)))
+    return " | ".join(names)
