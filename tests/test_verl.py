@@ -284,21 +284,24 @@ def torch_tensor(rows: list[list[int]]) -> Any:
     return torch.tensor(rows, dtype=torch.long)
 
 
-def expected_scores(url: str, extra_infos: list[dict[str, Any]]) -> list[float]:
-    return [
-        server_score(url, expected_body(info, r))["scores"][0]
-        for info, r in zip(extra_infos, RESPONSES, strict=True)
-    ]
-
-
-def test_verl_legacy_naive_and_batch_managers(
+@pytest.fixture
+def verl_case(
     server: ServerProcess, monkeypatch: pytest.MonkeyPatch, verl_batch: Any
-) -> None:
-    from verl.workers.reward_manager import BatchRewardManager, NaiveRewardManager
-
+) -> tuple[Any, Any, list[int], list[float]]:
+    """The verl batch, its tokenizer, response lengths and the server's scores of each sample."""
     monkeypatch.setenv("REWARD_URL", server.url)
     data, tokenizer, extra_infos, lengths = verl_batch
-    expected = expected_scores(server.url, extra_infos)
+    expected = [
+        server_score(server.url, expected_body(info, r))["scores"][0]
+        for info, r in zip(extra_infos, RESPONSES, strict=True)
+    ]
+    return data, tokenizer, lengths, expected
+
+
+def test_verl_legacy_naive_and_batch_managers(verl_case: Any) -> None:
+    from verl.workers.reward_manager import BatchRewardManager, NaiveRewardManager
+
+    data, tokenizer, lengths, expected = verl_case
     naive = NaiveRewardManager(tokenizer, num_examine=0, compute_score=adapter.compute_score)
     batch = BatchRewardManager(
         tokenizer, num_examine=0, compute_score=adapter.compute_score_batch, prompt_key="prompt"
@@ -311,16 +314,12 @@ def test_verl_legacy_naive_and_batch_managers(
         assert float(rewards.abs().sum()) == pytest.approx(sum(abs(s) for s in expected), abs=1e-4)
 
 
-def test_verl_reward_loop_naive_manager(
-    server: ServerProcess, monkeypatch: pytest.MonkeyPatch, verl_batch: Any
-) -> None:
+def test_verl_reward_loop_naive_manager(verl_case: Any) -> None:
     from omegaconf import OmegaConf
     from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
-    monkeypatch.setenv("REWARD_URL", server.url)
-    data, tokenizer, extra_infos, _ = verl_batch
-    expected = expected_scores(server.url, extra_infos)
+    data, tokenizer, _, expected = verl_case
     for name in ("compute_score_async", "compute_score"):
         config = OmegaConf.create(
             {
