@@ -221,3 +221,27 @@ def test_works_on_trl_daemon_loop_and_across_event_loops(stdlib_server: str) -> 
     for _ in range(2):
         assert asyncio.run(reward(prompts=prompts, completions=completions)) == expected
     assert set(_Handler.keys) == {"Bearer k"}
+
+
+def test_retry_timeout_is_a_budget_in_seconds() -> None:
+    now = [0.0]
+
+    async def sleep(delay: float) -> None:
+        now[0] += delay
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": "loading"})
+
+    reward = RemoteReward(
+        URL,
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        max_client_batch=2,
+        retry_timeout=45,
+        sleep=sleep,
+        clock=lambda: now[0],
+    )
+    assert reward.client.retry_policy.timeout == 45
+    with pytest.raises(RewardServerError, match=r"gave up after 45.0 s \(retry_timeout 45 s\)"):
+        asyncio.run(reward(prompts=["a"], completions=["b"]))
+    assert now[0] == pytest.approx(45)
+    assert RemoteReward(URL, http_client=httpx.AsyncClient()).client.retry_policy.timeout == 600
