@@ -1,4 +1,8 @@
-"""RewardClient and AsyncRewardClient against a mock transport (and two real sockets)."""
+"""RewardClient and AsyncRewardClient against a mock transport, real sockets and a restart.
+
+Their contract with the real app (chunking, order, failover, retries) is tested in
+test_client_contract.py; here are the decisions behind it, with a fake clock.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,19 @@ import email.utils
 import json
 import logging
 import random
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from server_proc import ServerProcess, start_server
+from tiny_models import make_corpus
 
 from ppo_client.client import (
     AsyncRewardClient,
@@ -146,11 +154,17 @@ class Harness:
 
 
 @pytest.fixture(params=["sync", "async"])
-def make(request: pytest.FixtureRequest) -> Callable[..., Harness]:
+def mode(request: pytest.FixtureRequest) -> str:
+    """Which face of the client a test drives."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make(mode: str) -> Callable[..., Harness]:
     """Factory of a client of each kind around a handler."""
 
     def factory(handler: Callable, urls: Any = URL, **kwargs: Any) -> Harness:
-        return Harness(request.param, handler, urls, **kwargs)
+        return Harness(mode, handler, urls, **kwargs)
 
     return factory
 
@@ -273,26 +287,6 @@ def test_malformed_answer_is_an_error_not_a_value(
 # --- chunking and order ---------------------------------------------------------------------
 
 
-def test_chunks_by_max_client_batch_and_keeps_order(make: Callable[..., Harness]) -> None:
-    server = Server()
-    client = make(server, max_client_batch=3)
-    texts = [f"t{'x' * i}" for i in range(10)]
-    assert client.score(texts=texts) == [score_of(t) for t in texts]
-    assert sorted(len(b["texts"]) for b in server.bodies()) == [1, 3, 3, 3]
-    assert sorted(t for b in server.bodies() for t in b["texts"]) == sorted(texts)
-
-
-def test_max_client_batch_discovered_once_from_info(make: Callable[..., Harness]) -> None:
-    server = Server(info={"model": "m", "max_client_batch": 2})
-    client = make(server)
-    texts = ["a", "bb", "ccc", "dddd", "eeeee"]
-    assert client.score(texts=texts) == [score_of(t) for t in texts]
-    assert client.score(texts=texts[:3]) == [score_of(t) for t in texts[:3]]
-    assert [r.url.path for r in server.requests].count("/info") == 1
-    assert client.client.max_client_batch == 2
-    assert sorted(len(b["texts"]) for b in server.bodies()) == [1, 1, 2, 2, 2]
-
-
 def test_max_client_batch_found_in_nested_info(make: Callable[..., Harness]) -> None:
     server = Server(
         info={"model": "m", "batching": {"max_batch_tokens": 8192, "max_client_batch": 3}}
@@ -382,14 +376,6 @@ def test_retries_connection_errors_then_succeeds(make: Callable[..., Harness]) -
     assert len(client.sleeps) == 2
     for k, delay in enumerate(client.sleeps):
         assert 0 <= delay <= min(0.01, 0.001 * 2**k)
-
-
-def test_retries_503_then_succeeds(make: Callable[..., Harness]) -> None:
-    server = Server(plan=[status(503), status(502), status(500)])
-    client = make(server, max_retries=3)
-    assert client.score(texts=["abc"]) == [score_of("abc")]
-    assert len(server.posts()) == 4
-    assert len(client.sleeps) == 3
 
 
 def test_429_honours_retry_after_seconds(make: Callable[..., Harness]) -> None:
@@ -491,26 +477,6 @@ def test_one_failing_chunk_fails_the_call(make: Callable[..., Harness]) -> None:
 # --- several base URLs ----------------------------------------------------------------------
 
 
-def test_round_robin_over_base_urls(make: Callable[..., Harness]) -> None:
-    server = Server()
-    client = make(server, urls=[URL, URL_B + "/"], max_client_batch=1)
-    client.score(texts=list("abcd"))
-    hosts = [r.url.host for r in server.posts()]
-    assert sorted(hosts) == ["rm-a", "rm-a", "rm-b", "rm-b"]
-
-
-def test_failover_when_one_url_is_down(make: Callable[..., Harness]) -> None:
-    server = Server(down={"rm-a"})
-    client = make(server, urls=[URL, URL_B], max_client_batch=1, max_retries=1)
-    texts = [f"t{i}" for i in range(6)]
-    assert client.score(texts=texts) == [score_of(t) for t in texts]
-    hosts = [r.url.host for r in server.posts()]
-    assert hosts.count("rm-b") == 6
-    assert 1 <= hosts.count("rm-a") <= 6
-    # Another URL was available each time, so nothing had to wait.
-    assert client.sleeps == []
-
-
 def test_all_urls_down_pauses_between_rounds_and_names_them(make: Callable[..., Harness]) -> None:
     server = Server(plan=[raises(httpx.ConnectError, "refused")] * 10)
     client = make(server, urls=[URL, URL_B], max_retries=3)
@@ -561,6 +527,54 @@ def test_real_connection_refused_async() -> None:
     with pytest.raises(RewardServerError, match=r"ConnectError") as info:
         asyncio.run(main())
     assert str(info.value).startswith(f"POST http://127.0.0.1:{port}/score failed: ")
+
+
+def test_a_call_outlasts_a_server_restart_on_the_same_port(
+    mode: str, bert_rm: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    texts = make_corpus(6, seed=2)
+    first = start_server(bert_rm)
+    later: list[ServerProcess] = []
+
+    def restart() -> None:
+        time.sleep(3)  # down for a while after the call started, then back (~10 s to load)
+        later.append(start_server(bert_rm, port=first.port))
+
+    try:
+        first.wait_ready(90)
+        with RewardClient(first.url) as client:
+            reference = client.score(texts=texts)
+        first.stop(signal.SIGKILL)
+        threading.Thread(target=restart).start()
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="ppo_client.client"):
+            scores = score_once(mode, first.url, texts, retry_timeout=40)
+        took = time.monotonic() - started
+    finally:
+        deadline = time.monotonic() + 30
+        while not later and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for server in [first, *later]:
+            server.stop()
+    assert scores == pytest.approx(reference, abs=1e-5)
+    assert 3 < took < 40
+    waits = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
+    assert len(waits) >= 2 and all(f"{first.url}/" in w for w in waits)
+    assert all("ConnectError" in w and "of the 40 s retry budget" in w for w in waits)
+    assert all("next try in" in w for w in waits)
+
+
+def score_once(mode: str, url: str, texts: list[str], **kwargs: Any) -> list[float]:
+    """One ``score`` call through a fresh client of the given face."""
+    if mode == "sync":
+        with RewardClient(url, **kwargs) as client:
+            return client.score(texts=texts)
+
+    async def main() -> list[float]:
+        async with AsyncRewardClient(url, **kwargs) as client:
+            return await client.score(texts=texts)
+
+    return asyncio.run(main())
 
 
 # --- lifecycle and configuration ------------------------------------------------------------
