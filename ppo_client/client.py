@@ -797,27 +797,27 @@ class _Face(_Core, Generic[ResultT, ScoresT, InfoT]):
 
     def info(self) -> InfoT:
         """The server's ``GET /info`` answer."""
-        return self._run(self._info())  # type: ignore[no-any-return]
+        return self._run(self._info())
 
     def score_detailed(self, **inputs: Unpack[ScoreInputs]) -> ResultT:
         """Scores, token counts and truncation flags for one input form, in input order."""
         flow = self._score(_columns(inputs), inputs.get("truncate"))
-        return self._run(flow)  # type: ignore[no-any-return]
+        return self._run(flow)
 
     def score(self, **inputs: Unpack[ScoreInputs]) -> ScoresT:
         """Scores for one input form (texts, query/response pairs or conversations)."""
         flow = _scores(self._score(_columns(inputs), inputs.get("truncate")))
-        return self._run(flow)  # type: ignore[no-any-return]
+        return self._run(flow)
 
     def score_pairs_detailed(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> ResultT:
         """Like :meth:`__call__` but with token counts and truncation flags."""
         flow = self._score(_pair_columns(prompts, responses), None)
-        return self._run(flow)  # type: ignore[no-any-return]
+        return self._run(flow)
 
     def __call__(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> ScoresT:
         """Reward callable: text prompts as query/response pairs, chat prompts as conversations."""
         flow = _scores(self._score(_pair_columns(prompts, responses), None))
-        return self._run(flow)  # type: ignore[no-any-return]
+        return self._run(flow)
 
 
 class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
@@ -868,7 +868,7 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
                 if stop is not None and stop.is_set():
                     raise CancelledError  # a sibling chunk failed: the call is lost anyway
                 done, value = _advance(flow, self._act(value))
-            return value  # type: ignore[no-any-return]
+            return value
 
     def _send(self, send: _Send) -> httpx.Response | httpx.TransportError:
         try:
@@ -942,7 +942,7 @@ class AsyncRewardClient(
             done, value = _advance(flow, None)
             while not done:
                 done, value = _advance(flow, await self._act(value))
-            return value  # type: ignore[no-any-return]
+            return value
 
     async def _send(self, send: _Send) -> httpx.Response | httpx.TransportError:
         try:
