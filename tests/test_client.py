@@ -537,7 +537,7 @@ def test_a_call_outlasts_a_server_restart_on_the_same_port(
     later: list[ServerProcess] = []
 
     def restart() -> None:
-        time.sleep(3)  # down for a while after the call started, then back (~10 s to load)
+        time.sleep(3)  # down for a while after the call started, then back
         later.append(start_server(bert_rm, port=first.port))
 
     try:
@@ -548,7 +548,8 @@ def test_a_call_outlasts_a_server_restart_on_the_same_port(
         threading.Thread(target=restart).start()
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="ppo_client.client"):
-            scores = score_once(mode, first.url, texts, retry_timeout=40)
+            # A budget of a minute: the restart takes ~10 s here, more on a busy machine.
+            scores = score_once(mode, first.url, texts, retry_timeout=60)
         took = time.monotonic() - started
     finally:
         deadline = time.monotonic() + 30
@@ -557,10 +558,10 @@ def test_a_call_outlasts_a_server_restart_on_the_same_port(
         for server in [first, *later]:
             server.stop()
     assert scores == pytest.approx(reference, abs=1e-5)
-    assert 3 < took < 40
+    assert 3 < took < 60, took
     waits = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
     assert len(waits) >= 2 and all(f"{first.url}/" in w for w in waits)
-    assert all("ConnectError" in w and "of the 40 s retry budget" in w for w in waits)
+    assert all("ConnectError" in w and "of the 60 s retry budget" in w for w in waits)
     assert all("next try in" in w for w in waits)
 
 
