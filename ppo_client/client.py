@@ -613,15 +613,15 @@ class _Attempts:
         logger.warning("%s; next try in %.1f s on %s", where, delay, self.url)
         if self._core.on_retry is not None:
             event = RetryEvent(
-                self.method,
-                failed_url,
-                what,
-                status,
-                self.attempts,
-                elapsed,
-                budget,
-                delay,
-                self.url,
+                method=self.method,
+                url=failed_url,
+                error=what,
+                status=status,
+                attempt=self.attempts,
+                waited_s=elapsed,
+                budget_s=budget,
+                next_delay_s=delay,
+                next_url=self.url,
             )
             self._core.on_retry(event)
         return _Retry(delay)
