@@ -8,13 +8,24 @@ Exceptions::
 Both clients split a call into chunks of the server's ``max_client_batch``, send the chunks
 concurrently, spread them round-robin over the base URLs, retry connection errors,
 timeouts, 5xx and 429 (another URL first, then capped exponential backoff with full
-jitter, or the server's ``Retry-After``), never retry any other 4xx, and return scores in
-input order.
+jitter, or the server's ``Retry-After``) until a time budget (``retry_timeout``, 600 s by
+default) is spent, never retry any other 4xx, and return scores in input order.
+
+One implementation, two faces. What a call does (discover the chunk size, split, send,
+decide on each failure whether and when to try again and where) is written once as
+*flows*: generators that yield actions (:class:`_Send` a request, :class:`_Sleep`,
+:class:`_Gather` sub-flows concurrently) and get back their outcomes, without doing any
+I/O themselves. :class:`RewardClient` executes the actions with an ``httpx.Client``,
+``time.sleep`` and a thread pool; :class:`AsyncRewardClient` with an
+``httpx.AsyncClient``, ``asyncio.sleep`` and tasks. The public methods are written once
+too and return whatever the face's runner returns: a value, or a coroutine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import email.utils
 import itertools
 import json
@@ -23,19 +34,25 @@ import math
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypedDict, TypeVar
 
 import httpx
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "AsyncRewardClient",
+    "ClientOptions",
+    "RetryEvent",
     "RetryPolicy",
     "RewardClient",
     "RewardClientError",
     "RewardServerError",
+    "ScoreInputs",
     "ScoreResult",
 ]
 
@@ -54,7 +71,12 @@ class RewardClientError(Exception):
 
 
 class RewardServerError(RewardClientError):
-    """A request to the reward server finally failed; ``str()`` names the URL and the cause."""
+    """A request to the reward server finally failed; ``str()`` names the URL and the cause.
+
+    ``attempts`` counts the requests sent, ``elapsed`` the seconds from the first to the
+    decision to give up, ``gave_up`` which limit ended the retries (``"retry_timeout 30 s"``,
+    ``"max_retries 3"``) or None when the error was not retryable.
+    """
 
     def __init__(
         self,
@@ -65,6 +87,8 @@ class RewardServerError(RewardClientError):
         method: str = "POST",
         attempts: int = 1,
         tried: Sequence[str] = (),
+        elapsed: float = 0.0,
+        gave_up: str | None = None,
     ) -> None:
         self.status = status
         self.message = message
@@ -72,16 +96,22 @@ class RewardServerError(RewardClientError):
         self.method = method
         self.attempts = attempts
         self.tried = tuple(tried)
+        self.elapsed = elapsed
+        self.gave_up = gave_up
         super().__init__(self._describe())
 
     def _describe(self) -> str:
-        """One line: what was requested, how often, and why it failed."""
+        """One line: what was requested, how often and how long, and why it failed."""
         cause = f"HTTP {self.status}: {self.message}" if self.status else self.message
         where = f"{self.method} {self.url}" if self.url else self.method
         times = f" after {self.attempts} attempts" if self.attempts > 1 else ""
         others = [u for u in dict.fromkeys(self.tried) if u != self.url]
         also = f" (also tried {', '.join(others)})" if others else ""
-        return f"{where} failed{times}: {cause}{also}"
+        end = ""
+        if self.attempts > 1:
+            end = f"; gave up after {self.elapsed:.1f} s"
+            end += f" ({self.gave_up})" if self.gave_up else ""
+        return f"{where} failed{times}: {cause}{also}{end}"
 
 
 @dataclass(frozen=True)
@@ -103,25 +133,32 @@ class ScoreResult:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How often and how long to retry a failed request.
+    """How long and how to retry a failed request.
 
-    ``max_retries`` counts requests after the first. A failure moves to the next base URL
-    at once while some URL has not been tried since the last pause; once every URL failed,
-    the client pauses for the server's ``Retry-After`` (capped at ``max_retry_after``, then
-    lengthened by up to ``retry_after_jitter`` of itself, so that the many clients a busy
-    server turned away at once do not all come back at the same instant) or for a
-    full-jitter exponential backoff ``uniform(0, min(backoff_max, backoff_base * 2**k))``
-    where ``k`` counts the pauses so far.
+    A request is retried until ``timeout`` seconds have passed since it was first sent
+    (the retry budget; 0 retries nothing), and at most ``max_retries`` times when that is
+    set. A failure moves to the next base URL at once while some URL has not been tried
+    since the last pause; once every URL failed, the client pauses for the server's
+    ``Retry-After`` (capped at ``max_retry_after``, then lengthened by up to
+    ``retry_after_jitter`` of itself, so that the many clients a busy server turned away
+    at once do not all come back at the same instant) or for a full-jitter exponential
+    backoff ``uniform(0, min(backoff_max, backoff_base * 2**k))`` where ``k`` counts the
+    pauses so far. No pause outlasts what is left of the budget: the last try falls on
+    its end. The budget is checked between attempts, so a call can overrun it by at most
+    one request timeout.
     """
 
-    max_retries: int = 5
+    timeout: float = 600.0
+    max_retries: int | None = None
     backoff_base: float = 0.25
     backoff_max: float = 10.0
     max_retry_after: float = 60.0
     retry_after_jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.max_retries < 0:
+        if not self.timeout >= 0:  # also rejects NaN
+            raise ValueError(f"timeout (the retry budget) must be >= 0 s, got {self.timeout}")
+        if self.max_retries is not None and self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.backoff_base < 0 or self.backoff_max < 0 or self.max_retry_after < 0:
             raise ValueError("backoff_base, backoff_max and max_retry_after must be >= 0")
@@ -141,10 +178,62 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class _Retry:
-    """Try again after ``delay`` seconds (0: at once, on the next URL)."""
+class RetryEvent:
+    """A failed attempt that will be tried again; passed to the clients' ``on_retry`` hook.
 
-    delay: float
+    ``waited_s`` is the time since the request was first sent, out of ``budget_s``;
+    ``next_delay_s`` the pause before the next try (0: at once), on ``next_url``.
+    """
+
+    method: str
+    url: str
+    error: str
+    status: int | None
+    attempt: int
+    waited_s: float
+    budget_s: float
+    next_delay_s: float
+    next_url: str
+
+
+class ScoreInputs(TypedDict, total=False):
+    """The keyword arguments of ``score`` and ``score_detailed``.
+
+    Exactly one input form: ``texts`` (scored as given), ``queries`` with ``responses``
+    (joined by the server as the reward model expects) or ``conversations`` (lists of
+    ``{"role", "content"}`` messages, rendered with the reward model's chat template).
+    ``truncate``: whether the server may cut texts over its limit (None: its default).
+    """
+
+    texts: Sequence[str] | None
+    queries: Sequence[str] | None
+    responses: Sequence[str] | None
+    conversations: Sequence[Conversation] | None
+    truncate: bool | None
+
+
+class ClientOptions(TypedDict, total=False):
+    """Keyword options shared by :class:`RewardClient` and :class:`AsyncRewardClient`.
+
+    ``timeout``: per request (seconds or an ``httpx.Timeout``; default 60), also through a
+    passed-in ``http_client``. ``retry``: the :class:`RetryPolicy`; ``retry_timeout`` and
+    ``max_retries`` replace its fields of those names. ``max_client_batch``: items per
+    request (default: the server's, read from ``/info``). ``max_concurrency``: requests in
+    flight per call (default 8). ``on_retry``: called with a :class:`RetryEvent` before each
+    retry (from a worker thread in the sync client). ``seed``: seeds the jitter.
+    ``clock``: a monotonic clock in seconds for the retry budget (the test seam, with the
+    face's ``sleep``).
+    """
+
+    timeout: float | httpx.Timeout
+    retry: RetryPolicy | None
+    retry_timeout: float | None
+    max_retries: int | None
+    max_client_batch: int | None
+    max_concurrency: int
+    on_retry: Callable[[RetryEvent], None] | None
+    seed: int | None
+    clock: Callable[[], float]
 
 
 def _parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -264,13 +353,13 @@ def _to_conversations(conversations: Sequence[Conversation]) -> list[list[dict[s
     return out
 
 
-def _columns(
-    texts: Sequence[str] | None,
-    queries: Sequence[str] | None,
-    responses: Sequence[str] | None,
-    conversations: Sequence[Conversation] | None,
-) -> dict[str, list[Any]]:
+def _columns(inputs: ScoreInputs) -> dict[str, list[Any]]:
     """Check that exactly one input form is given and return its columns as lists."""
+    unknown = sorted(set(inputs) - set(ScoreInputs.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+    texts, conversations = inputs.get("texts"), inputs.get("conversations")
+    queries, responses = inputs.get("queries"), inputs.get("responses")
     forms = [texts is not None, queries is not None or responses is not None]
     forms.append(conversations is not None)
     if sum(forms) != 1:
@@ -326,9 +415,10 @@ def _normalise_urls(base_urls: str | Sequence[str]) -> list[str]:
 class _Router:
     """Round-robin start URLs, preferring those that have not just failed (thread-safe)."""
 
-    def __init__(self, urls: list[str], down_for: float) -> None:
+    def __init__(self, urls: list[str], down_for: float, clock: Callable[[], float]) -> None:
         self.urls = urls
         self._down_for = down_for
+        self._clock = clock
         self._down_until: dict[str, float] = {}
         self._counter = itertools.count()
         self._lock = threading.Lock()
@@ -337,7 +427,7 @@ class _Router:
         """Index of the URL a new request starts on."""
         with self._lock:
             turn = next(self._counter)
-            now = time.monotonic()
+            now = self._clock()
             up = [i for i, u in enumerate(self.urls) if self._down_until.get(u, 0.0) <= now]
             pool = up or list(range(len(self.urls)))
             return pool[turn % len(pool)]
@@ -348,42 +438,100 @@ class _Router:
             if ok:
                 self._down_until.pop(url, None)
             else:
-                self._down_until[url] = time.monotonic() + self._down_for
+                self._down_until[url] = self._clock() + self._down_for
+
+
+# --- the sans-I/O core: actions and flows ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """Send one HTTP request; the outcome is the ``httpx.Response`` or the transport error."""
+
+    method: str
+    url: str
+    body: object | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    """Pause; the outcome is None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Gather:
+    """Run the flows concurrently; the outcome is their results in order (or the first error)."""
+
+    flows: list[Flow[Any]]
+
+
+_Action: TypeAlias = "_Send | _Sleep | _Gather"
+T = TypeVar("T")
+#: A computation that yields actions, is sent their outcomes, and returns a ``T``.
+Flow: TypeAlias = Generator[_Action, Any, T]
+
+
+def _advance(flow: Flow[Any], outcome: object) -> tuple[bool, Any]:
+    """Send ``outcome`` into ``flow``: (False, next action) or (True, the flow's result)."""
+    try:
+        return False, flow.send(outcome)
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def _results(futures: Sequence[Any]) -> list[Any]:
+    """Results of finished futures or tasks in order; else the first error in chunk order."""
+    # Every finished one's exception is retrieved, so that asyncio reports none as unretrieved.
+    errors = [f.exception() for f in futures if f.done() and not f.cancelled()]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    """Try again after ``delay`` seconds (0: at once, on the next URL)."""
+
+    delay: float
 
 
 class _Attempts:
-    """The retry and failover decisions for one logical request (sans I/O)."""
+    """The retry, failover and give-up decisions for one logical request (sans I/O)."""
 
-    def __init__(
-        self,
-        router: _Router,
-        policy: RetryPolicy,
-        rng: random.Random,
-        method: str,
-        path: str,
-    ) -> None:
-        self._router = router
-        self._policy = policy
-        self._rng = rng
+    def __init__(self, core: _Core, method: str, path: str) -> None:
+        self._core = core
+        self._router = core._router
+        self._policy = core.retry_policy
         self.method = method
         self.path = path
-        self._index = router.start_index()
+        self._index = self._router.start_index()
         self._failed_since_pause = 0
         self._pauses = 0
         self.attempts = 0
         self._tried: list[str] = []
+        self._started = core._clock()
 
     @property
     def url(self) -> str:
         """Full URL of the next attempt."""
         return self._router.urls[self._index] + self.path
 
-    def sent(self) -> None:
-        """Count an attempt about to be made."""
+    def sent(self) -> str:
+        """Count an attempt about to be made; its URL."""
         self.attempts += 1
         self._tried.append(self.url)
+        return self.url
 
-    def failed(self, exc: httpx.TransportError) -> _Retry:
+    def settle(self, outcome: httpx.Response | httpx.TransportError) -> Any:
+        """The decoded JSON of a 2xx answer, a :class:`_Retry`, or raise for a final error."""
+        if isinstance(outcome, httpx.TransportError):
+            return self._failed(outcome)
+        return self._received(outcome)
+
+    def _failed(self, exc: httpx.TransportError) -> _Retry:
         """A transport error (connection, timeout, protocol): retry or raise."""
         if isinstance(exc, httpx.TimeoutException):
             cause = f"timed out ({type(exc).__name__})"
@@ -394,8 +542,7 @@ class _Attempts:
         self._router.mark(self._router.urls[self._index], ok=False)
         return self._retry(None, cause, None, exc)
 
-    def received(self, response: httpx.Response) -> Any:
-        """The decoded JSON of a 2xx answer, a _Retry, or raise for a final error."""
+    def _received(self, response: httpx.Response) -> Any:
         status = response.status_code
         base = self._router.urls[self._index]
         if status < 300:
@@ -416,16 +563,42 @@ class _Attempts:
         self._router.mark(base, ok=True)
         raise RewardServerError(status, message, self.url, method=self.method)
 
+    def _limit_reached(self, elapsed: float) -> str | None:
+        """Which limit ends the retries now, if any."""
+        if elapsed >= self._policy.timeout:
+            return f"retry_timeout {self._policy.timeout:g} s"
+        retries = self._policy.max_retries
+        if retries is not None and self.attempts > retries:
+            return f"max_retries {retries}"
+        return None
+
+    def _next_delay(self, retry_after: float | None, remaining: float) -> float:
+        """Move to the next URL; pause only once every URL failed since the last pause."""
+        self._index = (self._index + 1) % len(self._router.urls)
+        self._failed_since_pause += 1
+        if self._failed_since_pause < len(self._router.urls):
+            return 0.0
+        self._failed_since_pause = 0
+        rng = self._core._rng
+        if retry_after is not None:
+            delay = self._policy.after_retry_after(retry_after, rng)
+        else:
+            delay = self._policy.backoff(self._pauses, rng)
+        self._pauses += 1
+        return min(delay, remaining)  # the last try falls on the end of the budget
+
     def _retry(
-        self,
-        status: int | None,
-        cause: str,
-        retry_after: float | None,
-        exc: BaseException | None,
+        self, status: int | None, cause: str, retry_after: float | None, exc: BaseException | None
     ) -> _Retry:
-        """Move to the next URL; pause once every URL failed since the last pause."""
-        failed_url = self.url
-        if self.attempts > self._policy.max_retries:
+        """Log the failure; then the pause before the next try, or raise once a limit is hit."""
+        failed_url, budget = self.url, self._policy.timeout
+        elapsed = self._core._clock() - self._started
+        what = f"HTTP {status}: {cause}" if status else cause
+        where = f"{self.method} {failed_url} failed (attempt {self.attempts}, {elapsed:.1f} s"
+        where += f" of the {budget:g} s retry budget): {what}"
+        limit = self._limit_reached(elapsed)
+        if limit is not None:
+            logger.warning("%s; giving up (%s)", where, limit)
             raise RewardServerError(
                 status,
                 cause,
@@ -433,81 +606,137 @@ class _Attempts:
                 method=self.method,
                 attempts=self.attempts,
                 tried=self._tried,
+                elapsed=elapsed,
+                gave_up=limit,
             ) from exc
-        self._index = (self._index + 1) % len(self._router.urls)
-        self._failed_since_pause += 1
-        delay = 0.0
-        if self._failed_since_pause >= len(self._router.urls):
-            self._failed_since_pause = 0
-            if retry_after is not None:
-                delay = self._policy.after_retry_after(retry_after, self._rng)
-            else:
-                delay = self._policy.backoff(self._pauses, self._rng)
-            self._pauses += 1
-        level = logging.INFO if status == 429 else logging.WARNING
-        what = f"HTTP {status}: {cause}" if status else cause
-        logger.log(
-            level,
-            "%s %s failed (attempt %d of %d): %s; retrying %s in %.3fs",
-            self.method,
-            failed_url,
-            self.attempts,
-            self._policy.max_retries + 1,
-            what,
-            self.url,
-            delay,
-        )
+        delay = self._next_delay(retry_after, budget - elapsed)
+        logger.warning("%s; next try in %.1f s on %s", where, delay, self.url)
+        if self._core.on_retry is not None:
+            event = RetryEvent(
+                method=self.method,
+                url=failed_url,
+                error=what,
+                status=status,
+                attempt=self.attempts,
+                waited_s=elapsed,
+                budget_s=budget,
+                next_delay_s=delay,
+                next_url=self.url,
+            )
+            self._core.on_retry(event)
         return _Retry(delay)
 
 
-class _ClientBase:
-    """Configuration shared by the sync and async clients."""
+class _Core:
+    """Configuration, state and flows shared by both faces (no I/O here)."""
 
     def __init__(
         self,
         base_urls: str | Sequence[str],
-        api_key: str | None,
-        timeout: float | httpx.Timeout,
-        max_retries: int,
+        api_key: str | None = None,
         *,
-        max_client_batch: int | None,
-        max_concurrency: int,
-        backoff_base: float,
-        backoff_max: float,
-        max_retry_after: float,
-        seed: int | None,
+        timeout: float | httpx.Timeout = 60.0,
+        retry: RetryPolicy | None = None,
+        retry_timeout: float | None = None,
+        max_retries: int | None = None,
+        max_client_batch: int | None = None,
+        max_concurrency: int = 8,
+        on_retry: Callable[[RetryEvent], None] | None = None,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_client_batch is not None and max_client_batch < 1:
             raise ValueError(f"max_client_batch must be >= 1, got {max_client_batch}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        policy = retry or RetryPolicy()
+        if retry_timeout is not None:
+            policy = dataclasses.replace(policy, timeout=retry_timeout)
+        if max_retries is not None:
+            policy = dataclasses.replace(policy, max_retries=max_retries)
+        self.retry_policy = policy
         self.base_urls = _normalise_urls(base_urls)
         self.timeout = httpx.Timeout(timeout)
-        self.retry_policy = RetryPolicy(
-            max_retries=max_retries,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            max_retry_after=max_retry_after,
-        )
         self.max_concurrency = max_concurrency
+        self.on_retry = on_retry
         self._max_client_batch = max_client_batch
         self._headers = {"Accept": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._clock = clock
         # A URL that just failed like a dead server is avoided for new requests this long.
-        self._router = _Router(self.base_urls, down_for=max(backoff_max, 1.0))
+        self._router = _Router(self.base_urls, max(policy.backoff_max, 1.0), clock)
         self._rng = random.Random(seed)
+        # How each face executes an action; its methods of these names do the I/O.
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            _Send: self._send,
+            _Sleep: self._pause,
+            _Gather: self._gather,
+        }
 
     @property
     def max_client_batch(self) -> int | None:
         """Items per request: configured, discovered from ``/info``, or None before discovery."""
         return self._max_client_batch
 
-    def _attempts(self, method: str, path: str) -> _Attempts:
-        return _Attempts(self._router, self.retry_policy, self._rng, method, path)
+    def _limits(self) -> httpx.Limits:
+        """Connection limits of an HTTP client this client creates itself."""
+        n = self.max_concurrency * len(self.base_urls)
+        return httpx.Limits(max_connections=n, max_keepalive_connections=n)
 
-    def _set_chunk_size(self, info: object) -> int:
-        """Cache ``max_client_batch`` from an ``/info`` answer (or the default)."""
+    def _request_args(self, send: _Send) -> dict[str, Any]:
+        """Keyword arguments of ``httpx.Client.request`` for one attempt."""
+        return {
+            "method": send.method,
+            "url": send.url,
+            "json": send.body,
+            "headers": self._headers,
+            "timeout": self.timeout,
+        }
+
+    def _act(self, action: _Action) -> Any:
+        """Execute an action: its outcome (sync face) or an awaitable of it (async face)."""
+        return self._handlers[type(action)](action)
+
+    def _send(self, send: _Send) -> Any:
+        raise NotImplementedError
+
+    def _pause(self, sleep: _Sleep) -> Any:
+        raise NotImplementedError
+
+    def _gather(self, gather: _Gather) -> Any:
+        raise NotImplementedError
+
+    # --- flows ------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: object | None = None) -> Flow[tuple[Any, str]]:
+        """One logical request with failover and retries: the decoded JSON and who answered."""
+        attempts = _Attempts(self, method, path)
+        while True:
+            url = attempts.sent()
+            step = attempts.settle((yield _Send(method, url, body)))
+            if not isinstance(step, _Retry):
+                return step, url
+            if step.delay > 0:
+                yield _Sleep(step.delay)
+
+    def _info(self) -> Flow[dict[str, Any]]:
+        """The server's ``GET /info`` answer."""
+        info, url = yield from self._request("GET", "/info")
+        if not isinstance(info, dict):
+            raise RewardServerError(None, "invalid response: not a JSON object", url, method="GET")
+        return info
+
+    def _chunk_size(self) -> Flow[int]:
+        """``max_client_batch``, asking the server once if it was not configured."""
+        if self._max_client_batch is not None:
+            return self._max_client_batch
+        try:
+            info: object = yield from self._info()
+        except RewardServerError as exc:
+            if exc.status != 404:
+                raise
+            info = None
         size = _find_max_client_batch(info)
         if size is None:
             logger.warning(
@@ -518,12 +747,26 @@ class _ClientBase:
         self._max_client_batch = size
         return size
 
-    def _bodies(self, columns: dict[str, list[Any]], size: int, truncate: bool | None) -> list:
-        bodies: list[dict[str, Any]] = _chunks(columns, size)
+    def _score_chunk(self, body: dict[str, Any]) -> Flow[ScoreResult]:
+        payload, url = yield from self._request("POST", "/score", body)
+        return _parse_scores(payload, _body_len(body), url)
+
+    def _score(self, columns: dict[str, list[Any]], truncate: bool | None) -> Flow[ScoreResult]:
+        """Chunks of ``max_client_batch`` items sent concurrently, merged in input order."""
+        if not _body_len(columns):
+            return ScoreResult([], [], [])
+        bodies = _chunks(columns, (yield from self._chunk_size()))
         if truncate is not None:
             for body in bodies:
                 body["truncate"] = truncate
-        return bodies
+        results: list[ScoreResult] = yield _Gather([self._score_chunk(b) for b in bodies])
+        return _merge(results)
+
+
+def _scores(flow: Flow[ScoreResult]) -> Flow[list[float]]:
+    """Only the scores of a scoring flow."""
+    result = yield from flow
+    return result.scores
 
 
 def _merge(results: Sequence[ScoreResult]) -> ScoreResult:
@@ -539,55 +782,68 @@ def _body_len(body: Mapping[str, list[Any]]) -> int:
     return len(body.get("texts") or body.get("queries") or body.get("conversations") or [])
 
 
-class RewardClient(_ClientBase):
+# --- the two faces ---------------------------------------------------------------------------
+
+ResultT = TypeVar("ResultT")
+ScoresT = TypeVar("ScoresT")
+InfoT = TypeVar("InfoT")
+
+
+class _Face(_Core, Generic[ResultT, ScoresT, InfoT]):
+    """The public methods, once: each builds a flow and hands it to the face's ``_run``."""
+
+    def _run(self, flow: Flow[Any]) -> Any:
+        raise NotImplementedError
+
+    def info(self) -> InfoT:
+        """The server's ``GET /info`` answer."""
+        return self._run(self._info())
+
+    def score_detailed(self, **inputs: Unpack[ScoreInputs]) -> ResultT:
+        """Scores, token counts and truncation flags for one input form, in input order."""
+        flow = self._score(_columns(inputs), inputs.get("truncate"))
+        return self._run(flow)
+
+    def score(self, **inputs: Unpack[ScoreInputs]) -> ScoresT:
+        """Scores for one input form (texts, query/response pairs or conversations)."""
+        flow = _scores(self._score(_columns(inputs), inputs.get("truncate")))
+        return self._run(flow)
+
+    def score_pairs_detailed(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> ResultT:
+        """Like :meth:`__call__` but with token counts and truncation flags."""
+        flow = self._score(_pair_columns(prompts, responses), None)
+        return self._run(flow)
+
+    def __call__(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> ScoresT:
+        """Reward callable: text prompts as query/response pairs, chat prompts as conversations."""
+        flow = _scores(self._score(_pair_columns(prompts, responses), None))
+        return self._run(flow)
+
+
+class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
     """Blocking client for the reward server; chunks run concurrently on a thread pool.
 
     Also a reward callable ``(prompts, responses) -> list[float]`` for the PPO trainer.
-    ``http_client`` (the test seam) is used as given and not closed by :meth:`close`;
-    ``timeout`` applies to every request, also through a passed-in ``http_client``.
-    ``sleep`` replaces :func:`time.sleep` between retries; ``seed`` seeds the jitter.
+    ``http_client`` (the test seam; a Starlette ``TestClient`` works) is used as given and
+    not closed by :meth:`close`. ``sleep`` replaces :func:`time.sleep` between retries. The
+    other options are those of :class:`ClientOptions`.
     """
 
     def __init__(
         self,
         base_urls: str | Sequence[str],
         api_key: str | None = None,
-        timeout: float | httpx.Timeout = 60.0,
-        max_retries: int = 5,
-        http_client: httpx.Client | None = None,
         *,
-        max_client_batch: int | None = None,
-        max_concurrency: int = 8,
-        backoff_base: float = 0.25,
-        backoff_max: float = 10.0,
-        max_retry_after: float = 60.0,
-        seed: int | None = None,
+        http_client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        **options: Unpack[ClientOptions],
     ) -> None:
-        super().__init__(
-            base_urls,
-            api_key,
-            timeout,
-            max_retries,
-            max_client_batch=max_client_batch,
-            max_concurrency=max_concurrency,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            max_retry_after=max_retry_after,
-            seed=seed,
-        )
+        super().__init__(base_urls, api_key, **options)
         self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(
-            timeout=self.timeout,
-            limits=httpx.Limits(
-                max_connections=max_concurrency * len(self.base_urls),
-                max_keepalive_connections=max_concurrency * len(self.base_urls),
-            ),
-        )
+        self._http = http_client or httpx.Client(timeout=self.timeout, limits=self._limits())
         self._sleep = sleep
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        self._discovery_lock = threading.Lock()
 
     def __enter__(self) -> RewardClient:
         return self
@@ -604,155 +860,69 @@ class RewardClient(_ClientBase):
         if self._owns_http:
             self._http.close()
 
-    def _request(self, method: str, path: str, body: object | None = None) -> tuple[Any, str]:
-        """One logical request with failover and retries: the decoded JSON and who answered."""
-        attempts = self._attempts(method, path)
-        while True:
-            attempts.sent()
-            try:
-                response = self._http.request(
-                    method, attempts.url, json=body, headers=self._headers, timeout=self.timeout
-                )
-            except httpx.TransportError as exc:
-                step = attempts.failed(exc)
-            else:
-                step = attempts.received(response)
-            if not isinstance(step, _Retry):
-                return step, attempts.url
-            if step.delay > 0:
-                self._sleep(step.delay)
+    def _run(self, flow: Flow[T], stop: threading.Event | None = None) -> T:
+        """Execute ``flow``'s actions until it returns; give up early once ``stop`` is set."""
+        with contextlib.closing(flow):
+            done, value = _advance(flow, None)
+            while not done:
+                if stop is not None and stop.is_set():
+                    raise CancelledError  # a sibling chunk failed: the call is lost anyway
+                done, value = _advance(flow, self._act(value))
+            return value
 
-    def info(self) -> dict[str, Any]:
-        """The server's ``GET /info`` answer."""
-        info, url = self._request("GET", "/info")
-        if not isinstance(info, dict):
-            raise RewardServerError(None, "invalid response: not a JSON object", url, method="GET")
-        return info
+    def _send(self, send: _Send) -> httpx.Response | httpx.TransportError:
+        try:
+            return self._http.request(**self._request_args(send))
+        except httpx.TransportError as exc:
+            return exc
 
-    def _chunk_size(self) -> int:
-        """``max_client_batch``, asking the server once if it was not configured."""
-        with self._discovery_lock:
-            if self._max_client_batch is not None:
-                return self._max_client_batch
-            try:
-                info: object = self.info()
-            except RewardServerError as exc:
-                if exc.status != 404:
-                    raise
-                info = None
-            return self._set_chunk_size(info)
+    def _pause(self, sleep: _Sleep) -> None:
+        self._sleep(sleep.seconds)
 
-    def _score_chunk(self, body: dict[str, Any]) -> ScoreResult:
-        payload, url = self._request("POST", "/score", body)
-        return _parse_scores(payload, _body_len(body), url)
-
-    def _executor(self) -> ThreadPoolExecutor:
+    def _gather(self, gather: _Gather) -> list[Any]:
+        if len(gather.flows) == 1:
+            return [self._run(gather.flows[0])]
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_concurrency, "reward-client")
-            return self._pool
-
-    def _score_columns(self, columns: dict[str, list[Any]], truncate: bool | None) -> ScoreResult:
-        if not _body_len(columns):
-            return ScoreResult([], [], [])
-        bodies = self._bodies(columns, self._chunk_size(), truncate)
-        if len(bodies) == 1:
-            return self._score_chunk(bodies[0])
-        pool = self._executor()
-        futures: list[Future[ScoreResult]] = [pool.submit(self._score_chunk, b) for b in bodies]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for future in futures:
-            if future in done and future.exception() is not None:
-                for other in pending:
-                    other.cancel()
-                raise future.exception()  # type: ignore[misc]
-        return _merge([f.result() for f in futures])
-
-    def score_detailed(
-        self,
-        *,
-        texts: Sequence[str] | None = None,
-        queries: Sequence[str] | None = None,
-        responses: Sequence[str] | None = None,
-        conversations: Sequence[Conversation] | None = None,
-        truncate: bool | None = None,
-    ) -> ScoreResult:
-        """Scores, token counts and truncation flags for one input form, in input order."""
-        columns = _columns(texts, queries, responses, conversations)
-        return self._score_columns(columns, truncate)
-
-    def score(
-        self,
-        *,
-        texts: Sequence[str] | None = None,
-        queries: Sequence[str] | None = None,
-        responses: Sequence[str] | None = None,
-        conversations: Sequence[Conversation] | None = None,
-        truncate: bool | None = None,
-    ) -> list[float]:
-        """Scores for one input form (texts, query/response pairs or conversations)."""
-        return self.score_detailed(
-            texts=texts,
-            queries=queries,
-            responses=responses,
-            conversations=conversations,
-            truncate=truncate,
-        ).scores
-
-    def score_pairs_detailed(
-        self, prompts: Sequence[Prompt], responses: Sequence[str]
-    ) -> ScoreResult:
-        """Like :meth:`__call__` but with token counts and truncation flags."""
-        return self._score_columns(_pair_columns(prompts, responses), None)
-
-    def __call__(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:
-        """Reward callable: text prompts as query/response pairs, chat prompts as conversations."""
-        return self.score_pairs_detailed(prompts, responses).scores
+            pool = self._pool
+        stop = threading.Event()
+        futures = [pool.submit(self._run, flow, stop) for flow in gather.flows]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+            return _results(futures)
+        finally:
+            stop.set()
+            for future in futures:
+                future.cancel()
 
 
-class AsyncRewardClient(_ClientBase):
-    """Asyncio client for the reward server; chunks run concurrently under a semaphore.
+class AsyncRewardClient(
+    _Face[
+        Coroutine[Any, Any, ScoreResult],
+        Coroutine[Any, Any, list[float]],
+        Coroutine[Any, Any, dict[str, Any]],
+    ]
+):
+    """Asyncio client for the reward server; chunks run concurrently as tasks.
 
-    Same arguments as :class:`RewardClient`; ``http_client`` is an ``httpx.AsyncClient``
-    and ``sleep`` a coroutine function replacing :func:`asyncio.sleep`.
+    Same options as :class:`RewardClient`; ``http_client`` is an ``httpx.AsyncClient``
+    (one with an ``httpx.ASGITransport`` talks to an app in process) and ``sleep`` a
+    coroutine function replacing :func:`asyncio.sleep`. Its methods return coroutines.
     """
 
     def __init__(
         self,
         base_urls: str | Sequence[str],
         api_key: str | None = None,
-        timeout: float | httpx.Timeout = 60.0,
-        max_retries: int = 5,
-        http_client: httpx.AsyncClient | None = None,
         *,
-        max_client_batch: int | None = None,
-        max_concurrency: int = 8,
-        backoff_base: float = 0.25,
-        backoff_max: float = 10.0,
-        max_retry_after: float = 60.0,
-        seed: int | None = None,
+        http_client: httpx.AsyncClient | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        **options: Unpack[ClientOptions],
     ) -> None:
-        super().__init__(
-            base_urls,
-            api_key,
-            timeout,
-            max_retries,
-            max_client_batch=max_client_batch,
-            max_concurrency=max_concurrency,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            max_retry_after=max_retry_after,
-            seed=seed,
-        )
+        super().__init__(base_urls, api_key, **options)
         self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(
-            timeout=self.timeout,
-            limits=httpx.Limits(
-                max_connections=max_concurrency * len(self.base_urls),
-                max_keepalive_connections=max_concurrency * len(self.base_urls),
-            ),
-        )
+        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, limits=self._limits())
         self._sleep = sleep
 
     async def __aenter__(self) -> AsyncRewardClient:
@@ -766,108 +936,39 @@ class AsyncRewardClient(_ClientBase):
         if self._owns_http:
             await self._http.aclose()
 
-    async def _request(self, method: str, path: str, body: object | None = None) -> tuple[Any, str]:
-        """One logical request with failover and retries: the decoded JSON and who answered."""
-        attempts = self._attempts(method, path)
-        while True:
-            attempts.sent()
-            try:
-                response = await self._http.request(
-                    method, attempts.url, json=body, headers=self._headers, timeout=self.timeout
-                )
-            except httpx.TransportError as exc:
-                step = attempts.failed(exc)
-            else:
-                step = attempts.received(response)
-            if not isinstance(step, _Retry):
-                return step, attempts.url
-            if step.delay > 0:
-                await self._sleep(step.delay)
+    async def _run(self, flow: Flow[T]) -> T:
+        """Execute ``flow``'s actions until it returns."""
+        with contextlib.closing(flow):
+            done, value = _advance(flow, None)
+            while not done:
+                done, value = _advance(flow, await self._act(value))
+            return value
 
-    async def info(self) -> dict[str, Any]:
-        """The server's ``GET /info`` answer."""
-        info, url = await self._request("GET", "/info")
-        if not isinstance(info, dict):
-            raise RewardServerError(None, "invalid response: not a JSON object", url, method="GET")
-        return info
-
-    async def _chunk_size(self) -> int:
-        """``max_client_batch``, asking the server once if it was not configured."""
-        if self._max_client_batch is not None:
-            return self._max_client_batch
+    async def _send(self, send: _Send) -> httpx.Response | httpx.TransportError:
         try:
-            info: object = await self.info()
-        except RewardServerError as exc:
-            if exc.status != 404:
-                raise
-            info = None
-        return self._set_chunk_size(info)
+            return await self._http.request(**self._request_args(send))
+        except httpx.TransportError as exc:
+            return exc
 
-    async def _score_chunk(self, body: dict[str, Any], limit: asyncio.Semaphore) -> ScoreResult:
-        async with limit:
-            payload, url = await self._request("POST", "/score", body)
-        return _parse_scores(payload, _body_len(body), url)
+    async def _pause(self, sleep: _Sleep) -> None:
+        await self._sleep(sleep.seconds)
 
-    async def _score_columns(
-        self, columns: dict[str, list[Any]], truncate: bool | None
-    ) -> ScoreResult:
-        if not _body_len(columns):
-            return ScoreResult([], [], [])
-        bodies = self._bodies(columns, await self._chunk_size(), truncate)
+    async def _gather(self, gather: _Gather) -> list[Any]:
         # A semaphore per call: asyncio primitives must not be shared across event loops.
         limit = asyncio.Semaphore(self.max_concurrency)
-        tasks = [asyncio.ensure_future(self._score_chunk(b, limit)) for b in bodies]
+
+        async def run(flow: Flow[Any]) -> Any:
+            async with limit:
+                return await self._run(flow)
+
+        tasks = [asyncio.ensure_future(run(flow)) for flow in gather.flows]
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            # Retrieve every finished task's exception (so none is reported as unretrieved),
-            # then raise the first in chunk order.
-            errors = [t.exception() for t in tasks if t in done and not t.cancelled()]
-            for error in errors:
-                if error is not None:
-                    raise error
-            return _merge([t.result() for t in tasks])
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            return _results(tasks)
         finally:
             for task in tasks:
                 task.cancel()
 
-    async def score_detailed(
-        self,
-        *,
-        texts: Sequence[str] | None = None,
-        queries: Sequence[str] | None = None,
-        responses: Sequence[str] | None = None,
-        conversations: Sequence[Conversation] | None = None,
-        truncate: bool | None = None,
-    ) -> ScoreResult:
-        """Scores, token counts and truncation flags for one input form, in input order."""
-        columns = _columns(texts, queries, responses, conversations)
-        return await self._score_columns(columns, truncate)
-
-    async def score(
-        self,
-        *,
-        texts: Sequence[str] | None = None,
-        queries: Sequence[str] | None = None,
-        responses: Sequence[str] | None = None,
-        conversations: Sequence[Conversation] | None = None,
-        truncate: bool | None = None,
-    ) -> list[float]:
-        """Scores for one input form (texts, query/response pairs or conversations)."""
-        result = await self.score_detailed(
-            texts=texts,
-            queries=queries,
-            responses=responses,
-            conversations=conversations,
-            truncate=truncate,
-        )
-        return result.scores
-
-    async def score_pairs_detailed(
-        self, prompts: Sequence[Prompt], responses: Sequence[str]
-    ) -> ScoreResult:
-        """Like :meth:`__call__` but with token counts and truncation flags."""
-        return await self._score_columns(_pair_columns(prompts, responses), None)
-
     async def __call__(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:
         """Reward callable: text prompts as query/response pairs, chat prompts as conversations."""
-        return (await self.score_pairs_detailed(prompts, responses)).scores
+        return await super().__call__(prompts, responses)

@@ -78,9 +78,11 @@ class RemoteReward:
 
     ``name`` becomes ``__name__``, which TRL uses in its logs (``rewards/<name>/mean``).
     When TRL passes ``log_metric``, the fraction of texts the server truncated is logged as
-    ``rewards/<name>/truncated_frac``. Other keyword arguments (``timeout``,
-    ``max_retries``, ``max_client_batch``, ``max_concurrency``, ``backoff_base``,
-    ``backoff_max``, ...) go to :class:`~ppo_client.client.AsyncRewardClient`.
+    ``rewards/<name>/truncated_frac``. ``retry_timeout`` is how long, in seconds, a request
+    is retried while the server is unreachable or busy (default 600, enough for a restart).
+    Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
+    ``max_concurrency``, ``on_retry``, ...; see :class:`~ppo_client.client.ClientOptions`)
+    go to :class:`~ppo_client.client.AsyncRewardClient`.
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class RemoteReward:
         name: str = "remote_reward",
         truncate: bool | None = None,
         http_client: httpx.AsyncClient | None = None,
+        retry_timeout: float | None = None,
         **client_kwargs: Any,
     ) -> None:
         self.__name__ = name
@@ -99,6 +102,7 @@ class RemoteReward:
         self._client_args: dict[str, Any] = {
             "base_urls": url_or_urls,
             "api_key": api_key,
+            "retry_timeout": retry_timeout,
             **client_kwargs,
         }
         # Built now so that bad arguments fail here, not in the first training step.

@@ -1,23 +1,33 @@
-"""RewardClient and AsyncRewardClient against a mock transport (and two real sockets)."""
+"""RewardClient and AsyncRewardClient against a mock transport, real sockets and a restart.
+
+Their contract with the real app (chunking, order, failover, retries) is tested in
+test_client_contract.py; here are the decisions behind it, with a fake clock.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
 import json
+import logging
 import random
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from server_proc import ServerProcess, start_server
+from tiny_models import make_corpus
 
 from ppo_client.client import (
     AsyncRewardClient,
+    RetryEvent,
     RetryPolicy,
     RewardClient,
     RewardClientError,
@@ -98,29 +108,38 @@ def raises(exc_type: type[httpx.TransportError], message: str = "boom") -> Calla
     return step
 
 
+#: Short pauses, so that tests that do sleep for real stay quick.
+FAST = RetryPolicy(backoff_base=0.001, backoff_max=0.01)
+
+
 class Harness:
-    """Drives a sync or an async client through the same blocking calls."""
+    """Drives a sync or an async client through the same blocking calls.
+
+    Pauses are recorded, not slept, and move a fake clock (the retry budget's) forward.
+    """
 
     def __init__(self, mode: str, handler: Callable, urls: Any, **kwargs: Any) -> None:
         self.mode = mode
         self.sleeps: list[float] = []
-        kwargs = {"backoff_base": 0.001, "backoff_max": 0.01, "seed": 0, **kwargs}
+        self.now = 1000.0
+        kwargs = {"retry": FAST, "seed": 0, "clock": lambda: self.now, **kwargs}
         transport = httpx.MockTransport(handler)
         if mode == "sync":
             self.client: Any = RewardClient(
-                urls,
-                http_client=httpx.Client(transport=transport),
-                sleep=self.sleeps.append,
-                **kwargs,
+                urls, http_client=httpx.Client(transport=transport), sleep=self.pause, **kwargs
             )
         else:
 
             async def sleep(delay: float) -> None:
-                self.sleeps.append(delay)
+                self.pause(delay)
 
             self.client = AsyncRewardClient(
                 urls, http_client=httpx.AsyncClient(transport=transport), sleep=sleep, **kwargs
             )
+
+    def pause(self, delay: float) -> None:
+        self.sleeps.append(delay)
+        self.now += delay
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self.client, name)
@@ -135,11 +154,17 @@ class Harness:
 
 
 @pytest.fixture(params=["sync", "async"])
-def make(request: pytest.FixtureRequest) -> Callable[..., Harness]:
+def mode(request: pytest.FixtureRequest) -> str:
+    """Which face of the client a test drives."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make(mode: str) -> Callable[..., Harness]:
     """Factory of a client of each kind around a handler."""
 
     def factory(handler: Callable, urls: Any = URL, **kwargs: Any) -> Harness:
-        return Harness(request.param, handler, urls, **kwargs)
+        return Harness(mode, handler, urls, **kwargs)
 
     return factory
 
@@ -262,26 +287,6 @@ def test_malformed_answer_is_an_error_not_a_value(
 # --- chunking and order ---------------------------------------------------------------------
 
 
-def test_chunks_by_max_client_batch_and_keeps_order(make: Callable[..., Harness]) -> None:
-    server = Server()
-    client = make(server, max_client_batch=3)
-    texts = [f"t{'x' * i}" for i in range(10)]
-    assert client.score(texts=texts) == [score_of(t) for t in texts]
-    assert sorted(len(b["texts"]) for b in server.bodies()) == [1, 3, 3, 3]
-    assert sorted(t for b in server.bodies() for t in b["texts"]) == sorted(texts)
-
-
-def test_max_client_batch_discovered_once_from_info(make: Callable[..., Harness]) -> None:
-    server = Server(info={"model": "m", "max_client_batch": 2})
-    client = make(server)
-    texts = ["a", "bb", "ccc", "dddd", "eeeee"]
-    assert client.score(texts=texts) == [score_of(t) for t in texts]
-    assert client.score(texts=texts[:3]) == [score_of(t) for t in texts[:3]]
-    assert [r.url.path for r in server.requests].count("/info") == 1
-    assert client.client.max_client_batch == 2
-    assert sorted(len(b["texts"]) for b in server.bodies()) == [1, 1, 2, 2, 2]
-
-
 def test_max_client_batch_found_in_nested_info(make: Callable[..., Harness]) -> None:
     server = Server(
         info={"model": "m", "batching": {"max_batch_tokens": 8192, "max_client_batch": 3}}
@@ -373,14 +378,6 @@ def test_retries_connection_errors_then_succeeds(make: Callable[..., Harness]) -
         assert 0 <= delay <= min(0.01, 0.001 * 2**k)
 
 
-def test_retries_503_then_succeeds(make: Callable[..., Harness]) -> None:
-    server = Server(plan=[status(503), status(502), status(500)])
-    client = make(server, max_retries=3)
-    assert client.score(texts=["abc"]) == [score_of("abc")]
-    assert len(server.posts()) == 4
-    assert len(client.sleeps) == 3
-
-
 def test_429_honours_retry_after_seconds(make: Callable[..., Harness]) -> None:
     server = Server(plan=[status(429, {"Retry-After": "2"}), status(503, {"Retry-After": "0.5"})])
     client = make(server, max_retries=2)
@@ -411,7 +408,7 @@ def test_retry_after_jitter_spreads_clients_told_alike() -> None:
 
 def test_retry_after_is_capped(make: Callable[..., Harness]) -> None:
     server = Server(plan=[status(429, {"Retry-After": "3600"})])
-    client = make(server, max_retry_after=5.0)
+    client = make(server, retry=RetryPolicy(max_retry_after=5.0))
     client.score(texts=["abc"])
     assert len(client.sleeps) == 1 and 5.0 <= client.sleeps[0] <= 5.5
 
@@ -447,7 +444,11 @@ def test_gives_up_after_max_retries(make: Callable[..., Harness]) -> None:
         client.score(texts=["abc"])
     assert len(server.posts()) == 4
     assert info.value.status == 503
-    assert str(info.value) == f"POST {URL}/score failed after 4 attempts: HTTP 503: draining"
+    assert info.value.gave_up == "max_retries 3"
+    assert str(info.value) == (
+        f"POST {URL}/score failed after 4 attempts: HTTP 503: draining; "
+        f"gave up after {info.value.elapsed:.1f} s (max_retries 3)"
+    )
 
 
 def test_timeout_ends_in_error_naming_url_and_cause(make: Callable[..., Harness]) -> None:
@@ -455,7 +456,9 @@ def test_timeout_ends_in_error_naming_url_and_cause(make: Callable[..., Harness]
     client = make(server, max_retries=2)
     with pytest.raises(RewardServerError) as info:
         client.score(texts=["abc"])
-    assert str(info.value) == f"POST {URL}/score failed after 3 attempts: timed out (ReadTimeout)"
+    assert str(info.value).startswith(
+        f"POST {URL}/score failed after 3 attempts: timed out (ReadTimeout); gave up after "
+    )
     assert info.value.status is None and info.value.url == f"{URL}/score"
     assert isinstance(info.value.__cause__, httpx.ReadTimeout)
 
@@ -472,26 +475,6 @@ def test_one_failing_chunk_fails_the_call(make: Callable[..., Harness]) -> None:
 
 
 # --- several base URLs ----------------------------------------------------------------------
-
-
-def test_round_robin_over_base_urls(make: Callable[..., Harness]) -> None:
-    server = Server()
-    client = make(server, urls=[URL, URL_B + "/"], max_client_batch=1)
-    client.score(texts=list("abcd"))
-    hosts = [r.url.host for r in server.posts()]
-    assert sorted(hosts) == ["rm-a", "rm-a", "rm-b", "rm-b"]
-
-
-def test_failover_when_one_url_is_down(make: Callable[..., Harness]) -> None:
-    server = Server(down={"rm-a"})
-    client = make(server, urls=[URL, URL_B], max_client_batch=1, max_retries=1)
-    texts = [f"t{i}" for i in range(6)]
-    assert client.score(texts=texts) == [score_of(t) for t in texts]
-    hosts = [r.url.host for r in server.posts()]
-    assert hosts.count("rm-b") == 6
-    assert 1 <= hosts.count("rm-a") <= 6
-    # Another URL was available each time, so nothing had to wait.
-    assert client.sleeps == []
 
 
 def test_all_urls_down_pauses_between_rounds_and_names_them(make: Callable[..., Harness]) -> None:
@@ -521,7 +504,7 @@ def silent_port() -> Iterator[int]:
 
 def test_real_read_timeout(silent_port: int) -> None:
     url = f"http://127.0.0.1:{silent_port}"
-    client = RewardClient(url, timeout=0.2, max_retries=1, max_client_batch=4, backoff_max=0.01)
+    client = RewardClient(url, timeout=0.2, max_retries=1, max_client_batch=4, retry=FAST)
     with (
         client,
         pytest.raises(RewardServerError, match="failed after 2 attempts: timed out") as info,
@@ -544,6 +527,55 @@ def test_real_connection_refused_async() -> None:
     with pytest.raises(RewardServerError, match=r"ConnectError") as info:
         asyncio.run(main())
     assert str(info.value).startswith(f"POST http://127.0.0.1:{port}/score failed: ")
+
+
+def test_a_call_outlasts_a_server_restart_on_the_same_port(
+    mode: str, bert_rm: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    texts = make_corpus(6, seed=2)
+    first = start_server(bert_rm)
+    later: list[ServerProcess] = []
+
+    def restart() -> None:
+        time.sleep(3)  # down for a while after the call started, then back
+        later.append(start_server(bert_rm, port=first.port))
+
+    try:
+        first.wait_ready(90)
+        with RewardClient(first.url) as client:
+            reference = client.score(texts=texts)
+        first.stop(signal.SIGKILL)
+        threading.Thread(target=restart).start()
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="ppo_client.client"):
+            # A budget of a minute: the restart takes ~10 s here, more on a busy machine.
+            scores = score_once(mode, first.url, texts, retry_timeout=60)
+        took = time.monotonic() - started
+    finally:
+        deadline = time.monotonic() + 30
+        while not later and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for server in [first, *later]:
+            server.stop()
+    assert scores == pytest.approx(reference, abs=1e-5)
+    assert 3 < took < 60, took
+    waits = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
+    assert len(waits) >= 2 and all(f"{first.url}/" in w for w in waits)
+    assert all("ConnectError" in w and "of the 60 s retry budget" in w for w in waits)
+    assert all("next try in" in w for w in waits)
+
+
+def score_once(mode: str, url: str, texts: list[str], **kwargs: Any) -> list[float]:
+    """One ``score`` call through a fresh client of the given face."""
+    if mode == "sync":
+        with RewardClient(url, **kwargs) as client:
+            return client.score(texts=texts)
+
+    async def main() -> list[float]:
+        async with AsyncRewardClient(url, **kwargs) as client:
+            return await client.score(texts=texts)
+
+    return asyncio.run(main())
 
 
 # --- lifecycle and configuration ------------------------------------------------------------
@@ -570,7 +602,13 @@ def test_info_without_max_client_batch_falls_back_to_default(make: Callable[...,
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_retries": -1}, {"max_client_batch": 0}, {"max_concurrency": 0}],
+    [
+        {"max_retries": -1},
+        {"retry_timeout": -1},
+        {"retry_timeout": float("nan")},
+        {"max_client_batch": 0},
+        {"max_concurrency": 0},
+    ],
 )
 def test_bad_configuration_is_rejected(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
@@ -589,3 +627,103 @@ def test_backoff_is_capped_full_jitter() -> None:
     rng = random.Random(0)
     for pauses in range(20):
         assert 0 <= policy.backoff(pauses, rng) <= min(4.0, 0.5 * 2**pauses)
+
+
+# --- the retry budget (retry by time, not count) --------------------------------------------
+
+
+def test_retries_until_the_time_budget_is_spent(
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = Server(plan=[raises(httpx.ConnectError, "refused")] * 1000)
+    # Default backoff (0.25 s doubling, capped at 10 s), a 60 s budget, a fake clock.
+    client = make(server, retry=RetryPolicy(), retry_timeout=60)
+    with (
+        caplog.at_level(logging.WARNING, logger="ppo_client.client"),
+        pytest.raises(RewardServerError) as info,
+    ):
+        client.score(texts=["abc"])
+    err = info.value
+    # Pauses of at most ~10 s, until 60 s are spent: the last one ends the budget exactly.
+    assert all(0 <= d <= 10 for d in client.sleeps)
+    assert sum(client.sleeps) == pytest.approx(60)
+    assert max(client.sleeps) > 5  # the backoff grew towards its cap
+    assert err.attempts == len(server.posts()) == len(client.sleeps) + 1
+    assert err.gave_up == "retry_timeout 60 s" and err.elapsed == pytest.approx(60)
+    assert str(err) == (
+        f"POST {URL}/score failed after {err.attempts} attempts: ConnectError: refused; "
+        "gave up after 60.0 s (retry_timeout 60 s)"
+    )
+    # One warning line per failed attempt: URL, error, time of the budget, next try.
+    lines = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
+    assert len(lines) == err.attempts
+    assert all(r.levelno == logging.WARNING for r in caplog.records)
+    assert lines[0] == (
+        f"POST {URL}/score failed (attempt 1, 0.0 s of the 60 s retry budget): "
+        f"ConnectError: refused; next try in {client.sleeps[0]:.1f} s on {URL}/score"
+    )
+    assert all("next try in" in line for line in lines[:-1])
+    assert lines[-1].startswith(f"POST {URL}/score failed (attempt {err.attempts}, 60.0 s of")
+    assert lines[-1].endswith("; giving up (retry_timeout 60 s)")
+
+
+def test_a_long_outage_is_outlasted_whatever_the_count(make: Callable[..., Harness]) -> None:
+    # 50 failures, 5 minutes of fake time: far past any retry count, within the default 600 s.
+    server = Server(plan=[raises(httpx.ConnectError)] * 50 + [status(503)] * 10)
+    client = make(server, retry=RetryPolicy())
+    assert client.score(texts=["abc"]) == [score_of("abc")]
+    assert len(server.posts()) == 61
+    assert 60 < sum(client.sleeps) < 600
+
+
+def test_retry_after_is_capped_to_fit_the_budget(make: Callable[..., Harness]) -> None:
+    server = Server(plan=[status(429, {"Retry-After": "3600"})] * 2)
+    policy = RetryPolicy(timeout=30, max_retry_after=3600, retry_after_jitter=0)
+    client = make(server, retry=policy)
+    with pytest.raises(RewardServerError) as info:
+        client.score(texts=["abc"])
+    # One pause to the end of the budget (not the hour asked for), one last try, then stop.
+    assert client.sleeps == [30.0]
+    assert info.value.status == 429 and info.value.attempts == 2
+    assert info.value.gave_up == "retry_timeout 30 s"
+
+
+def test_retry_after_is_honoured_within_the_budget(make: Callable[..., Harness]) -> None:
+    server = Server(plan=[status(503, {"Retry-After": "20"})])
+    client = make(server, retry=RetryPolicy(retry_after_jitter=0), retry_timeout=30)
+    assert client.score(texts=["abc"]) == [score_of("abc")]
+    assert client.sleeps == [20.0]  # longer than the 10 s backoff cap: the server asked
+
+
+def test_zero_budget_retries_nothing(make: Callable[..., Harness]) -> None:
+    server = Server(plan=[status(503, error="draining")])
+    client = make(server, urls=[URL, URL_B], retry_timeout=0)
+    with pytest.raises(RewardServerError, match="HTTP 503: draining") as info:
+        client.score(texts=["abc"])
+    assert info.value.attempts == 1 and client.sleeps == []
+
+
+def test_on_retry_reports_failover_first_then_the_pause(make: Callable[..., Harness]) -> None:
+    events: list[RetryEvent] = []
+    server = Server(
+        plan=[raises(httpx.ConnectError, "refused"), status(503, error="loading"), status(502)]
+    )
+    client = make(
+        server,
+        urls=[URL, URL_B],
+        max_client_batch=8,
+        retry=RetryPolicy(timeout=100),
+        on_retry=events.append,
+    )
+    assert client.score(texts=["abc"]) == [score_of("abc")]
+    first, second, third = events
+    # The first failure moves to the other URL at once, without a pause.
+    assert (first.url, first.next_url, first.next_delay_s) == (f"{URL}/score", f"{URL_B}/score", 0)
+    assert (first.error, first.status, first.attempt) == ("ConnectError: refused", None, 1)
+    # Both URLs failed since the last pause: now the client waits.
+    assert (second.url, second.next_url) == (f"{URL_B}/score", f"{URL}/score")
+    assert (second.error, second.status, second.attempt) == ("HTTP 503: loading", 503, 2)
+    assert second.next_delay_s == client.sleeps[0] > 0
+    assert third.next_delay_s == 0 and third.waited_s == pytest.approx(client.sleeps[0])
+    assert {e.budget_s for e in events} == {100} and {e.method for e in events} == {"POST"}
+    assert [e.waited_s for e in events[:2]] == [0, 0]

@@ -31,7 +31,7 @@ from test_trainer import dataset, make_config, read_jsonl
 from tiny_models import make_corpus
 
 from ppo_client import PPOTrainer, RewardClient, RewardServerError
-from ppo_client.client import ScoreResult
+from ppo_client.client import RetryPolicy, ScoreResult
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 TOL = 1e-5
@@ -171,7 +171,7 @@ class KillingClient(RewardClient):
     """A RewardClient that SIGKILLs ``victim`` while its ``kill_at``-th call is in flight."""
 
     def __init__(self, urls: Sequence[str], victim: ServerProcess, kill_at: int) -> None:
-        super().__init__(urls, timeout=30, max_retries=10, backoff_max=1.0)
+        super().__init__(urls, timeout=30, retry=RetryPolicy(max_retries=10, backoff_max=1.0))
         self.victim, self.kill_at, self.calls = victim, kill_at, 0
         self.killed_after_step = -1
         self.victim_items = 0.0
@@ -246,9 +246,8 @@ def test_stalled_server_ends_in_reward_server_error_naming_url_and_cause(
     want = httpx.post(f"{url}/score", json={"texts": texts}, timeout=60).json()["scores"]
     os.kill(slow_batch_server.proc.pid, signal.SIGSTOP)  # accepts connections, never answers
     try:
-        client = RewardClient(
-            url, timeout=1.0, max_retries=2, backoff_max=0.05, max_client_batch=64
-        )
+        fast = RetryPolicy(max_retries=2, backoff_max=0.05)
+        client = RewardClient(url, timeout=1.0, retry=fast, max_client_batch=64)
         with client, pytest.raises(RewardServerError) as info:
             client.score(texts=texts)
     finally:

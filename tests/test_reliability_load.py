@@ -36,6 +36,7 @@ from server_proc import ServerProcess, running_server, start_server
 from tiny_models import make_corpus
 
 from ppo_client import AsyncRewardClient, RewardClient
+from ppo_client.client import RetryPolicy
 from reward_server.model import RewardModel
 
 CLIENTS = 64
@@ -385,7 +386,8 @@ def test_queue_full_gives_429_and_client_retries_bring_everything_through(
         # The same burst through RewardClient: its retries (honouring Retry-After, capped at
         # 1 s to keep the test short) bring every request through, with the right scores.
         def through_client(texts: list[str]) -> list[float]:
-            with RewardClient(server.url, timeout=60, max_retries=40, max_retry_after=1.0) as c:
+            policy = RetryPolicy(max_retries=40, max_retry_after=1.0)
+            with RewardClient(server.url, timeout=60, retry=policy) as c:
                 return c.score(texts=texts)
 
         with ThreadPoolExecutor(n_requests) as threads:

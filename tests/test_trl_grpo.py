@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from trl import GRPOConfig, GRPOTrainer
 
 from examples import grpo_remote_reward
-from ppo_client.client import AsyncRewardClient, RewardClient, RewardServerError
+from ppo_client.client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
 from ppo_client.trl import RemoteReward
 
 #: A ChatML-like template for the policy; its markup must never reach the reward server.
@@ -232,12 +232,13 @@ def test_reward_clients_against_live_server(bert_server: ServerProcess) -> None:
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens once closed
 
     # Chunks of 3 spread over a dead URL and the live one: same scores, same order.
-    with RewardClient([dead, bert_server.url], max_client_batch=3, backoff_max=0.01) as client:
+    fast = RetryPolicy(backoff_max=0.01)
+    with RewardClient([dead, bert_server.url], max_client_batch=3, retry=fast) as client:
         assert client.score(texts=texts) == pytest.approx(reference.scores, abs=1e-5)
 
     async def score_async() -> list[float]:
         async with AsyncRewardClient(
-            [bert_server.url, dead], max_client_batch=4, backoff_max=0.01
+            [bert_server.url, dead], max_client_batch=4, retry=fast
         ) as client:
             return await client.score(texts=texts)
 

@@ -138,15 +138,18 @@ def test_name_is_readable_for_trl() -> None:
     assert "helpfulness_rm" in repr(named)
 
 
-def test_server_error_propagates() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(422, json={"error": "conversations[0]: empty"})
+def answering(code: int, error: str, **kwargs: Any) -> RemoteReward:
+    """A RemoteReward whose server answers every request with ``code`` and ``error``."""
 
-    reward = RemoteReward(
-        URL,
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
-        max_client_batch=2,
-    )
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(code, json={"error": error})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return RemoteReward(URL, http_client=http, max_client_batch=2, **kwargs)
+
+
+def test_server_error_propagates() -> None:
+    reward = answering(422, "conversations[0]: empty")
     with pytest.raises(RewardServerError, match="HTTP 422: conversations"):
         asyncio.run(reward(prompts=["a"], completions=["b"]))
 
@@ -221,3 +224,17 @@ def test_works_on_trl_daemon_loop_and_across_event_loops(stdlib_server: str) -> 
     for _ in range(2):
         assert asyncio.run(reward(prompts=prompts, completions=completions)) == expected
     assert set(_Handler.keys) == {"Bearer k"}
+
+
+def test_retry_timeout_is_a_budget_in_seconds() -> None:
+    now = [0.0]
+
+    async def sleep(delay: float) -> None:
+        now[0] += delay
+
+    reward = answering(503, "loading", retry_timeout=45, sleep=sleep, clock=lambda: now[0])
+    assert reward.client.retry_policy.timeout == 45
+    with pytest.raises(RewardServerError, match=r"gave up after 45.0 s \(retry_timeout 45 s\)"):
+        asyncio.run(reward(prompts=["a"], completions=["b"]))
+    assert now[0] == pytest.approx(45)
+    assert RemoteReward(URL, http_client=httpx.AsyncClient()).client.retry_policy.timeout == 600
