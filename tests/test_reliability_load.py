@@ -36,7 +36,7 @@ from server_proc import ServerProcess, running_server, start_server
 from tiny_models import make_corpus
 
 from ppo_client import AsyncRewardClient, RewardClient
-from reward_server.model import RewardModel
+from reward_server.engines.transformers import RewardModel
 
 CLIENTS = 64
 TOL = 1e-5
