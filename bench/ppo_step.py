@@ -6,7 +6,7 @@ variant samples the same responses and gets the same scores (checked: ``score_ga
 - ``remote``: the trainer's reward is a :class:`~ppo_client.client.RewardClient` talking to
   ``reward-server`` in another process;
 - ``inprocess``: the same reward model loaded in the trainer's process
-  (:class:`reward_server.model.RewardModel`, the code the server runs, minus HTTP);
+  (:class:`reward_server.engines.transformers.RewardModel`, the code the server runs, minus HTTP);
 - ``overlapped`` (``overlap_reward=True``, the trainer's default for the HTTP client): the
   reward request of a chunk runs on a worker thread while the policy/reference/value passes
   of that chunk, and the generation of the next chunk, run;
@@ -64,7 +64,7 @@ class InProcessReward:
     """The reward model called in the trainer's process: render, tokenize, one forward."""
 
     def __init__(self, model_path: str) -> None:
-        from reward_server.model import RewardModel
+        from reward_server.engines.transformers import RewardModel
 
         self.rm = RewardModel.load(model_path, dtype="float32", device="cpu")
 

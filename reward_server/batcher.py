@@ -4,8 +4,8 @@ One admission counter, one queue, one consumer task. The consumer blocks for the
 collects more until a micro-batch is full (``max_batch_size`` rows or the padded-token budget
 ``max_len * rows <= max_batch_tokens``) or ``max_wait_ms`` has passed since the oldest item
 arrived, then also takes whatever else is already waiting (up to a window of a few batches),
-sorts the window by length and cuts it into micro-batches, and runs them one at a time in
-its own worker thread. Results go back by index; a failing micro-batch fails only the
+sorts the window by length and cuts it into micro-batches, and runs them one at a time on
+one worker thread (the service's compute thread). Results go back by index; a failing micro-batch fails only the
 requests that had an item in it.
 
 Where to cut a sorted window is a trade-off the device decides: every forward pass has a
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import statistics
@@ -34,13 +35,18 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from reward_server.exceptions import BatcherClosedError, QueueFullError
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "BatchLimits",
     "BatchObserver",
+    "BatchStats",
     "Batcher",
     "BatcherClosedError",
     "QueueFullError",
+    "fill_sizes",
     "fit_pass_cost",
     "partition",
     "split_overhead_tokens",
@@ -158,31 +164,46 @@ def partition(
     return sizes[::-1]
 
 
-class QueueFullError(RuntimeError):
-    """The queue cannot admit the request now; retry after ``retry_after`` seconds."""
+def fill_sizes(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[int]:
+    """Sizes of the groups of ascending ``lengths`` filled in order up to the limits
+    (``rows <= max_rows``, ``rows * width <= max_tokens``; a lone item may exceed the latter)."""
+    sizes: list[int] = []
+    rows = 0
+    for length in lengths:
+        # Ascending, so this item sets the padded width of the group it joins.
+        if rows and (rows >= max_rows or length * (rows + 1) > max_tokens):
+            sizes.append(rows)
+            rows = 0
+        rows += 1
+    return [*sizes, rows] if rows else sizes
 
-    def __init__(self, retry_after: float, message: str | None = None) -> None:
-        super().__init__(message or f"queue full, retry after {retry_after:.2f}s")
-        self.retry_after = retry_after
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What one micro-batch did, for metrics: sizes, waits, time and outcome."""
+
+    rows: int
+    real_tokens: int
+    padded_tokens: int
+    queue_wait_s: tuple[float, ...]  # per row: time from submit to the pass starting
+    inference_s: float
+    error: BaseException | None  # None when the pass succeeded
 
 
-class BatcherClosedError(RuntimeError):
-    """The batcher is not running (not started, or stopping)."""
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """The limits a micro-batcher works under (from the server's settings)."""
+
+    max_batch_tokens: int  # padded tokens of one pass: longest row x rows
+    max_batch_size: int  # rows of one pass
+    max_wait_ms: float  # longest wait for company before a partial pass
+    max_queue: int  # items admitted and not yet started; beyond it QueueFullError
 
 
 class BatchObserver(Protocol):
     """Receives one call per micro-batch, for metrics."""
 
-    def on_batch(
-        self,
-        *,
-        rows: int,
-        real_tokens: int,
-        padded_tokens: int,
-        queue_wait_s: Sequence[float],
-        inference_s: float,
-        error: BaseException | None,
-    ) -> None:
+    def on_batch(self, stats: BatchStats) -> None:
         """Called after each micro-batch, successful or not."""
         ...
 
@@ -226,8 +247,8 @@ class Batcher:
     ) -> None:
         """``split_overhead_tokens``: what one extra forward pass costs, in padded tokens;
         None learns it from the passes run (the usual choice). ``executor``: where
-        ``run_batch`` runs (one worker; the model's compute thread); None starts a private
-        thread, shut down by :meth:`stop`."""
+        ``run_batch`` runs (one worker: the service's compute thread, which the caller shuts
+        down); None starts a private thread, shut down by :meth:`stop`."""
         if max_batch_tokens < 1 or max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_tokens, max_batch_size and max_queue must be positive")
         if max_wait_ms < 0 or sort_window < 1:
@@ -446,85 +467,87 @@ class Batcher:
         :func:`partition`); until then each micro-batch is filled up to the limits.
         """
         window.sort(key=lambda it: it.length)
+        lengths = [it.length for it in window]
         overhead = self._cost.overhead_tokens
         if overhead is not None and len(window) > 1:
-            sizes = partition(
-                [it.length for it in window], overhead, self.max_batch_size, self.max_batch_tokens
-            )
-            out: list[list[_Item]] = []
-            at = 0
-            for size in sizes:
-                out.append(window[at : at + size])
-                at += size
-            return out
-        batches: list[list[_Item]] = []
-        current: list[_Item] = []
-        for item in window:
-            # Sorted ascending, so this item sets the padded width of the batch.
-            if current and (
-                len(current) >= self.max_batch_size
-                or item.length * (len(current) + 1) > self.max_batch_tokens
-            ):
-                batches.append(current)
-                current = []
-            current.append(item)  # an item alone over the budget runs alone
-        if current:
-            batches.append(current)
-        return batches
+            sizes = partition(lengths, overhead, self.max_batch_size, self.max_batch_tokens)
+        else:
+            sizes = fill_sizes(lengths, self.max_batch_size, self.max_batch_tokens)
+        starts = list(itertools.accumulate(sizes, initial=0))
+        return [window[a:b] for a, b in itertools.pairwise(starts)]
 
     async def _run(self, batch: list[_Item]) -> None:
-        """Run one micro-batch in a worker thread and deliver its results or its error."""
+        """Run one micro-batch in the worker thread and deliver its results or its error."""
         live = [it for it in batch if not it.request.future.done()]
         if not live:
             return
         if self._abort:
-            for req in {id(it.request): it.request for it in live}.values():
-                self._finish_request(req, BatcherClosedError("reward batcher stopped"))
+            self._fail(live, BatcherClosedError("reward batcher stopped"))
             return
         started = time.monotonic()
         for it in live:
             it.request.unstarted -= 1
         self._queued -= len(live)
-        waits = [started - it.enqueued for it in live]
-        inputs = [it.ids for it in live]
-        error: BaseException | None = None
-        scores: list[float] = []
         width = max(it.length for it in live)
+        error: BaseException | None = None
         try:
-            loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(self._executor, self._run_batch, inputs)
-            if not isinstance(outputs, Sequence) or len(outputs) != len(inputs):
-                got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
-                raise RuntimeError(f"scorer returned {got} results for {len(inputs)} inputs")
-            scores = [float(v) for v in outputs]
+            scores = await self._score([it.ids for it in live])
         except Exception as exc:
             error = exc
         inference_s = time.monotonic() - started
         if error is None:
-            rate = len(live) / max(inference_s, 1e-6)
-            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
-            self._cost.add(width * len(live), inference_s)
-            for it, value in zip(live, scores, strict=True):
-                req = it.request
-                if req.future.done():
-                    continue
-                req.results[it.index] = value
-                req.remaining -= 1
-                if req.remaining == 0:
-                    req.future.set_result(req.results)
+            self._learn(len(live), width * len(live), inference_s)
+            self._deliver(live, scores)
         else:
             logger.error("micro-batch of %d rows failed: %s", len(live), error)
-            for req in {id(it.request): it.request for it in live}.values():
-                self._finish_request(req, error)
-        if self._observer is not None:
-            try:
-                self._observer.on_batch(
-                    rows=len(live),
-                    real_tokens=sum(it.length for it in live),
-                    padded_tokens=width * len(live),
-                    queue_wait_s=waits,
-                    inference_s=inference_s,
-                    error=error,
-                )
-            except Exception:
-                logger.exception("batch observer failed")
+            self._fail(live, error)
+        self._observe(
+            BatchStats(
+                rows=len(live),
+                real_tokens=sum(it.length for it in live),
+                padded_tokens=width * len(live),
+                queue_wait_s=tuple(started - it.enqueued for it in live),
+                inference_s=inference_s,
+                error=error,
+            )
+        )
+
+    async def _score(self, inputs: list[Sequence[int]]) -> list[float]:
+        """``run_batch(inputs)`` on the worker thread, checked for one float per input."""
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(self._executor, self._run_batch, inputs)
+        if not isinstance(outputs, Sequence) or len(outputs) != len(inputs):
+            got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
+            raise RuntimeError(f"scorer returned {got} results for {len(inputs)} inputs")
+        return [float(v) for v in outputs]
+
+    def _learn(self, rows: int, padded_tokens: int, seconds: float) -> None:
+        """Update the throughput estimate (for Retry-After) and the pass-cost model."""
+        rate = rows / max(seconds, 1e-6)
+        self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
+        self._cost.add(padded_tokens, seconds)
+
+    def _deliver(self, live: list[_Item], scores: list[float]) -> None:
+        """Put each score in its request; complete the requests that have all of theirs."""
+        for it, value in zip(live, scores, strict=True):
+            req = it.request
+            if req.future.done():
+                continue
+            req.results[it.index] = value
+            req.remaining -= 1
+            if req.remaining == 0:
+                req.future.set_result(req.results)
+
+    def _fail(self, live: list[_Item], exc: BaseException) -> None:
+        """Fail every request with an item in ``live`` (each once)."""
+        for req in {id(it.request): it.request for it in live}.values():
+            self._finish_request(req, exc)
+
+    def _observe(self, stats: BatchStats) -> None:
+        """Tell the observer, which must never break the batcher."""
+        if self._observer is None:
+            return
+        try:
+            self._observer.on_batch(stats)
+        except Exception:
+            logger.exception("batch observer failed")

@@ -21,7 +21,12 @@ from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 from reward_server import __version__
-from reward_server.config import ENV_PREFIX, ServerSettings
+from reward_server.config import ENV_PREFIX, ServerSettings, field_help
+from reward_server.exceptions import ModelLoadError
+
+if typing.TYPE_CHECKING:
+    from reward_server.engines import Scorer
+    from reward_server.service import Service
 
 logger = logging.getLogger("reward_server")
 
@@ -79,7 +84,7 @@ def _argument(name: str, field: FieldInfo) -> tuple[list[str], dict[str, Any]]:
         else:
             default_text = f"default: {field.default}"
     details = "; ".join(part for part in (default_text, f"env {env}") if part)
-    kwargs["help"] = f"{field.description or ''} [{details}]".replace("%", "%%")
+    kwargs["help"] = f"{field_help(name)} [{details}]".replace("%", "%%")
     return [_flag(name)], kwargs
 
 
@@ -127,19 +132,17 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def _load(settings: ServerSettings) -> Any:
-    """Load the model, or print one line saying why not and return None."""
-    from reward_server.app import load_model
-    from reward_server.model import ModelLoadError, RewardModel
-
+def _load(service: Service) -> Scorer | None:
+    """Load the service's model, or print one line saying why not and return None."""
     try:
-        return load_model(settings, RewardModel)
+        return service.load()
     except ModelLoadError as exc:
         reason = str(exc)
     except Exception as exc:  # an unexpected failure still gets one line, not a traceback
         logger.debug("model load failed", exc_info=exc)
         reason = f"{type(exc).__name__}: {exc}"
     reason = " ".join(reason.split())  # one line, whatever the message held
+    settings = service.settings
     print(f"{PROG}: error: could not load model {settings.model}: {reason}", file=sys.stderr)
     return None
 
@@ -150,15 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(settings.log_level)
     from reward_server.app import create_app
 
+    app = create_app(settings)
+    service: Service = app.state.service
     logger.info("loading reward model %s", settings.model)
     try:
-        model = _load(settings)
+        model = _load(service)
     except KeyboardInterrupt:
         return 130
     if model is None:
         return 1
 
-    app = create_app(settings, model=model)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -170,13 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=None,  # finish every request in flight, however long
     )
-    server = DrainingServer(config, on_drain=app.state.service.begin_drain)
+    server = DrainingServer(config, on_drain=service.begin_drain)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     logger.info(
         "serving %s on %s (%s) at http://%s:%d",
         model.name,
         model.device,
-        model.dtype,
+        model.info().get("dtype", "?"),
         host,
         settings.port,
     )

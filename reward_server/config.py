@@ -1,7 +1,7 @@
 """Server settings: one pydantic-settings model behind every CLI flag and environment variable.
 
 Each field is a flag ``--field-name`` of ``reward-server`` and an environment variable
-``REWARD_SERVER_FIELD_NAME``; flags win over the environment. The field descriptions are the
+``REWARD_SERVER_FIELD_NAME``; flags win over the environment. The field docstrings are the
 CLI help texts, so they say how to tune each value.
 """
 
@@ -27,125 +27,123 @@ GPU_BATCH_TOKENS = 16384
 class ServerSettings(BaseSettings):
     """Configuration of the reward server (flags, ``REWARD_SERVER_*`` env vars, or kwargs)."""
 
+    # Each field's docstring is its description: the CLI help and the README's flag table.
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, frozen=True
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        validate_default=True,
+        frozen=True,
+        use_attribute_docstrings=True,
     )
 
-    model: str = Field(
-        min_length=1,
-        description="Reward model: a local folder or a hub id (read from the local hub cache "
-        "when offline). Loaded with AutoModelForSequenceClassification and its own tokenizer.",
-    )
-    adapter: str | None = Field(
-        default=None,
-        description="Optional PEFT (LoRA) adapter folder or hub id loaded on top of --model.",
-    )
-    merge_adapter: bool = Field(
-        default=False,
-        description="Merge the adapter into the base weights at load time: faster scoring, "
-        "same scores up to float rounding.",
-    )
-    host: str = Field(
-        default="127.0.0.1",
-        description="Interface to bind. Loopback by default; use 0.0.0.0 in a container and "
-        "set --api-key when the port is reachable from other machines.",
-    )
-    port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
-    dtype: Dtype = Field(
-        default="auto",
-        description="Weight dtype. auto: float32 on CPU; on CUDA a float16 checkpoint stays "
-        "float16, anything else runs in bfloat16 (float16 on GPUs without bf16). float32 gives "
-        "the most exact scores; bfloat16/float16 halve memory and are faster on GPU.",
-    )
-    device: str = Field(
-        default="auto",
-        pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
-        description="Device: auto (CUDA when present, else CPU), cpu, cuda or cuda:N. Run one "
-        "server per GPU and list them all as client base URLs to use several GPUs.",
-    )
+    model: str = Field(min_length=1)
+    """Reward model: a local folder or a hub id (read from the local hub cache when offline).
+    Loaded with AutoModelForSequenceClassification and its own tokenizer.
+    """
+
+    adapter: str | None = Field(default=None)
+    """Optional PEFT (LoRA) adapter folder or hub id loaded on top of --model."""
+
+    merge_adapter: bool = Field(default=False)
+    """Merge the adapter into the base weights at load time: faster scoring, same scores up to
+    float rounding.
+    """
+
+    host: str = Field(default="127.0.0.1")
+    """Interface to bind. Loopback by default; use 0.0.0.0 in a container and set --api-key when
+    the port is reachable from other machines.
+    """
+
+    port: int = Field(default=8000, ge=1, le=65535)
+    """TCP port to listen on."""
+
+    dtype: Dtype = Field(default="auto")
+    """Weight dtype. auto: float32 on CPU; on CUDA a float16 checkpoint stays float16, anything
+    else runs in bfloat16 (float16 on GPUs without bf16). float32 gives the most exact scores;
+    bfloat16/float16 halve memory and are faster on GPU.
+    """
+
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    """Device: auto (CUDA when present, else CPU), cpu, cuda or cuda:N. Run one server per GPU and
+    list them all as client base URLs to use several GPUs.
+    """
+
     max_length: int | None = Field(
-        default=None,
-        gt=0,
-        json_schema_extra={"default_label": "the model's"},
-        description="Most tokens scored per text (default: the model's own limit). Longer "
-        "texts are truncated (and reported so) unless --no-truncate is set.",
+        default=None, gt=0, json_schema_extra={"default_label": "the model's"}
     )
-    truncation_side: TruncationSide = Field(
-        default="left",
-        description="Which end of an over-long text to cut. left keeps the end of the "
-        "response, where a decoder reward model reads its score.",
-    )
-    no_truncate: bool = Field(
-        default=False,
-        description="Reject over-long texts with 413 (naming the index) instead of truncating "
-        'them; a request may still ask for truncation with "truncate": true.',
-    )
-    label_index: int = Field(
-        default=0,
-        ge=0,
-        description="Which logit of the score head is the reward (for heads with several "
-        "labels). Scores are raw logits: no sigmoid, no softmax.",
-    )
-    chat_template: str = Field(
-        default="auto",
-        min_length=1,
-        description="How query/response pairs and conversations become text: auto uses the "
-        "reward tokenizer's chat template when it has one, none joins query + response, or a "
-        "path to a Jinja template file.",
-    )
+    """Most tokens scored per text (default: the model's own limit). Longer texts are truncated
+    (and reported so) unless --no-truncate is set.
+    """
+
+    truncation_side: TruncationSide = Field(default="left")
+    """Which end of an over-long text to cut. left keeps the end of the response, where a decoder
+    reward model reads its score.
+    """
+
+    no_truncate: bool = Field(default=False)
+    """Reject over-long texts with 413 (naming the index) instead of truncating them; a request may
+    still ask for truncation with "truncate": true.
+    """
+
+    label_index: int = Field(default=0, ge=0)
+    """Which logit of the score head is the reward (for heads with several labels). Scores are raw
+    logits: no sigmoid, no softmax.
+    """
+
+    chat_template: str = Field(default="auto", min_length=1)
+    """How query/response pairs and conversations become text: auto uses the reward tokenizer's
+    chat template when it has one, none joins query + response, or a path to a Jinja template
+    file.
+    """
+
     max_batch_tokens: int | None = Field(
         default=None,
         gt=0,
         json_schema_extra={"default_label": f"{CPU_BATCH_TOKENS} CPU, {GPU_BATCH_TOKENS} GPU"},
+        # A description, not a docstring: it quotes the defaults above.
         description="Padded-token budget of one forward pass (longest item x rows). Default: "
         f"{CPU_BATCH_TOKENS} on CPU, where larger passes run no faster and their activations "
         "no longer fit the allocator's reuse (fresh pages every pass); "
         f"{GPU_BATCH_TOKENS} on GPU, where raising it pays until memory or latency says "
         "stop. Never below the model's max length.",
     )
-    max_batch_size: int = Field(
-        default=64,
-        gt=0,
-        description="Most rows in one forward pass. Larger batches raise throughput until the "
-        "device is saturated; 32-256 on GPU, 16-64 on CPU.",
-    )
-    max_wait_ms: float = Field(
-        default=2.0,
-        ge=0,
-        description="How long the batcher waits for more items before running a partial "
-        "batch. Higher values fill batches under light load at the cost of latency; 0 runs "
-        "whatever is queued at once.",
-    )
-    max_client_batch: int = Field(
-        default=256,
-        gt=0,
-        description="Most items one request may carry (more gives 413). Clients read it from "
-        "/info and split their calls; capped at --max-queue.",
-    )
-    max_queue: int = Field(
-        default=4096,
-        gt=0,
-        description="Most items waiting to be scored; beyond it requests get 429 with "
-        "Retry-After instead of unbounded latency. Size it to a few seconds of throughput.",
-    )
-    max_body_bytes: int = Field(
-        default=16 * 1024 * 1024,
-        gt=0,
-        description="Largest accepted request body in bytes (more gives 413 before the body "
-        "is read). Keep it near max_client_batch x the longest expected text.",
-    )
-    api_key: SecretStr | None = Field(
-        default=None,
-        description="Require 'Authorization: Bearer <key>' on /score, /get_reward and /info "
-        "(/health and /metrics stay open). Prefer the environment variable "
-        "REWARD_SERVER_API_KEY, which other users of the machine cannot see in ps.",
-    )
-    trust_remote_code: bool = Field(
-        default=False,
-        description="Allow model code from the model folder or hub repo to run. Only for "
-        "models you trust.",
-    )
-    log_level: LogLevel = Field(default="info", description="Log level of the server.")
+
+    max_batch_size: int = Field(default=64, gt=0)
+    """Most rows in one forward pass. Larger batches raise throughput until the device is
+    saturated; 32-256 on GPU, 16-64 on CPU.
+    """
+
+    max_wait_ms: float = Field(default=2.0, ge=0)
+    """How long the batcher waits for more items before running a partial batch. Higher values fill
+    batches under light load at the cost of latency; 0 runs whatever is queued at once.
+    """
+
+    max_client_batch: int = Field(default=256, gt=0)
+    """Most items one request may carry (more gives 413). Clients read it from /info and split
+    their calls; capped at --max-queue.
+    """
+
+    max_queue: int = Field(default=4096, gt=0)
+    """Most items waiting to be scored; beyond it requests get 429 with Retry-After instead of
+    unbounded latency. Size it to a few seconds of throughput.
+    """
+
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """Largest accepted request body in bytes (more gives 413 before the body is read). Keep it
+    near max_client_batch x the longest expected text.
+    """
+
+    api_key: SecretStr | None = Field(default=None)
+    """Require 'Authorization: Bearer <key>' on /score, /get_reward and /info (/health and /metrics
+    stay open). Prefer the environment variable REWARD_SERVER_API_KEY, which other users of the
+    machine cannot see in ps.
+    """
+
+    trust_remote_code: bool = Field(default=False)
+    """Allow model code from the model folder or hub repo to run. Only for models you trust."""
+
+    log_level: LogLevel = Field(default="info")
+    """Log level of the server."""
 
     @property
     def effective_max_client_batch(self) -> int:
@@ -163,6 +161,11 @@ class ServerSettings(BaseSettings):
         return max(base, max_length)
 
 
+def field_help(name: str) -> str:
+    """The help text of settings field ``name``, on one line."""
+    return " ".join((ServerSettings.model_fields[name].description or "").split())
+
+
 def flags_markdown() -> str:
     """A Markdown table of every flag, its env variable, default and help (for the README)."""
     rows = ["| Flag | Environment variable | Default | What it does |", "|---|---|---|---|"]
@@ -178,7 +181,7 @@ def flags_markdown() -> str:
             default = "off"
         else:
             default = f"`{field.default}`"
-        help_text = (field.description or "").replace("|", "\\|")
+        help_text = field_help(name).replace("|", "\\|")
         flag = "--" + name.replace("_", "-")
         rows.append(f"| `{flag}` | `{ENV_PREFIX}{name.upper()}` | {default} | {help_text} |")
     return "\n".join(rows) + "\n"

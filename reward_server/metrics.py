@@ -13,6 +13,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from reward_server.batcher import BatchStats
+
 PREFIX = "reward_server"
 CONTENT_TYPE = exposition.CONTENT_TYPE_LATEST
 
@@ -26,93 +28,78 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
-            f"{PREFIX}_requests",
-            "HTTP requests by endpoint and status.",
-            ["endpoint", "status"],
-            registry=r,
+        # HTTP layer (MetricsMiddleware and the error handlers).
+        self.requests = self._counter(
+            "requests", "HTTP requests by endpoint and status.", ("endpoint", "status")
         )
-        self.request_seconds = Histogram(
-            f"{PREFIX}_request_duration_seconds",
+        self.request_seconds = self._histogram(
+            "request_duration_seconds",
             "HTTP request latency by endpoint.",
-            ["endpoint"],
-            buckets=_TIME_BUCKETS,
-            registry=r,
+            _TIME_BUCKETS,
+            ("endpoint",),
         )
-        self.in_progress = Gauge(
-            f"{PREFIX}_requests_in_progress",
-            "HTTP requests being handled, by endpoint.",
-            ["endpoint"],
-            registry=r,
+        self.in_progress = self._gauge(
+            "requests_in_progress", "HTTP requests being handled, by endpoint.", ("endpoint",)
         )
-        self.errors = Counter(
-            f"{PREFIX}_errors",
-            "Error answers by status and kind.",
-            ["status", "type"],
-            registry=r,
+        self.errors = self._counter(
+            "errors", "Error answers by status and kind.", ("status", "type")
         )
-        self.items = Counter(
-            f"{PREFIX}_items", "Items scored successfully, by endpoint.", ["endpoint"], registry=r
+        # Scoring (the service).
+        self.items = self._counter(
+            "items", "Items scored successfully, by endpoint.", ("endpoint",)
         )
-        self.tokens = Counter(f"{PREFIX}_tokens", "Tokens scored (unpadded).", registry=r)
-        self.truncated = Counter(f"{PREFIX}_truncated_items", "Items truncated.", registry=r)
-        self.batches = Counter(
-            f"{PREFIX}_batches",
-            "Forward passes by outcome (ok or error).",
-            ["outcome"],
-            registry=r,
+        self.tokens = self._counter("tokens", "Tokens scored (unpadded).")
+        self.truncated = self._counter("truncated_items", "Items truncated.")
+        # Forward passes (the batcher, through on_batch).
+        self.batches = self._counter(
+            "batches", "Forward passes by outcome (ok or error).", ("outcome",)
         )
-        self.batch_rows = Histogram(
-            f"{PREFIX}_batch_rows", "Rows per forward pass.", buckets=_ROWS_BUCKETS, registry=r
+        self.batch_rows = self._histogram("batch_rows", "Rows per forward pass.", _ROWS_BUCKETS)
+        self.padded_tokens = self._counter(
+            "batch_padded_tokens", "Padded tokens run through the model."
         )
-        self.padded_tokens = Counter(
-            f"{PREFIX}_batch_padded_tokens", "Padded tokens run through the model.", registry=r
-        )
-        self.padding_efficiency = Histogram(
-            f"{PREFIX}_batch_padding_efficiency",
+        self.padding_efficiency = self._histogram(
+            "batch_padding_efficiency",
             "Real tokens / padded tokens per forward pass (1.0 = no padding).",
-            buckets=_RATIO_BUCKETS,
-            registry=r,
+            _RATIO_BUCKETS,
         )
-        self.queue_wait = Histogram(
-            f"{PREFIX}_queue_wait_seconds",
-            "Time an item waited before its forward pass.",
-            buckets=_TIME_BUCKETS,
-            registry=r,
+        self.queue_wait = self._histogram(
+            "queue_wait_seconds", "Time an item waited before its forward pass.", _TIME_BUCKETS
         )
-        self.inference = Histogram(
-            f"{PREFIX}_inference_seconds",
-            "Duration of one forward pass.",
-            buckets=_TIME_BUCKETS,
-            registry=r,
+        self.inference = self._histogram(
+            "inference_seconds", "Duration of one forward pass.", _TIME_BUCKETS
         )
-        self.queued = Gauge(f"{PREFIX}_queue_items", "Items waiting to be scored.", registry=r)
-        self.ready = Gauge(f"{PREFIX}_ready", "1 when the server accepts work.", registry=r)
+        self.queued = self._gauge("queue_items", "Items waiting to be scored.")
+        self.ready = self._gauge("ready", "1 when the server accepts work.")
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        """A counter ``reward_server_<name>_total`` in this registry."""
+        return Counter(f"{PREFIX}_{name}", doc, labels, registry=self.registry)
+
+    def _histogram(
+        self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()
+    ) -> Histogram:
+        """A histogram ``reward_server_<name>`` in this registry."""
+        return Histogram(f"{PREFIX}_{name}", doc, labels, buckets=buckets, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        """A gauge ``reward_server_<name>`` in this registry."""
+        return Gauge(f"{PREFIX}_{name}", doc, labels, registry=self.registry)
 
     def track_queue(self, queued: Callable[[], float]) -> None:
         """Read the queue length from ``queued`` whenever metrics are scraped."""
         self.queued.set_function(queued)
 
-    def on_batch(
-        self,
-        *,
-        rows: int,
-        real_tokens: int,
-        padded_tokens: int,
-        queue_wait_s: Sequence[float],
-        inference_s: float,
-        error: BaseException | None,
-    ) -> None:
+    def on_batch(self, stats: BatchStats) -> None:
         """Record one forward pass (BatchObserver protocol of the batcher)."""
-        self.batches.labels(outcome="ok" if error is None else "error").inc()
-        self.batch_rows.observe(rows)
-        self.padded_tokens.inc(padded_tokens)
-        if padded_tokens > 0:
-            self.padding_efficiency.observe(real_tokens / padded_tokens)
-        for wait in queue_wait_s:
+        self.batches.labels(outcome="ok" if stats.error is None else "error").inc()
+        self.batch_rows.observe(stats.rows)
+        self.padded_tokens.inc(stats.padded_tokens)
+        if stats.padded_tokens > 0:
+            self.padding_efficiency.observe(stats.real_tokens / stats.padded_tokens)
+        for wait in stats.queue_wait_s:
             self.queue_wait.observe(wait)
-        self.inference.observe(inference_s)
+        self.inference.observe(stats.inference_s)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

@@ -136,7 +136,10 @@ class GetRewardRequest(BaseModel):
         json_schema_extra={"examples": [{"query": ["prompt and response as one text"]}]},
     )
 
-    query: StrList = Field(description="Complete texts (prompt + response), scored as given.")
+    query: list[Text] = Field(
+        description="Complete texts (prompt + response), scored as given; an empty list "
+        "gets empty answers (OpenRLHF sends those to all but one of several servers)."
+    )
     prompts: list[StrictStr] | None = Field(default=None, description="Accepted and ignored.")
     labels: list[Any] | None = Field(default=None, description="Accepted and ignored.")
 

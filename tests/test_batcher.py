@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from reward_server.batcher import Batcher, BatcherClosedError, QueueFullError
+from reward_server.batcher import Batcher, BatcherClosedError, BatchStats, QueueFullError
 
 T = TypeVar("T")
 FAIL = -1  # a row holding this token makes the fake scorer raise
@@ -68,11 +68,11 @@ class Recorder:
     """A BatchObserver that keeps its calls, and optionally raises."""
 
     def __init__(self, explode: bool = False) -> None:
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[BatchStats] = []
         self.explode = explode
 
-    def on_batch(self, **kwargs: Any) -> None:
-        self.calls.append(kwargs)
+    def on_batch(self, stats: BatchStats) -> None:
+        self.calls.append(stats)
         if self.explode:
             raise RuntimeError("observer bug")
 
@@ -397,10 +397,10 @@ def test_observer_sees_every_batch_including_failures() -> None:
 
     run(main())
     ok, failed = observer.calls
-    assert ok["rows"] == 2 and ok["real_tokens"] == 4 and ok["padded_tokens"] == 6
-    assert len(ok["queue_wait_s"]) == 2 and all(w >= 0 for w in ok["queue_wait_s"])
-    assert ok["inference_s"] >= 0 and ok["error"] is None
-    assert failed["rows"] == 1 and isinstance(failed["error"], ValueError)
+    assert ok.rows == 2 and ok.real_tokens == 4 and ok.padded_tokens == 6
+    assert len(ok.queue_wait_s) == 2 and all(w >= 0 for w in ok.queue_wait_s)
+    assert ok.inference_s >= 0 and ok.error is None
+    assert failed.rows == 1 and isinstance(failed.error, ValueError)
 
 
 def test_observer_exception_breaks_nothing() -> None:

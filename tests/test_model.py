@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,17 +16,12 @@ from fastapi.testclient import TestClient
 from tokenizers import processors
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from reward_server.app import create_app, load_model
+from reward_server.app import create_app
 from reward_server.config import ServerSettings
-from reward_server.model import (
-    COMPUTE_THREAD_NAME,
-    ChatTemplateError,
-    Encoded,
-    ModelLoadError,
-    RewardModel,
-    TextTooLongError,
-    compute_thread,
-)
+from reward_server.engines.transformers import RewardModel
+from reward_server.exceptions import ChatTemplateError, ModelLoadError, TextTooLongError
+from reward_server.rendering import Encoded
+from reward_server.service import COMPUTE_THREAD_PREFIX
 
 ATOL = 1e-5
 
@@ -199,6 +195,10 @@ def test_label_index(tmp_path: Path) -> None:
     assert rm1.score_batch(rows) == pytest.approx(
         [reference_score(ref, r, 1) for r in rows], abs=ATOL
     )
+    # Every label's logit at once (what a multi-label endpoint reads), the same numbers.
+    both = rm1.logits_batch(rows)
+    assert [row[0] for row in both] == rm0.score_batch(rows)
+    assert [row[1] for row in both] == rm1.score_batch(rows)
     with pytest.raises(ModelLoadError, match="label_index 2 out of range"):
         RewardModel.load(str(path), label_index=2)
 
@@ -472,23 +472,34 @@ def test_loading_and_scoring_run_on_the_one_compute_thread(
     bert_rm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Torch work stays on one thread: a second OpenMP team would slow every pass on CPU."""
-    seen: list[str] = []
-    real_load = RewardModel._load.__func__  # type: ignore[attr-defined]
+    seen: list[threading.Thread] = []
+    real_load = RewardModel.from_options.__func__  # type: ignore[attr-defined]
 
     def spy_load(cls: type[RewardModel], *args: object, **kwargs: object) -> RewardModel:
-        seen.append(threading.current_thread().name)
+        seen.append(threading.current_thread())
         return real_load(cls, *args, **kwargs)
 
-    monkeypatch.setattr(RewardModel, "_load", classmethod(spy_load))
-    rm = RewardModel.load(str(bert_rm))  # the library loads where it is called
-    assert seen == [threading.current_thread().name]
-    rm = load_model(ServerSettings(model=str(bert_rm)), RewardModel)  # the server's way
-    assert seen[1].startswith(COMPUTE_THREAD_NAME)
-    assert rm.executor is compute_thread()
+    monkeypatch.setattr(RewardModel, "from_options", classmethod(spy_load))
+    RewardModel.load(str(bert_rm))  # the library loads where it is called
+    assert seen == [threading.current_thread()]
 
-    passes: list[str] = []
-    rm.model.register_forward_pre_hook(lambda *_: passes.append(threading.current_thread().name))
-    with TestClient(create_app(ServerSettings(model=str(bert_rm)), model=rm)) as client:
+    passes: list[threading.Thread] = []
+    app = create_app(ServerSettings(model=str(bert_rm)))  # the server's way: it loads
+    with TestClient(app) as client:
+        rm = app.state.service.model
+        rm.model.register_forward_pre_hook(lambda *_: passes.append(threading.current_thread()))
         r = client.post("/score", json={"texts": ["a short text", "and a longer one here"]})
         assert r.status_code == 200, r.text
-    assert passes and all(name.startswith(COMPUTE_THREAD_NAME) for name in passes)
+    assert seen[1].name.startswith(COMPUTE_THREAD_PREFIX)
+    assert passes and all(t is seen[1] for t in passes)
+
+
+def test_concurrent_calls_from_threads_score_alike(gpt2: RewardModel) -> None:
+    """A library user may score from several threads at once (no lock, no shared state)."""
+    texts = tiny_models.make_corpus(12, seed=9)
+    rows = [e.input_ids for e in gpt2.encode(texts, truncate=True)]
+    alone = gpt2.score_batch(rows)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: gpt2.score_batch(rows), range(16)))
+    for got in results:
+        assert got == pytest.approx(alone, abs=ATOL)

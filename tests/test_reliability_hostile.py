@@ -25,9 +25,10 @@ import psutil
 import pytest
 from server_proc import REWARD_SERVER, ServerProcess, free_port
 
-from reward_server import app as app_module
+from reward_server import routes as routes_module
 from reward_server.cli import parse_settings
 from reward_server.config import ServerSettings
+from reward_server.exceptions import UnauthorizedError
 
 API_KEY = "rk-live-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -311,22 +312,22 @@ def test_wrong_keys_of_every_length_are_refused_alike(server: ServerProcess) -> 
 def test_key_is_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check goes through ``hmac.compare_digest`` (constant time in the key's length)."""
     calls: list[tuple[bytes, bytes]] = []
-    real = app_module.hmac.compare_digest
+    real = routes_module.hmac.compare_digest
 
     def spy(a: bytes, b: bytes) -> bool:
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(app_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(routes_module.hmac, "compare_digest", spy)
     service = type("S", (), {"settings": ServerSettings(model="m", api_key=API_KEY)})()
     creds = type("C", (), {"credentials": "wrong"})()
-    with pytest.raises(app_module.UnauthorizedError):
-        app_module.require_api_key(service, creds)  # type: ignore[arg-type]
+    with pytest.raises(UnauthorizedError):
+        routes_module.require_api_key(service, creds)  # type: ignore[arg-type]
     creds.credentials = API_KEY
-    app_module.require_api_key(service, creds)  # type: ignore[arg-type]
+    routes_module.require_api_key(service, creds)  # type: ignore[arg-type]
     assert calls == [(b"wrong", API_KEY.encode()), (API_KEY.encode(), API_KEY.encode())]
     # And no other comparison of the key in the code path.
-    source = inspect.getsource(app_module.require_api_key)
+    source = inspect.getsource(routes_module.require_api_key)
     assert "compare_digest(" in source
     assert "==" not in source and "!=" not in source
 

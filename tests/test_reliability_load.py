@@ -37,7 +37,7 @@ from tiny_models import make_corpus
 
 from ppo_client import AsyncRewardClient, RewardClient
 from ppo_client.client import RetryPolicy
-from reward_server.model import RewardModel
+from reward_server.engines.transformers import RewardModel
 
 CLIENTS = 64
 TOL = 1e-5

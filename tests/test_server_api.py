@@ -22,7 +22,8 @@ from fastapi.testclient import TestClient
 
 from reward_server.app import create_app
 from reward_server.config import ServerSettings
-from reward_server.model import ChatTemplateError, Encoded, TextTooLongError
+from reward_server.exceptions import ChatTemplateError, TextTooLongError
+from reward_server.rendering import Encoded
 
 POISON = "\N{SKULL}"  # a text holding it makes the fake scorer's whole batch fail
 SECRET_DETAIL = "secret internal detail"
@@ -177,6 +178,18 @@ def test_get_reward_openrlhf(client: TestClient) -> None:
     assert body["extra_logs"] == {"tokens": [17.0, 1.0], "truncated": [0.0, 0.0]}
 
 
+def test_get_reward_empty_shard_answers_empty(client: TestClient, fake: FakeModel) -> None:
+    """OpenRLHF before 0.11.2 sends empty lists to all but one of several servers."""
+    empty = {"rewards": [], "scores": [], "extra_logs": {}}
+    for body in ({"query": [], "prompts": [], "labels": []}, {"query": []}):
+        r = client.post("/get_reward", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json() == empty
+    assert fake.batches == []  # nothing reached the model
+    # /score keeps refusing an empty list.
+    assert_error(client.post("/score", json={"texts": []}), 422, "invalid_request")
+
+
 def test_truncation_default_and_per_request_override(fake: FakeModel) -> None:
     long_text = "y" * 70 + "END"  # over the fake's 64-token limit
     with TestClient(create_app(settings(), model=fake)) as c:
@@ -251,7 +264,6 @@ def test_undecodable_bodies_are_422(
 
 
 def test_get_reward_validation(client: TestClient) -> None:
-    assert_error(client.post("/get_reward", json={"query": []}), 422, "invalid_request")
     assert_error(client.post("/get_reward", json={"query": [1]}), 422, "invalid_request")
     assert_error(client.post("/get_reward", json={"prompts": ["a"]}), 422, "invalid_request")
 

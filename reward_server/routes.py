@@ -1,0 +1,161 @@
+"""The HTTP routes: validate the body (schemas), check the key, hand the items to the
+service, shape the answer. No torch; failures answer through :mod:`reward_server.errors`."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from reward_server import __version__
+from reward_server.errors import ERROR_DOCS, error_response
+from reward_server.exceptions import NotReadyError, UnauthorizedError
+from reward_server.metrics import CONTENT_TYPE
+from reward_server.schemas import (
+    ErrorResponse,
+    GetRewardRequest,
+    GetRewardResponse,
+    HealthResponse,
+    InfoResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
+from reward_server.service import Render, Service
+from reward_server.strict_json import StrictJSONRoute
+
+__all__ = ["get_service", "require_api_key", "router"]
+
+
+def get_service(request: Request) -> Service:
+    """The app's Service."""
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="The server's API key, when it was started with --api-key.",
+)
+
+
+def require_api_key(
+    service: Annotated[Service, Depends(get_service)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Check ``Authorization: Bearer <key>`` in constant time when a key is configured."""
+    key = service.settings.api_key
+    if key is None:
+        return
+    if credentials is None:
+        raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>'")
+    given = credentials.credentials.encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(given, key.get_secret_value().encode("utf-8")):
+        raise UnauthorizedError("wrong API key")
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+Authorized = Annotated[None, Depends(require_api_key)]
+
+router = APIRouter(route_class=StrictJSONRoute)
+
+
+def _render_request(body: ScoreRequest) -> Render:
+    """The function that turns a ScoreRequest into strings with a given model."""
+    if body.texts is not None:
+        texts = body.texts
+        return lambda model: list(texts)
+    if body.queries is not None and body.responses is not None:
+        queries, responses = body.queries, body.responses
+        return lambda model: model.render_pairs(queries, responses)
+    conversations = [
+        [{"role": m.role, "content": m.content} for m in conv] for conv in body.conversations or []
+    ]
+    return lambda model: model.render_conversations(conversations)
+
+
+@router.post("/score", response_model=ScoreResponse, responses=ERROR_DOCS)
+async def score(
+    body: ScoreRequest, request: Request, service: ServiceDep, _auth: Authorized
+) -> ScoreResponse:
+    """Score texts, query/response pairs or conversations with the reward model."""
+    scores, encoded = await service.score(
+        request.receive, "/score", body.num_items, _render_request(body), body.truncate
+    )
+    assert service.model is not None
+    return ScoreResponse(
+        scores=scores,
+        tokens=[e.num_tokens for e in encoded],
+        truncated=[e.truncated for e in encoded],
+        model=service.model.name,
+    )
+
+
+@router.post("/get_reward", response_model=GetRewardResponse, responses=ERROR_DOCS)
+async def get_reward(
+    body: GetRewardRequest, request: Request, service: ServiceDep, _auth: Authorized
+) -> GetRewardResponse:
+    """OpenRLHF remote reward: score complete texts given as ``query``."""
+    texts = body.query
+    if not texts:
+        # OpenRLHF before 0.11.2 sends empty shards to all but one of several servers.
+        return GetRewardResponse(rewards=[], scores=[], extra_logs={})
+    scores, encoded = await service.score(
+        request.receive, "/get_reward", len(texts), lambda model: list(texts), None
+    )
+    return GetRewardResponse(
+        rewards=scores,
+        scores=scores,
+        extra_logs={
+            "tokens": [float(e.num_tokens) for e in encoded],
+            "truncated": [1.0 if e.truncated else 0.0 for e in encoded],
+        },
+    )
+
+
+@router.get(
+    "/health",
+    response_model=HealthResponse,
+    responses={503: {"model": ErrorResponse, "description": "Loading or draining"}},
+)
+async def health(service: ServiceDep) -> Response | HealthResponse:
+    """200 when the model is loaded and the batcher runs; 503 while loading or draining."""
+    if service.ready:
+        return HealthResponse(status="ok")
+    message = "draining" if service.draining else "loading"
+    return error_response(503, "not_ready", message, None)
+
+
+@router.get("/info", response_model=InfoResponse, responses=ERROR_DOCS)
+async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
+    """The model served and the server's batching limits (never the API key)."""
+    if service.model is None:
+        raise NotReadyError("the model is loading")
+    s = service.settings
+    return InfoResponse.model_validate(
+        {
+            **service.model.info(),
+            "truncate": not s.no_truncate,
+            "max_batch_tokens": service.max_batch_tokens,
+            "max_batch_size": s.max_batch_size,
+            "max_wait_ms": s.max_wait_ms,
+            "max_client_batch": service.max_client_batch,
+            "max_queue": s.max_queue,
+            "max_body_bytes": s.max_body_bytes,
+            "auth": s.api_key is not None,
+            "version": __version__,
+        }
+    )
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE.split(";")[0]: {}}, "description": "Prometheus text"}
+    },
+)
+async def metrics(service: ServiceDep) -> Response:
+    """Prometheus metrics in the text exposition format."""
+    return Response(service.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,304 @@
+"""The scoring service behind the routes: its threads, the model's lifecycle, admission, and
+the path of one request's items (render + tokenize -> scheduler -> checked scores).
+
+No torch and no HTTP here: the model is an engine's :class:`~reward_server.engines.Scorer`,
+and the scheduler is the micro-batcher (or the engine's own).
+
+Threads, all owned by the service and gone after :meth:`Service.stop`:
+
+* ``reward-compute``: loads the model and runs every forward pass. PyTorch's CPU build
+  parallelises with GNU OpenMP, which gives every thread that starts a parallel region a
+  team of its own. Once the process holds more OpenMP threads than CPUs (two teams of two on
+  two cores), libgomp stops spin-waiting at its barriers and sleeps in the kernel instead,
+  and every operator of a forward pass pays for the wake-ups: measured here, a MiniLM pass
+  went from 21 to 25 ms as soon as a second thread had run one, and stayed there in both
+  threads. Loading on the thread that later scores keeps one team.
+* ``reward-tokenize``: renders and tokenizes, off the event loop, never two calls into a
+  fast tokenizer at once (its Rust backend is not re-entrant across threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from reward_server.batcher import Batcher, BatchLimits
+from reward_server.config import ServerSettings
+from reward_server.engines import (
+    DEFAULT_ENGINE,
+    LoadOptions,
+    Scheduler,
+    Scorer,
+    SelfScheduling,
+    load_scorer,
+)
+from reward_server.errors import KNOWN_ERRORS
+from reward_server.exceptions import (
+    ClientDisconnectedError,
+    EmptyTextError,
+    NotReadyError,
+    ScoringError,
+    TooManyItemsError,
+)
+from reward_server.metrics import Metrics
+from reward_server.rendering import Encoded
+
+logger = logging.getLogger("reward_server")
+
+__all__ = ["COMPUTE_THREAD_PREFIX", "THREAD_PREFIX", "TOKENIZER_THREAD_PREFIX", "Service"]
+
+T = TypeVar("T")
+
+#: Every thread the service starts has a name beginning with this.
+THREAD_PREFIX = "reward-"
+COMPUTE_THREAD_PREFIX = THREAD_PREFIX + "compute"
+TOKENIZER_THREAD_PREFIX = THREAD_PREFIX + "tokenize"
+
+#: An ASGI ``receive``: the service watches it for the client hanging up.
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+#: Turns a request's items into texts with the model's rendering.
+Render = Callable[[Scorer], list[str]]
+
+
+class Service:
+    """Per-app state: settings, model, scheduler, metrics and the service's threads."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        model: Scorer | None,
+        metrics: Metrics,
+        *,
+        engine: str = DEFAULT_ENGINE,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.metrics = metrics
+        self.engine = engine
+        #: Where token ids go: the micro-batcher, or the engine's own scheduler.
+        self.batcher: Scheduler | None = None
+        # --max-batch-tokens, or its default for the model's device once the model is known.
+        self.max_batch_tokens: int | None = settings.max_batch_tokens
+        self.draining = False
+        self._owns_model = model is None  # loaded here: closed here
+        self._compute: ThreadPoolExecutor | None = None
+        self._tokenizer: ThreadPoolExecutor | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True once the model is loaded and the scheduler runs, until draining begins."""
+        return (
+            self.model is not None
+            and self.batcher is not None
+            and self.batcher.running
+            and not self.draining
+        )
+
+    @property
+    def max_client_batch(self) -> int:
+        """Items per request accepted (a request larger than the queue could never fit)."""
+        return self.settings.effective_max_client_batch
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _compute_thread(self) -> ThreadPoolExecutor:
+        """The compute thread (started on first use, until :meth:`stop`)."""
+        if self._compute is None:
+            self._compute = ThreadPoolExecutor(1, thread_name_prefix=COMPUTE_THREAD_PREFIX)
+        return self._compute
+
+    def _load(self) -> Scorer:
+        return load_scorer(LoadOptions.from_settings(self.settings), self.engine)
+
+    def load(self) -> Scorer:
+        """Load the model now on the compute thread, blocking (the CLI does this before it
+        serves, so that a failure is one line and exit 1); raises ModelLoadError."""
+        if self.model is None:
+            future = self._compute_thread().submit(self._load)
+            try:
+                self.model = future.result()
+            except Exception:
+                self._end_compute_thread()  # nothing to serve
+                raise
+        return self.model
+
+    async def start(self) -> None:
+        """Load the model if needed (on the compute thread) and start the scheduler."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _start(self) -> None:
+        s = self.settings
+        compute = self._compute_thread()
+        if self.model is None:
+            self.model = await asyncio.wrap_future(compute.submit(self._load))
+        model = self.model
+        self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix=TOKENIZER_THREAD_PREFIX)
+        self.max_batch_tokens = s.batch_token_budget(model.device, model.max_length)
+        limits = BatchLimits(
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_size=s.max_batch_size,
+            max_wait_ms=s.max_wait_ms,
+            max_queue=s.max_queue,
+        )
+        if isinstance(model, SelfScheduling):
+            self.batcher = model.scheduler(limits, self.metrics)
+        else:
+            self.batcher = Batcher(
+                model.score_batch,
+                **dataclasses.asdict(limits),
+                observer=self.metrics,
+                executor=compute,
+            )
+        await self.batcher.start()
+        self.draining = False
+        scheduler = self.batcher
+        self.metrics.track_queue(lambda: float(scheduler.queued))
+        self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
+        self._warn_limits(model.max_length)
+
+    def _warn_limits(self, max_length: int) -> None:
+        """Log the settings that contradict each other."""
+        s = self.settings
+        if self.max_batch_tokens is not None and max_length > self.max_batch_tokens:
+            logger.warning(
+                "max_length %d exceeds max_batch_tokens %d: raise --max-batch-tokens or lower "
+                "--max-length",
+                max_length,
+                self.max_batch_tokens,
+            )
+        if s.max_client_batch > s.max_queue:
+            logger.warning(
+                "max_client_batch %d exceeds max_queue %d; accepting at most %d items a request",
+                s.max_client_batch,
+                s.max_queue,
+                s.max_queue,
+            )
+
+    def begin_drain(self) -> None:
+        """Report 503 on /health from now on (called first thing on SIGTERM)."""
+        if not self.draining:
+            logger.info("draining: finishing queued work before exit")
+        self.draining = True
+
+    async def stop(self) -> None:
+        """Drain: finish queued work, then stop the scheduler and the service's threads."""
+        self.begin_drain()
+        if self.batcher is not None:
+            await self.batcher.stop(drain=True)
+        await self._release()
+
+    async def _release(self) -> None:
+        """Close a model loaded here (on its thread) and end the service's threads."""
+        if self._tokenizer is not None:
+            self._tokenizer.shutdown(wait=True)
+            self._tokenizer = None
+        if self._compute is not None and self._owns_model and self.model is not None:
+            model, self.model = self.model, None
+            await asyncio.wrap_future(self._compute.submit(model.close))
+        self._end_compute_thread()
+
+    def _end_compute_thread(self) -> None:
+        if self._compute is not None:
+            self._compute.shutdown(wait=True)
+            self._compute = None
+
+    # ------------------------------------------------------------------ scoring
+
+    async def score(
+        self,
+        receive: Receive,
+        endpoint: str,
+        n_items: int,
+        render: Render,
+        truncate: bool | None,
+    ) -> tuple[list[float], list[Encoded]]:
+        """Render, tokenize and score ``n_items`` items; returns scores and encodings.
+
+        ``receive`` is the request's: if the client hangs up, its queued items are dropped.
+        """
+        # Draining does not refuse work here: after SIGTERM uvicorn accepts no new
+        # connections, so whatever still arrives was already in flight and is finished;
+        # the scheduler refuses (503) only once it stops, after those requests are done.
+        if self.model is None or self.batcher is None:
+            raise NotReadyError("the model is loading")
+        if n_items > self.max_client_batch:
+            raise TooManyItemsError(
+                f"{n_items} items in one request; the limit is {self.max_client_batch} "
+                f"(split the request)"
+            )
+        try:
+            encoded = await self._encode(self.model, render, truncate)
+            scores = await _cancel_on_disconnect(
+                receive, endpoint, self.batcher.submit([item.input_ids for item in encoded])
+            )
+            _check_scores(scores, len(encoded))
+        except KNOWN_ERRORS:  # these answer through the error table
+            raise
+        except Exception as exc:
+            logger.error("scoring failed on %s (%d items)", endpoint, n_items, exc_info=exc)
+            raise ScoringError(
+                "the reward model failed on this request; the error is in the server log"
+            ) from exc
+        self.metrics.items.labels(endpoint=endpoint).inc(len(encoded))
+        self.metrics.tokens.inc(sum(item.num_tokens for item in encoded))
+        self.metrics.truncated.inc(sum(1 for item in encoded if item.truncated))
+        return [float(s) for s in scores], encoded
+
+    async def _encode(self, model: Scorer, render: Render, truncate: bool | None) -> list[Encoded]:
+        """Render and tokenize on the tokenizer thread; every item must have a token."""
+        assert self._tokenizer is not None
+        do_truncate = (not self.settings.no_truncate) if truncate is None else truncate
+        encoded = await asyncio.get_running_loop().run_in_executor(
+            self._tokenizer, lambda: model.encode(render(model), truncate=do_truncate)
+        )
+        for i, item in enumerate(encoded):
+            if item.num_tokens == 0:
+                raise EmptyTextError(f"item {i} encodes to no tokens; nothing to score")
+        return encoded
+
+
+def _check_scores(scores: list[float], expected: int) -> None:
+    """One finite score per item, or RuntimeError (a model bug: answered as 500)."""
+    if len(scores) != expected:
+        raise RuntimeError(f"{len(scores)} scores for {expected} items")
+    for i, value in enumerate(scores):
+        if not math.isfinite(value):
+            raise RuntimeError(f"non-finite score {value} for item {i}")
+
+
+async def _cancel_on_disconnect(receive: Receive, endpoint: str, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client goes away (its queued items are dropped)."""
+    task = asyncio.ensure_future(work)
+    disconnected = False
+
+    async def watch() -> None:
+        nonlocal disconnected
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+                task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        logger.info("client disconnected from %s; its queued items were dropped", endpoint)
+        raise ClientDisconnectedError("client disconnected") from None
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher

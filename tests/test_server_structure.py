@@ -1,0 +1,137 @@
+"""The server's module seams: what imports torch, which threads live how long, the engine
+seam (an engine that schedules its own passes needs no edit of the server)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from reward_server.app import create_app
+from reward_server.batcher import Batcher, BatchLimits, BatchObserver
+from reward_server.config import ServerSettings
+from reward_server.engines import available_engines, engine_module
+from reward_server.rendering import Encoded
+from reward_server.service import THREAD_PREFIX
+
+#: Modules that must stay importable without torch (HTTP, rendering, batching).
+NO_TORCH = ["errors", "rendering", "batcher", "schemas", "routes", "exceptions", "middleware"]
+NO_TORCH += ["strict_json", "metrics", "service", "engines", "app"]
+
+
+def test_http_rendering_and_batching_modules_import_no_torch() -> None:
+    code = (
+        "import sys\n"
+        + "".join(f"import reward_server.{name}\n" for name in NO_TORCH)
+        + "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def reward_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+
+
+def test_app_started_and_stopped_twice_leaves_no_thread(gpt2_rm: Path) -> None:
+    settings = ServerSettings(model=str(gpt2_rm), max_wait_ms=1.0)
+    assert reward_threads() == []
+    for _ in range(2):  # two apps, each loading the model in its lifespan
+        with TestClient(create_app(settings)) as client:
+            assert client.post("/score", json={"texts": ["hello there"]}).status_code == 200
+            assert any(name.startswith(f"{THREAD_PREFIX}compute") for name in reward_threads())
+        assert reward_threads() == []
+    app = create_app(settings)
+    for _ in range(2):  # one app, restarted
+        with TestClient(app) as client:
+            assert client.get("/health").status_code == 200
+            assert client.post("/score", json={"texts": ["hello again"]}).status_code == 200
+        assert reward_threads() == []
+
+
+def test_engines_are_found_by_name() -> None:
+    assert available_engines() == ["transformers"]
+    assert callable(engine_module("transformers").load)
+    with pytest.raises(ValueError, match="unknown engine 'nope'; choose transformers"):
+        engine_module("nope")
+
+
+class OwnScheduler:
+    """A scheduler of the kind an async engine brings: scores each submit by itself."""
+
+    def __init__(self, limits: BatchLimits, observer: BatchObserver) -> None:
+        self.limits = limits
+        self.submits: list[int] = []
+        self.running = False
+        self.queued = 0
+
+    async def start(self) -> None:
+        self.running = True
+
+    async def stop(self, *, drain: bool = True) -> None:
+        self.running = False
+
+    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
+        self.submits.append(len(items))
+        return [float(sum(row)) for row in items]
+
+
+class SelfBatchingScorer:
+    """A scorer that schedules its own passes: the service must not wrap it in a Batcher."""
+
+    name = "self-batching"
+    device = "cpu"
+    max_length = 32
+
+    def __init__(self) -> None:
+        self.scheduler_made: OwnScheduler | None = None
+
+    def render_pairs(self, queries: Sequence[str], responses: Sequence[str]) -> list[str]:
+        return [q + r for q, r in zip(queries, responses, strict=True)]
+
+    def render_conversations(
+        self, conversations: Sequence[Sequence[Mapping[str, str]]]
+    ) -> list[str]:
+        return ["".join(m["content"] for m in conv) for conv in conversations]
+
+    def encode(self, texts: Sequence[str], *, truncate: bool) -> list[Encoded]:
+        return [
+            Encoded(input_ids=[ord(c) for c in t], truncated=False, num_tokens=len(t))
+            for t in texts
+        ]
+
+    def score_batch(self, batch: Sequence[Sequence[int]]) -> list[float]:
+        raise AssertionError("a self-scheduling scorer is never called through the batcher")
+
+    def info(self) -> dict[str, object]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def scheduler(self, limits: BatchLimits, observer: BatchObserver) -> OwnScheduler:
+        self.scheduler_made = OwnScheduler(limits, observer)
+        return self.scheduler_made
+
+
+def test_an_engine_with_its_own_scheduler_gets_the_rows() -> None:
+    scorer = SelfBatchingScorer()
+    settings = ServerSettings(model="self-batching", max_queue=100, max_batch_size=8)
+    with TestClient(create_app(settings, model=scorer)) as client:
+        r = client.post("/score", json={"texts": ["ab", "c"]})
+        assert r.status_code == 200, r.text
+        assert r.json()["scores"] == [float(ord("a") + ord("b")), float(ord("c"))]
+        service = client.app.state.service  # type: ignore[attr-defined]
+        assert service.batcher is scorer.scheduler_made
+        assert not isinstance(service.batcher, Batcher)
+    own = scorer.scheduler_made
+    assert own is not None and own.submits == [2]
+    assert own.limits.max_queue == 100 and own.limits.max_batch_size == 8
+    assert reward_threads() == []
