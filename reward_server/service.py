@@ -6,14 +6,14 @@ and the scheduler is the micro-batcher (or the engine's own).
 
 Threads, all owned by the service and gone after :meth:`Service.stop`:
 
-* ``reward-compute``: loads the model and runs every forward pass. PyTorch's CPU build
+* ``reward-server-compute``: loads the model and runs every forward pass. PyTorch's CPU build
   parallelises with GNU OpenMP, which gives every thread that starts a parallel region a
   team of its own. Once the process holds more OpenMP threads than CPUs (two teams of two on
   two cores), libgomp stops spin-waiting at its barriers and sleeps in the kernel instead,
   and every operator of a forward pass pays for the wake-ups: measured here, a MiniLM pass
   went from 21 to 25 ms as soon as a second thread had run one, and stayed there in both
   threads. Loading on the thread that later scores keeps one team.
-* ``reward-tokenize``: renders and tokenizes, off the event loop, never two calls into a
+* ``reward-server-tokenize``: renders and tokenizes, off the event loop, never two calls into a
   fast tokenizer at once (its Rust backend is not re-entrant across threads).
 """
 
@@ -56,7 +56,7 @@ __all__ = ["COMPUTE_THREAD_PREFIX", "THREAD_PREFIX", "TOKENIZER_THREAD_PREFIX", 
 T = TypeVar("T")
 
 #: Every thread the service starts has a name beginning with this.
-THREAD_PREFIX = "reward-"
+THREAD_PREFIX = "reward-server-"
 COMPUTE_THREAD_PREFIX = THREAD_PREFIX + "compute"
 TOKENIZER_THREAD_PREFIX = THREAD_PREFIX + "tokenize"
 
