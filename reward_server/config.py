@@ -142,6 +142,13 @@ class ServerSettings(BaseSettings):
     trust_remote_code: bool = Field(default=False)
     """Allow model code from the model folder or hub repo to run. Only for models you trust."""
 
+    policy_tokenizer: str | None = Field(default=None, min_length=1)
+    """The policy's tokenizer (folder or hub id; no weights are loaded). /get_reward then turns
+    each OpenRLHF query, the policy's chat-templated prompt plus response, back into the
+    conversation and scores it with the reward model's own template, as /score with
+    conversations would; a query not in that template is a 422.
+    """
+
     log_level: LogLevel = Field(default="info")
     """Log level of the server."""
 

@@ -19,6 +19,7 @@ from reward_server.exceptions import (
     ClientDisconnectedError,
     EmptyTextError,
     NotReadyError,
+    PolicyTemplateError,
     QueueFullError,
     ScoringError,
     TextTooLongError,
@@ -67,6 +68,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
     422: {
         RequestValidationError: "invalid_request",
         ChatTemplateError: "chat_template",
+        PolicyTemplateError: "policy_template",
         EmptyTextError: "empty_text",
     },
     429: {QueueFullError: "queue_full"},

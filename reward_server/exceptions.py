@@ -27,6 +27,10 @@ class ChatTemplateError(ValueError):
     """A pair or conversation needs a chat template that is missing or fails to render."""
 
 
+class PolicyTemplateError(ValueError):
+    """A text is not in the policy's chat template; ``str(e)`` says what did not match."""
+
+
 class TextTooLongError(ValueError):
     """A text is longer than ``max_length`` while truncation is off."""
 

@@ -51,6 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reward_server.exceptions import PolicyTemplateError
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -58,13 +60,10 @@ __all__ = [
     "PolicyTemplateError",
     "PolicyTemplateLoadError",
     "load_policy_template",
+    "recover_conversations",
 ]
 
 Message = dict[str, str]
-
-
-class PolicyTemplateError(ValueError):
-    """A text is not in the policy's chat template; ``str(e)`` says what did not match."""
 
 
 class PolicyTemplateLoadError(RuntimeError):
@@ -420,3 +419,24 @@ def load_policy_template(name_or_path: str, trust_remote_code: bool = False) -> 
         raise PolicyTemplateLoadError(
             f"cannot load the policy tokenizer {name_or_path!r}: {_one_line(exc)}"
         ) from exc
+
+
+def recover_conversations(
+    template: PolicyTemplate, queries: Sequence[str], prompts: Sequence[str] | None
+) -> list[list[Message]]:
+    """The conversation of each policy-templated ``queries[i]`` (split at ``prompts[i]`` when
+    given); a PolicyTemplateError names the first item that does not parse."""
+    if prompts is not None and len(prompts) not in (0, len(queries)):
+        raise PolicyTemplateError(
+            f"{len(prompts)} prompts for {len(queries)} queries: send one prompt per query or none"
+        )
+    conversations = []
+    for i, query in enumerate(queries):
+        prompt = prompts[i] if prompts else None
+        try:
+            conversations.append(template.parse(query, prompt))
+        except PolicyTemplateError as exc:
+            raise PolicyTemplateError(
+                f"query {i} is not in the policy's chat template: {exc}"
+            ) from None
+    return conversations

@@ -14,6 +14,7 @@ from reward_server import __version__
 from reward_server.errors import ERROR_DOCS, error_response
 from reward_server.exceptions import NotReadyError, UnauthorizedError
 from reward_server.metrics import CONTENT_TYPE
+from reward_server.policy_template import recover_conversations
 from reward_server.schemas import (
     ErrorResponse,
     GetRewardRequest,
@@ -75,6 +76,16 @@ def _render_request(body: ScoreRequest) -> Render:
     return lambda model: model.render_conversations(conversations)
 
 
+def _render_queries(body: GetRewardRequest, service: Service) -> Render:
+    """As given, or through the policy's template back to conversations (in the tokenizer
+    thread with the rest of the rendering)."""
+    texts, template = body.query, service.policy_template
+    if template is None:
+        return lambda model: list(texts)
+    prompts = body.prompts
+    return lambda model: model.render_conversations(recover_conversations(template, texts, prompts))
+
+
 @router.post("/score", response_model=ScoreResponse, responses=ERROR_DOCS)
 async def score(
     body: ScoreRequest, request: Request, service: ServiceDep, _auth: Authorized
@@ -96,13 +107,14 @@ async def score(
 async def get_reward(
     body: GetRewardRequest, request: Request, service: ServiceDep, _auth: Authorized
 ) -> GetRewardResponse:
-    """OpenRLHF remote reward: score complete texts given as ``query``."""
+    """OpenRLHF remote reward: score complete texts given as ``query`` (with --policy-tokenizer,
+    their conversations recovered from the policy's chat template)."""
     texts = body.query
     if not texts:
         # OpenRLHF before 0.11.2 sends empty shards to all but one of several servers.
         return GetRewardResponse(rewards=[], scores=[], extra_logs={})
     scores, encoded = await service.score(
-        request.receive, "/get_reward", len(texts), lambda model: list(texts), None
+        request.receive, "/get_reward", len(texts), _render_queries(body, service), None
     )
     return GetRewardResponse(
         rewards=scores,
@@ -144,6 +156,7 @@ async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
             "max_queue": s.max_queue,
             "max_body_bytes": s.max_body_bytes,
             "auth": s.api_key is not None,
+            "policy_tokenizer": s.policy_tokenizer,
             "version": __version__,
         }
     )

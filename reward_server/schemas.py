@@ -140,7 +140,11 @@ class GetRewardRequest(BaseModel):
         description="Complete texts (prompt + response), scored as given; an empty list "
         "gets empty answers (OpenRLHF sends those to all but one of several servers)."
     )
-    prompts: list[StrictStr] | None = Field(default=None, description="Accepted and ignored.")
+    prompts: list[StrictStr] | None = Field(
+        default=None,
+        description="The policy-templated prompt of each query: with --policy-tokenizer it "
+        "marks where the response begins; ignored otherwise.",
+    )
     labels: list[Any] | None = Field(default=None, description="Accepted and ignored.")
 
 
@@ -175,6 +179,10 @@ class InfoResponse(BaseModel):
     max_queue: int
     max_body_bytes: int
     auth: bool = Field(description="Whether /score, /get_reward and /info need a bearer key.")
+    policy_tokenizer: str | None = Field(
+        default=None,
+        description="The policy tokenizer whose chat template /get_reward undoes, if any.",
+    )
     version: str
 
 

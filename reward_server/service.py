@@ -42,11 +42,17 @@ from reward_server.errors import KNOWN_ERRORS
 from reward_server.exceptions import (
     ClientDisconnectedError,
     EmptyTextError,
+    ModelLoadError,
     NotReadyError,
     ScoringError,
     TooManyItemsError,
 )
 from reward_server.metrics import Metrics
+from reward_server.policy_template import (
+    PolicyTemplate,
+    PolicyTemplateLoadError,
+    load_policy_template,
+)
 from reward_server.rendering import Encoded
 
 logger = logging.getLogger("reward_server")
@@ -89,6 +95,8 @@ class Service:
         self._owns_model = model is None  # loaded here: closed here
         self._compute: ThreadPoolExecutor | None = None
         self._tokenizer: ThreadPoolExecutor | None = None
+        #: The policy's chat template, undone on /get_reward (--policy-tokenizer).
+        self.policy_template: PolicyTemplate | None = None
 
     @property
     def ready(self) -> bool:
@@ -116,16 +124,27 @@ class Service:
     def _load(self) -> Scorer:
         return load_scorer(LoadOptions.from_settings(self.settings), self.engine)
 
+    def _load_policy_template(self) -> None:
+        """Learn the policy's chat template (--policy-tokenizer) once; ModelLoadError if not."""
+        name = self.settings.policy_tokenizer
+        if name is None or self.policy_template is not None:
+            return
+        try:
+            self.policy_template = load_policy_template(name, self.settings.trust_remote_code)
+        except PolicyTemplateLoadError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        logger.info("policy template of %s learned: %s", name, self.policy_template.shape)
+
     def load(self) -> Scorer:
         """Load the model now on the compute thread, blocking (the CLI does this before it
         serves, so that a failure is one line and exit 1); raises ModelLoadError."""
-        if self.model is None:
-            future = self._compute_thread().submit(self._load)
-            try:
-                self.model = future.result()
-            except Exception:
-                self._end_compute_thread()  # nothing to serve
-                raise
+        try:
+            self._load_policy_template()
+            if self.model is None:
+                self.model = self._compute_thread().submit(self._load).result()
+        except Exception:
+            self._end_compute_thread()  # nothing to serve
+            raise
         return self.model
 
     async def start(self) -> None:
@@ -139,6 +158,7 @@ class Service:
     async def _start(self) -> None:
         s = self.settings
         compute = self._compute_thread()
+        await asyncio.to_thread(self._load_policy_template)
         if self.model is None:
             self.model = await asyncio.wrap_future(compute.submit(self._load))
         model = self.model
