@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import types
 import typing
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,13 +22,6 @@ __all__ = ["ConfigError", "PPOConfig"]
 
 class ConfigError(ValueError):
     """An invalid configuration: unknown key, wrong type or inconsistent sizes."""
-
-
-def _exact_div(a: int, b: int, what: str) -> int:
-    """``a // b``, raising a :class:`ConfigError` that explains ``what`` when it has a remainder."""
-    if b <= 0 or a % b != 0:
-        raise ConfigError(f"{what} ({a} is not a multiple of {b})")
-    return a // b
 
 
 @dataclass
@@ -150,15 +142,6 @@ class PPOConfig:
     gamma: float = 1.0
     lam: float = 0.95
 
-    # --- derived by derive_sizes() (TRL names; not to be set by hand) ---------------------
-    world_size: int | None = field(default=None, metadata={"derived": True})
-    local_batch_size: int | None = field(default=None, metadata={"derived": True})
-    micro_batch_size: int | None = field(default=None, metadata={"derived": True})
-    local_mini_batch_size: int | None = field(default=None, metadata={"derived": True})
-    mini_batch_size: int | None = field(default=None, metadata={"derived": True})
-    batch_size: int | None = field(default=None, metadata={"derived": True})
-    num_total_batches: int | None = field(default=None, metadata={"derived": True})
-
     def __post_init__(self) -> None:
         """Check the values that do not depend on the world size or the dataset."""
         if self.model_name_or_path is None and self.sft_model_path is not None:
@@ -194,53 +177,6 @@ class PPOConfig:
             raise ConfigError(f"total_episodes must be >= 1, got {self.total_episodes}")
         if self.save_steps <= 0:
             raise ConfigError(f"save_steps must be > 0, got {self.save_steps}")
-
-    # --------------------------------------------------------------------------- sizes
-
-    def derive_sizes(self, world_size: int, dataset_size: int) -> None:
-        """Fill the derived batch sizes (as TRL's PPO names them) and check they divide evenly.
-
-        One optimiser step uses ``per_device_train_batch_size * gradient_accumulation_steps``
-        rollouts per rank (a mini-batch); a PPO epoch goes over ``num_mini_batches`` of them.
-        """
-        self.world_size = world_size
-        self.local_mini_batch_size = self.per_device_train_batch_size * (
-            self.gradient_accumulation_steps
-        )
-        self.local_batch_size = self.local_mini_batch_size * self.num_mini_batches
-        self.micro_batch_size = self.per_device_train_batch_size * world_size
-        self.batch_size = self.local_batch_size * world_size
-        self.mini_batch_size = _exact_div(
-            self.batch_size,
-            self.num_mini_batches,
-            "batch_size (per_device_train_batch_size * gradient_accumulation_steps * "
-            "num_mini_batches * world_size) must be a multiple of num_mini_batches",
-        )
-        if self.whiten_rewards and self.local_mini_batch_size < 8:
-            raise ConfigError(
-                f"whiten_rewards needs at least 8 rollouts per rank and mini-batch, got "
-                f"{self.local_mini_batch_size} (per_device_train_batch_size x "
-                "gradient_accumulation_steps)"
-            )
-        if dataset_size < self.batch_size:
-            raise ConfigError(
-                f"the dataset has {dataset_size} prompts, fewer than one batch of "
-                f"{self.batch_size} (per_device_train_batch_size {self.per_device_train_batch_size}"
-                f" x gradient_accumulation_steps {self.gradient_accumulation_steps} x "
-                f"num_mini_batches {self.num_mini_batches} x world_size {world_size})"
-            )
-        if self.total_episodes is None:
-            self.total_episodes = int(self.num_train_epochs * dataset_size)
-        if self.total_episodes < 1:
-            raise ConfigError("total_episodes (or num_train_epochs * dataset size) must be >= 1")
-        # We may train on a few more episodes than asked, as TRL does.
-        self.num_total_batches = math.ceil(self.total_episodes / self.batch_size)
-
-    def save_every(self) -> int:
-        """``save_steps`` as a number of steps (a fraction is relative to the total)."""
-        if self.save_steps < 1:
-            return max(1, math.ceil((self.num_total_batches or 1) * self.save_steps))
-        return int(self.save_steps)
 
     def resolved_stop_token_id(self, eos_token_id: int | None) -> int | None:
         """The token that ends a response: ``stop_token_id``, EOS for ``stop_token: eos``, or None."""
