@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import os
 import types
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import yaml
 from pydantic import (
@@ -43,13 +42,6 @@ __all__ = [
 
 class ConfigError(ValueError):
     """An invalid configuration: unknown key, wrong type or inconsistent sizes."""
-
-
-def _exact_div(a: int, b: int, what: str) -> int:
-    """``a // b``, raising a :class:`ConfigError` that explains ``what`` when it has a remainder."""
-    if b <= 0 or a % b != 0:
-        raise ConfigError(f"{what} ({a} is not a multiple of {b})")
-    return a // b
 
 
 class RewardEnvironment(BaseSettings):
@@ -261,7 +253,7 @@ class PPOConfig(BaseModel):
     @classmethod
     def field_names(cls) -> list[str]:
         """Names a user may set (derived sizes excluded)."""
-        return [name for name in cls.model_fields if name not in cls._DERIVED]
+        return list(cls.model_fields)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> PPOConfig:
@@ -319,72 +311,6 @@ class PPOConfig(BaseModel):
             parser.add_argument(f"--{name}", help=help_text, **kwargs)
             if "_" in name:  # the same key with dashes, left out of --help
                 parser.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS, **kwargs)
-
-    # --- derived by derive_sizes() (TRL names; not to be set by hand) ---------------------
-    # One block, from here to the end of the class.
-    _DERIVED: ClassVar[frozenset[str]] = frozenset(
-        {
-            "world_size",
-            "local_batch_size",
-            "micro_batch_size",
-            "local_mini_batch_size",
-            "mini_batch_size",
-            "batch_size",
-            "num_total_batches",
-        }
-    )
-    world_size: int | None = None
-    local_batch_size: int | None = None
-    micro_batch_size: int | None = None
-    local_mini_batch_size: int | None = None
-    mini_batch_size: int | None = None
-    batch_size: int | None = None
-    num_total_batches: int | None = None
-
-    def derive_sizes(self, world_size: int, dataset_size: int) -> None:
-        """Fill the derived batch sizes (as TRL's PPO names them) and check they divide evenly.
-
-        One optimiser step uses ``per_device_train_batch_size * gradient_accumulation_steps``
-        rollouts per rank (a mini-batch); a PPO epoch goes over ``num_mini_batches`` of them.
-        """
-        self.world_size = world_size
-        self.local_mini_batch_size = self.per_device_train_batch_size * (
-            self.gradient_accumulation_steps
-        )
-        self.local_batch_size = self.local_mini_batch_size * self.num_mini_batches
-        self.micro_batch_size = self.per_device_train_batch_size * world_size
-        self.batch_size = self.local_batch_size * world_size
-        self.mini_batch_size = _exact_div(
-            self.batch_size,
-            self.num_mini_batches,
-            "batch_size (per_device_train_batch_size * gradient_accumulation_steps * "
-            "num_mini_batches * world_size) must be a multiple of num_mini_batches",
-        )
-        if self.whiten_rewards and self.local_mini_batch_size < 8:
-            raise ConfigError(
-                f"whiten_rewards needs at least 8 rollouts per rank and mini-batch, got "
-                f"{self.local_mini_batch_size} (per_device_train_batch_size x "
-                "gradient_accumulation_steps)"
-            )
-        if dataset_size < self.batch_size:
-            raise ConfigError(
-                f"the dataset has {dataset_size} prompts, fewer than one batch of "
-                f"{self.batch_size} (per_device_train_batch_size {self.per_device_train_batch_size}"
-                f" x gradient_accumulation_steps {self.gradient_accumulation_steps} x "
-                f"num_mini_batches {self.num_mini_batches} x world_size {world_size})"
-            )
-        if self.total_episodes is None:
-            self.total_episodes = int(self.num_train_epochs * dataset_size)
-        if self.total_episodes < 1:
-            raise ConfigError("total_episodes (or num_train_epochs * dataset size) must be >= 1")
-        # We may train on a few more episodes than asked, as TRL does.
-        self.num_total_batches = math.ceil(self.total_episodes / self.batch_size)
-
-    def save_every(self) -> int:
-        """``save_steps`` as a number of steps (a fraction is relative to the total)."""
-        if self.save_steps < 1:
-            return max(1, math.ceil((self.num_total_batches or 1) * self.save_steps))
-        return int(self.save_steps)
 
 
 # ------------------------------------------------------------------------- YAML and flags

@@ -8,17 +8,25 @@ before response token ``t`` is emitted, ``logprobs[:, t]`` the log-probability o
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol
 
 import torch
 
 KLEstimator = Literal["k1", "k3"]
 
 __all__ = [
+    "AdvantageParams",
+    "Advantages",
     "KLEstimator",
     "PolicyLoss",
+    "ScoredRollout",
+    "UpdateStats",
     "ValueLoss",
+    "compute_advantages",
     "compute_gae",
+    "contains_token",
     "entropy_from_logits",
     "first_true_indices",
     "kl_penalty",
@@ -99,6 +107,15 @@ def response_mask(seq_lengths: torch.Tensor, length: int) -> torch.Tensor:
     """Mask (B, T) that is true on positions ``0..seq_lengths`` of each row."""
     positions = torch.arange(length, device=seq_lengths.device)
     return positions.unsqueeze(0) <= seq_lengths.unsqueeze(-1)
+
+
+def contains_token(
+    responses: torch.Tensor, token_id: int | None, mask: torch.Tensor
+) -> torch.Tensor:
+    """Whether each response (B,) holds ``token_id`` among its real tokens (false if None)."""
+    if token_id is None:
+        return torch.zeros(responses.size(0), dtype=torch.bool, device=responses.device)
+    return ((responses == token_id) & mask).any(-1)
 
 
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -227,3 +244,96 @@ def value_loss(
     with torch.no_grad():
         clipfrac = masked_mean((vf_losses2 > vf_losses1).float(), mask)
     return ValueLoss(loss, clipfrac)
+
+
+# ================================================================================= one update
+
+
+class ScoredRollout(Protocol):
+    """What advantages are computed from: a batch of scored rollouts (B rows, T tokens)."""
+
+    responses: torch.Tensor  # (B, T), padding after the stop token
+    seq_lengths: torch.Tensor  # (B,), index of each response's last token
+    logprobs: torch.Tensor  # (B, T), policy at rollout time
+    ref_logprobs: torch.Tensor  # (B, T)
+    values: torch.Tensor  # (B, T)
+    raw_scores: torch.Tensor  # (B,), as the reward returned them
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    """How scores become per-token rewards and advantages (the PPOConfig options of the same
+    names; ``eos_token_id`` is the token whose absence costs ``missing_eos_penalty``)."""
+
+    reward_baseline: float
+    reward_scale: float
+    missing_eos_penalty: float | None
+    eos_token_id: int | None
+    kl_estimator: KLEstimator
+    kl_coef: float
+    whiten_rewards: bool
+    gamma: float
+    lam: float
+
+
+class Advantages(NamedTuple):
+    """Per-token rewards, advantages and returns of a batch of rollouts, with their parts."""
+
+    mask: torch.Tensor  # (B, T) response mask
+    scores: torch.Tensor  # (B,) transformed scores
+    has_eos: torch.Tensor  # (B,) whether the response holds the EOS (stop) token
+    kl: torch.Tensor  # (B, T) per-token KL estimate, masked
+    non_score_reward: torch.Tensor  # (B, T) the KL penalty alone
+    values: torch.Tensor  # (B, T) masked rollout values
+    advantages: torch.Tensor  # (B, T) whitened, masked
+    returns: torch.Tensor  # (B, T)
+
+
+@torch.no_grad()
+def compute_advantages(r: ScoredRollout, p: AdvantageParams) -> Advantages:
+    """Scores -> per-token rewards -> GAE advantages and returns (all masked)."""
+    mask = response_mask(r.seq_lengths, r.responses.size(1))  # (B, T)
+    # score' = (score - baseline) * scale, minus the penalty where the response never ended
+    scores = (r.raw_scores - p.reward_baseline) * p.reward_scale  # (B,)
+    has_eos = contains_token(r.responses, p.eos_token_id, mask)  # (B,)
+    if p.missing_eos_penalty is not None:
+        scores = torch.where(has_eos, scores, scores - p.missing_eos_penalty)
+    kl = kl_penalty(r.logprobs, r.ref_logprobs, p.kl_estimator, mask)  # (B, T)
+    rewards, non_score_reward = per_token_rewards(kl, scores, r.seq_lengths, p.kl_coef)
+    if p.whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
+    values = r.values * mask
+    advantages, returns = compute_gae(values, rewards, p.gamma, p.lam, mask)
+    advantages = masked_whiten(advantages, mask) * mask
+    return Advantages(mask, scores, has_eos, kl, non_score_reward, values, advantages, returns)
+
+
+@dataclass
+class UpdateStats:
+    """Statistics of every micro-batch of one update, each (epochs, mini-batches, micro-batches)."""
+
+    approxkl: torch.Tensor
+    pg_clipfrac: torch.Tensor
+    pg_loss: torch.Tensor
+    vf_loss: torch.Tensor
+    vf_clipfrac: torch.Tensor
+    entropy: torch.Tensor
+    ratio: torch.Tensor
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, int, int], device: torch.device) -> UpdateStats:
+        """All statistics zero."""
+        return cls(*(torch.zeros(shape, device=device) for _ in dataclasses.fields(cls)))
+
+    @torch.no_grad()
+    def record(
+        self, at: tuple[int, int, int], pg: PolicyLoss, vf: ValueLoss, entropy: torch.Tensor
+    ) -> None:
+        """Store one micro-batch's losses, their diagnostics and its mean entropy at ``at``."""
+        self.approxkl[at] = pg.approxkl
+        self.pg_clipfrac[at] = pg.clipfrac
+        self.pg_loss[at] = pg.loss.detach()
+        self.vf_loss[at] = vf.loss.detach()
+        self.vf_clipfrac[at] = vf.clipfrac
+        self.entropy[at] = entropy
+        self.ratio[at] = pg.ratio

@@ -1,4 +1,5 @@
-"""Rollout helpers: encode prompts for the policy, sample responses, and turn them into text.
+"""The rollout step: encode prompts for the policy, sample responses, turn them into text for
+the reward, and compute the log-probs and values PPO needs (:class:`RolloutCollector`).
 
 The reward side only ever sees text: the prompt as the user wrote it (chat prompts as their
 original messages) and the response decoded with the policy tokenizer without special tokens.
@@ -7,17 +8,36 @@ original messages) and the response decoded with the policy tokenizer without sp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from ppo_client import ppo
+from ppo_client.ppo import contains_token
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch import nn
+
+    from ppo_client.config import PPOConfig
+    from ppo_client.models import PolicyAndValue, Reference
 
 __all__ = [
     "EncodedPrompts",
     "Prompt",
     "RewardInputs",
+    "Rollout",
+    "RolloutCollector",
+    "RolloutTensors",
+    "ScoreFn",
+    "Scores",
     "contains_token",
     "encode_prompts",
     "generate_responses",
@@ -27,6 +47,8 @@ __all__ = [
     "reward_inputs",
     "sampling_config",
 ]
+
+logger = logging.getLogger(__name__)
 
 Message: TypeAlias = dict[str, str]
 Prompt: TypeAlias = str | list[Message]
@@ -205,10 +227,165 @@ def reward_inputs(
     return RewardInputs(out, list(response_texts))
 
 
-def contains_token(
-    responses: torch.Tensor, token_id: int | None, mask: torch.Tensor
-) -> torch.Tensor:
-    """Whether each response (B,) holds ``token_id`` among its real tokens (false if None)."""
-    if token_id is None:
-        return torch.zeros(responses.size(0), dtype=torch.bool, device=responses.device)
-    return ((responses == token_id) & mask).any(-1)
+# ================================================================================= the step
+
+
+class Scores(NamedTuple):
+    """The reward's scores of some rollouts and, when it reports it, which inputs it truncated."""
+
+    scores: list[float]
+    truncated: list[bool] | None
+
+
+#: Scores the decoded rollouts of one chunk (called on the reward worker thread).
+ScoreFn: TypeAlias = Callable[[RewardInputs], Scores]
+
+
+@dataclass
+class RolloutTensors:
+    """The tensors of a batch of rollouts (all on the device)."""
+
+    query_responses: torch.Tensor  # (B, P + T)
+    attention_mask: torch.Tensor  # (B, P + T), zero on prompt padding and after the stop token
+    position_ids: torch.Tensor  # (B, P + T)
+    responses: torch.Tensor  # (B, T)
+    seq_lengths: torch.Tensor  # (B,)
+    logprobs: torch.Tensor  # (B, T)
+    ref_logprobs: torch.Tensor  # (B, T)
+    values: torch.Tensor  # (B, T)
+
+
+@dataclass
+class Rollout(RolloutTensors):
+    """One update's rollouts on this rank: the tensors, the texts the reward saw, its scores."""
+
+    prompts: list[Prompt]
+    texts: RewardInputs
+    raw_scores: torch.Tensor  # (B,)
+    truncated: list[bool] | None
+    reward_wait_s: float
+
+
+def _join(results: Sequence[Scores]) -> Scores:
+    """The chunks' scores in order; truncation flags only if every chunk reported them."""
+    truncated: list[bool] | None = None
+    if all(r.truncated is not None for r in results):
+        truncated = [bool(x) for r in results for x in (r.truncated or [])]
+    return Scores([s for r in results for s in r.scores], truncated)
+
+
+def _concat(chunks: Sequence[RolloutTensors]) -> dict[str, torch.Tensor]:
+    """Each tensor of the chunks concatenated along the batch, in chunk order: (B, ...)."""
+    return {
+        f.name: torch.cat([getattr(c, f.name) for c in chunks], 0)
+        for f in dataclasses.fields(RolloutTensors)
+    }
+
+
+@dataclass
+class RolloutCollector:
+    """Steps 2-3 of an update: generate, truncate, decode and score each chunk of prompts;
+    while a chunk's reward request is in flight, compute its policy and reference log-probs
+    and its values."""
+
+    config: PPOConfig
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    reference: Reference
+    score: ScoreFn
+    stop_token_id: int | None
+    pad_token_id: int
+    gen_config: GenerationConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.gen_config = sampling_config(
+            cfg.response_length, cfg.temperature, self.stop_token_id, self.pad_token_id
+        )
+
+    @torch.no_grad()
+    def collect(self, model: nn.Module, prompts: list[Prompt], pool: Executor) -> Rollout:
+        """Rollouts of ``prompts`` by the (prepared) ``model``; rewards scored on ``pool``."""
+        cfg, device = self.config, self.accelerator.device
+        enc = encode_prompts(self.tokenizer, prompts, self.pad_token_id, cfg.max_prompt_length)
+        if enc.num_truncated:
+            logger.debug("%d prompt(s) cut to max_prompt_length", enc.num_truncated)
+        queries = enc.input_ids.to(device)  # (B, P), left-padded
+        query_mask = enc.attention_mask.to(device)
+        wrapper: PolicyAndValue = self.accelerator.unwrap_model(model)
+        wrapper.eval()
+        chunk = cfg.local_rollout_forward_batch_size
+        futures: list[Future[Scores]] = []
+        chunks: list[RolloutTensors] = []
+        texts = RewardInputs([], [])
+        reward_wait_s = 0.0  # time this thread was blocked on the reward function
+        for start in range(0, queries.size(0), chunk):
+            rows = slice(start, start + chunk)
+            query, qmask = queries[rows], query_mask[rows]
+            # a. sample (pure sampling at the configured temperature)
+            responses = generate_responses(wrapper.policy, query, qmask, self.gen_config, chunk)
+            # b. truncate at the stop token; the response ends at index seq_len (inclusive)
+            seq_lengths = ppo.sequence_lengths(responses, self.stop_token_id)  # (b,)
+            resp_mask = ppo.response_mask(seq_lengths, cfg.response_length)  # (b, T)
+            responses = responses.masked_fill(~resp_mask, self.pad_token_id)
+            # c. decode to text and score it on the worker thread
+            chunk_texts = reward_inputs(
+                self.tokenizer, prompts[rows], query, qmask, responses, seq_lengths
+            )
+            # (An inline executor scores right here: that time counts as waited, too.)
+            submitted = time.perf_counter()
+            futures.append(pool.submit(self.score, chunk_texts))
+            reward_wait_s += time.perf_counter() - submitted
+            texts.prompts.extend(chunk_texts.prompts)
+            texts.responses.extend(chunk_texts.responses)
+            # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
+            chunks.append(self._passes(wrapper, query, qmask, responses, resp_mask, seq_lengths))
+        # e. collect the scores; only the time spent blocked here is network the GPU did not hide
+        waited = time.perf_counter()
+        results = [f.result() for f in futures]
+        reward_wait_s += time.perf_counter() - waited
+        wrapper.train()
+        scored = _join(results)
+        return Rollout(
+            **_concat(chunks),
+            prompts=prompts,
+            texts=texts,
+            raw_scores=torch.tensor(scored.scores, dtype=torch.float32, device=device),
+            truncated=scored.truncated,
+            reward_wait_s=reward_wait_s,
+        )
+
+    def _passes(
+        self,
+        wrapper: PolicyAndValue,
+        query: torch.Tensor,
+        query_mask: torch.Tensor,
+        responses: torch.Tensor,
+        response_mask: torch.Tensor,
+        seq_lengths: torch.Tensor,
+    ) -> RolloutTensors:
+        """Policy and reference log-probs and values (b, T) of one sampled chunk."""
+        temperature = self.config.temperature
+        query_response = torch.cat([query, responses], 1)  # (b, P + T)
+        attention_mask = torch.cat([query_mask, response_mask.long()], 1)
+        position_ids = position_ids_from_mask(attention_mask)
+        with self.accelerator.autocast():
+            logits = wrapper.policy_logits(query_response, attention_mask, position_ids)
+            logprobs = ppo.logprobs_from_logits(logits / temperature, responses)
+            del logits
+            ref_logits = self.reference.logits(
+                wrapper, query_response, attention_mask, position_ids
+            )
+            ref_logprobs = ppo.logprobs_from_logits(ref_logits / temperature, responses)
+            del ref_logits
+            values = wrapper.values(query_response, attention_mask, position_ids)
+        return RolloutTensors(
+            query_response,
+            attention_mask,
+            position_ids,
+            responses,
+            seq_lengths,
+            logprobs,
+            ref_logprobs,
+            values,
+        )

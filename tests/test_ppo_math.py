@@ -232,3 +232,45 @@ def test_clipped_value_loss() -> None:
     assert_close(out.clipfrac, 2 / 3)
     masked = ppo.value_loss(vpred, old_values, returns, torch.tensor([[True, False, False]]), 0.2)
     assert_close(masked.loss, 0.5 * 1.69)
+
+
+# ----------------------------------------------------------------------------- one update
+
+
+def test_compute_advantages_transforms_scores_and_runs_gae() -> None:
+    """Row 0 stops at its EOS (id 2) at index 1; row 1 never does and is penalised."""
+    from types import SimpleNamespace
+
+    rollout = SimpleNamespace(
+        responses=torch.tensor([[5, 2, 0], [5, 6, 7]]),
+        seq_lengths=torch.tensor([1, 2]),
+        logprobs=t([-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0]),
+        ref_logprobs=t([-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0]),  # policy == reference: KL 0
+        values=t([0.5, 0.25, 9.0], [0.0, 0.0, 0.0]),
+        raw_scores=t(3.0, 3.0),
+    )
+    params = ppo.AdvantageParams(
+        reward_baseline=1.0,
+        reward_scale=0.5,
+        missing_eos_penalty=0.25,
+        eos_token_id=2,
+        kl_estimator="k1",
+        kl_coef=0.1,
+        whiten_rewards=False,
+        gamma=1.0,
+        lam=1.0,
+    )
+    a = ppo.compute_advantages(rollout, params)  # type: ignore[arg-type]
+    assert a.has_eos.tolist() == [True, False]
+    # (3 - 1) * 0.5 = 1; row 1 without EOS: 1 - 0.25
+    assert_close(a.scores, [1.0, 0.75])
+    assert a.mask.tolist() == [[True, True, False], [True, True, True]]
+    assert_close(a.kl, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    # the value after the last token is masked to 0 (9.0 is beyond the terminal state)
+    assert_close(a.values, [[0.5, 0.25, 0.0], [0.0, 0.0, 0.0]])
+    # gamma = lam = 1: returns are the reward to go, the score at the last token
+    assert_close(a.returns, [[1.0, 1.0, 0.0], [0.75, 0.75, 0.75]])
+    # advantages = returns - values = [0.5, 0.75, 0.75, 0.75, 0.75] on the mask, whitened
+    raw = t([0.5, 0.75, 0.0], [0.75, 0.75, 0.75])
+    assert_close(a.advantages, ppo.masked_whiten(raw, a.mask) * a.mask)
+    assert float(ppo.masked_mean(a.advantages, a.mask)) == pytest.approx(0.0, abs=1e-7)

@@ -191,7 +191,7 @@ def test_log_prob_forward_reproduces_the_sampling_distribution(gpt2_policy: Path
     sees exactly the logits that generation sampled from (positions from the mask)."""
     from transformers import AutoModelForSequenceClassification
 
-    from ppo_client.trainer import PolicyAndValue
+    from ppo_client.models import PolicyAndValue
 
     policy = AutoModelForCausalLM.from_pretrained(gpt2_policy).eval()
     critic = AutoModelForSequenceClassification.from_pretrained(gpt2_policy, num_labels=1)

@@ -137,25 +137,6 @@ def test_config_rejects_unknown_keys_and_bad_values() -> None:
         PPOConfig.from_args(["--kl_estimator", "k2"])
 
 
-def test_derived_batch_sizes() -> None:
-    cfg = PPOConfig(
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=3,
-        num_mini_batches=2,
-        total_episodes=100,
-    )
-    cfg.derive_sizes(world_size=2, dataset_size=50)
-    # one optimiser step = 2 x 3 rollouts per rank; 2 of them per PPO epoch
-    assert (cfg.local_mini_batch_size, cfg.local_batch_size) == (6, 12)
-    assert (cfg.batch_size, cfg.mini_batch_size, cfg.micro_batch_size) == (24, 12, 4)
-    assert cfg.num_total_batches == math.ceil(100 / 24)
-    with pytest.raises(ConfigError, match="fewer than one batch"):
-        cfg.derive_sizes(world_size=2, dataset_size=10)
-    cfg.whiten_rewards = True
-    with pytest.raises(ConfigError, match="whiten_rewards needs at least 8"):
-        cfg.derive_sizes(world_size=2, dataset_size=50)
-
-
 # ----------------------------------------------------------------------------- runs
 
 
@@ -569,7 +550,7 @@ def test_missing_tracker_is_skipped_with_a_warning(
     if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
         pytest.skip("tensorboard is installed here")
     cfg = make_config(gpt2_policy, tmp_path / "run", total_episodes=8, report_to="tensorboard")
-    with caplog.at_level("WARNING", logger="ppo_client.trainer"):
+    with caplog.at_level("WARNING", logger="ppo_client.reporting"):
         history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward).train()
     assert len(history) == 1
     assert "tensorboard is not installed" in caplog.text

@@ -1,0 +1,129 @@
+"""The reward as the trainer calls it: any ``(prompts, responses) -> scores`` callable or a
+:class:`~ppo_client.client.RewardClient`, on a worker thread (overlapped with the rollout's
+forward passes) or inline."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+
+from ppo_client.config import ConfigError, PPOConfig
+from ppo_client.rollout import Prompt, RewardInputs, Scores
+
+__all__ = [
+    "RewardFn",
+    "default_overlap",
+    "default_reward_fn",
+    "reward_executor",
+    "score_rollouts",
+]
+
+#: Any callable ``(prompts, responses) -> scores`` can be the reward.
+RewardFn = Callable[[list[Prompt], list[str]], Sequence[float]]
+
+
+def default_reward_fn(config: PPOConfig) -> RewardFn:
+    """A RewardClient for ``config.reward_url``."""
+    if not config.reward_url:
+        raise ConfigError("set reward_url (the reward server) or pass reward_fn")
+    from ppo_client.client import RewardClient
+
+    return RewardClient(
+        config.reward_url,
+        api_key=config.reward_api_key,
+        timeout=config.reward_timeout,
+        max_retries=config.reward_max_retries,
+    )
+
+
+def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:
+    """Call the reward function (on the worker thread); scores and, if known, truncation.
+
+    An object with ``score_pairs_detailed`` or ``score_detailed`` (the RewardClient) also
+    reports which inputs the server truncated; chat prompts go to ``score_detailed`` as
+    conversations ending with the response.
+    """
+    fn: Any = reward_fn
+    prompts, responses = inputs.prompts, inputs.responses
+    truncated: list[bool] | None = None
+    if hasattr(fn, "score_pairs_detailed"):
+        result = fn.score_pairs_detailed(prompts, responses)
+        scores, truncated = list(result.scores), list(result.truncated)
+    elif hasattr(fn, "score_detailed"):
+        if all(isinstance(p, str) for p in prompts):
+            result = fn.score_detailed(queries=prompts, responses=responses)
+        else:
+            conversations = [
+                [*p, {"role": "assistant", "content": r}]
+                for p, r in zip(prompts, responses, strict=True)
+            ]
+            result = fn.score_detailed(conversations=conversations)
+        scores, truncated = list(result.scores), list(result.truncated)
+    else:
+        scores = list(fn(prompts, responses))
+    if len(scores) != len(responses):
+        raise ValueError(
+            f"the reward function returned {len(scores)} scores for {len(responses)} responses"
+        )
+    scores = [float(s) for s in scores]
+    if not all(math.isfinite(s) for s in scores):
+        raise ValueError(f"the reward function returned a non-finite score: {scores}")
+    return Scores(scores, truncated)
+
+
+def _on_this_machine(url: str) -> bool:
+    """True when ``url``'s host is this machine (a loopback or unspecified address, or its
+    own host name)."""
+    host = (urlsplit(url).hostname or "").lower()
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return ip.is_loopback or ip.is_unspecified
+    # A name: compare with this host's own (getfqdn may ask DNS, so it goes last).
+    return host in ("localhost", socket.gethostname().lower()) or host == socket.getfqdn().lower()
+
+
+def default_overlap(reward_fn: object, device: torch.device) -> bool:
+    """Whether the trainer overlaps reward calls with its passes when not told.
+
+    Overlap hides the reward's time only where the reward has processors of its own: an
+    HTTP client to a server elsewhere, or any server while the trainer runs on a GPU. A
+    reward computed in process, or a server on this machine while the trainer runs on its
+    CPU, competes with the passes for the same cores; two busy-waiting thread teams on them
+    made CPU steps slower, not faster (BENCHMARKS.md, PPO step).
+    """
+    from ppo_client.client import RewardClient
+
+    if not isinstance(reward_fn, RewardClient):
+        return False
+    if device.type != "cpu":
+        return True
+    return not all(_on_this_machine(url) for url in reward_fn.base_urls)
+
+
+class _InlineExecutor(Executor):
+    """Runs each submitted call at once on the calling thread (the reward not overlapped)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
+def reward_executor(overlap: bool) -> Executor:
+    """Where reward calls run: one worker thread ("ppo-reward") when overlapped, else inline."""
+    if overlap:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-reward")
+    return _InlineExecutor()
