@@ -93,17 +93,22 @@ def _train(args: argparse.Namespace, rest: Sequence[str]) -> int:
         print(f"ppo-client train: {exc}", file=sys.stderr)
         return 2
     from ppo_client.client import RewardClientError
+    from ppo_client.stopping import TrainingStopped
 
     try:
         trainer.train()
-    except RewardClientError as exc:
-        # The reward server failed for good (after retries): say so without a traceback.
+    except (RewardClientError, TrainingStopped, KeyboardInterrupt) as exc:
+        # The reward server failed for good (after retries) or a signal came: the trainer
+        # checkpointed its last completed update; say so without a traceback.
+        reason = str(exc) or "interrupted"
         print(
-            f"ppo-client train: stopped at step {trainer.state.step}: {exc}; resume with "
+            f"ppo-client train: stopped at step {trainer.state.step}: {reason}; resume with "
             "--resume_from_checkpoint latest",
             file=sys.stderr,
         )
-        return 1
+        if isinstance(exc, TrainingStopped):
+            return exc.exit_code
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     if trainer.accelerator.is_main_process:
         print(f"done: {trainer.state.step} steps, outputs in {config.output_dir}")
     return 0

@@ -108,7 +108,8 @@ class PPOConfig(BaseModel):
     """Seconds one reward request may take."""
     reward_retry_timeout: float = Field(default=600.0, ge=0)
     """Seconds the trainer keeps retrying the reward server(s) before it gives up."""
-    reward_max_retries: int = 5
+    reward_max_retries: int | None = Field(default=None, ge=0)
+    """Optional cap on retries of one reward request; null: only reward_retry_timeout limits."""
     reward_baseline: float = 0.0
     """Subtracted from every score: score' = (score - reward_baseline) * reward_scale."""
     reward_scale: float = 1.0

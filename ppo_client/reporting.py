@@ -18,6 +18,7 @@ from ppo_client.config import ConfigError, PPOConfig
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
+    from ppo_client.client import RetryEvent
     from ppo_client.ppo import Advantages, UpdateStats
     from ppo_client.rollout import Rollout
 
@@ -174,6 +175,7 @@ class RunReport:
         self.total_steps = total_steps
         self.history: list[dict[str, Any]] = []
         self._progress: Any = None
+        self._waiting = False
 
     def start(self, step: int, options: dict[str, Any]) -> None:
         """Open the logs at ``step`` (0: fresh; else resumed), the trackers and the progress bar."""
@@ -223,6 +225,9 @@ class RunReport:
             self._progress.set_postfix(
                 score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.3f}"
             )
+            if self._waiting:  # the reward answered: back to the plain description
+                self._progress.set_description_str("PPO")
+                self._waiting = False
             self._progress.update(1)
             every = self.config.logging_steps
             if every > 0 and step % every == 0:
@@ -254,6 +259,16 @@ class RunReport:
                     "reward": float(scores[i]),
                 }
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    def waiting(self, event: RetryEvent) -> None:
+        """Show on the progress bar that the reward server is being waited for (the reward
+        client's ``on_retry`` hook; called from the reward's thread)."""
+        if self._progress is not None:
+            self._progress.set_description_str(
+                f"PPO (waiting for the reward server: {event.waited_s:.0f} s of "
+                f"{event.budget_s:.0f} s)"
+            )
+            self._waiting = True
 
     def close(self) -> None:
         """Close the progress bar."""

@@ -39,6 +39,7 @@ def default_reward_fn(config: PPOConfig) -> RewardFn:
         config.reward_url,
         api_key=config.reward_api_key,
         timeout=config.reward_timeout,
+        retry_timeout=config.reward_retry_timeout,
         max_retries=config.reward_max_retries,
     )
 

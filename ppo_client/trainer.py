@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ from ppo_client.checkpoint import (
     RunInfo,
     TrainerState,
     TrainingParts,
+    rng_state,
     seed_everything,
+    set_rng_state,
 )
 from ppo_client.config import PPOConfig
 from ppo_client.data import PromptDataset, batch_indices, load_prompt_dataset
@@ -62,8 +65,9 @@ from ppo_client.reward import (
     reward_executor,
     score_rollouts,
 )
-from ppo_client.rollout import Rollout, RolloutCollector, pad_token_id_for
+from ppo_client.rollout import Prompt, Rollout, RolloutCollector, pad_token_id_for
 from ppo_client.sizes import BatchSizes, run_config
+from ppo_client.stopping import StopSignals, TrainingStopped
 
 __all__ = ["PPOTrainer", "RewardFn", "default_overlap", "load_prompt_dataset"]
 
@@ -108,12 +112,14 @@ class PPOTrainer:
         # 2. models and optimiser (a new value head or adapters draw from the seeded RNG)
         self._set_up_models(build_models(config, self.tokenizer, policy, ref_policy, value_model))
         # 3. the reward and the rollout step
+        self._owns_reward_fn = reward_fn is None
         self._set_up_rollouts(reward_fn if reward_fn is not None else default_reward_fn(config))
         # 4. per-rank randomness, reports, checkpoints (and resuming from one)
         self.local_seed = config.seed + acc.process_index * 100003  # a prime, as TRL
         seed_everything(self.local_seed)
         self.np_rng = np.random.default_rng(self.local_seed)  # PPO mini-batch shuffles
         self.state = TrainerState()
+        self._started = (time.time(), self.state.episode)  # (clock, episode) of this train()
         self.report = RunReport(config, acc, self.output_dir, self.sizes.num_total_batches)
         self.checkpoints = self._checkpointer()
         self._resume_dir = self.checkpoints.find(config.resume_from_checkpoint)
@@ -171,56 +177,102 @@ class PPOTrainer:
     # ----------------------------------------------------------------------------- train
 
     def train(self) -> list[dict[str, Any]]:
-        """Run the remaining updates; returns the metrics of every step (also in metrics.jsonl)."""
+        """Run the remaining updates; returns the metrics of every step (also in metrics.jsonl).
+
+        On SIGTERM/Ctrl-C, or when the reward fails for good, the last completed update is
+        checkpointed before the exception (TrainingStopped, the reward's error) leaves.
+        """
         cfg, sizes = self.config, self.sizes
         self.report.start(self.state.step, run_config(cfg, sizes))
-        save_every = sizes.save_every(cfg.save_steps)
-        sample_every = (
-            max(1, sizes.num_total_batches // cfg.num_sample_generations)
-            if cfg.num_sample_generations > 0
-            else 0
-        )
-        start_time, start_episode = time.time(), self.state.episode
+        self._started = (time.time(), self.state.episode)
         pool = reward_executor(self.overlap_reward)
+        self._show_reward_waits()
         try:
-            for step in range(self.state.step + 1, sizes.num_total_batches + 1):
-                t0 = time.perf_counter()
-                # 1. this update's prompts: a seeded order that a resumed run repeats
-                indices = batch_indices(
-                    step - 1, len(self.dataset), sizes, cfg.seed, self.accelerator.process_index
-                )
-                prompts = self.dataset.get(indices)
-                # 2.-3. generate, truncate, decode, score (passes run while the reward works)
-                rollout = self.rollouts.collect(self.model, prompts, pool)
-                t1 = time.perf_counter()
-                self.state.episode += sizes.batch_size
-                # 4.-5. transformed scores -> KL-penalised per-token rewards -> GAE advantages
-                advantages = ppo.compute_advantages(rollout, self.advantage_params)
-                # 6. clipped PPO updates over shuffled mini-batches
-                stats = self._ppo_epochs(rollout, advantages)
-                t2 = time.perf_counter()
-                self.state.step = step
-                # 7. metrics, samples, checkpoint
-                lr = self.lr_scheduler.get_last_lr()[0]
-                metrics = step_metrics(
-                    self.accelerator, rollout, advantages, stats, lr=lr, episode=self.state.episode
-                )
-                elapsed = max(time.time() - start_time, 1e-9)
-                metrics["eps"] = int((self.state.episode - start_episode) / elapsed)
-                metrics["time/rollout_s"] = t1 - t0
-                metrics["time/update_s"] = t2 - t1
-                self.lr_scheduler.step()
-                self.report.log(step, metrics)
-                if sample_every and (step - 1) % sample_every == 0:
-                    self.report.write_samples(step, rollout, advantages.scores)
-                if step % save_every == 0:
-                    self.save_checkpoint()
+            with StopSignals(immediate=self.accelerator.num_processes == 1) as stop:
+                for step in range(self.state.step + 1, sizes.num_total_batches + 1):
+                    self._update(step, pool, stop)
+                    # 8. a signal that came during the update stops the run now it is whole
+                    signum = stop.requested_by_any(self.accelerator)
+                    if signum is not None and step < sizes.num_total_batches:
+                        self._checkpoint_on_exit()
+                        raise TrainingStopped(signum)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             self.report.close()
         self.save_model(self.output_dir)
         self.report.finish()
         return self.report.history
+
+    def _update(self, step: int, pool: Executor, stop: StopSignals) -> None:
+        """One PPO update, from this step's prompts to its metrics and checkpoint."""
+        cfg, sizes = self.config, self.sizes
+        t0 = time.perf_counter()
+        # 1. this update's prompts: a seeded order that a resumed run repeats
+        indices = batch_indices(
+            step - 1, len(self.dataset), sizes, cfg.seed, self.accelerator.process_index
+        )
+        prompts = self.dataset.get(indices)
+        # 2.-3. generate, truncate, decode, score (passes run while the reward works); a
+        # signal or a reward that finally fails ends the run here, checkpointed
+        rollout = self._collect(prompts, pool, stop)
+        t1 = time.perf_counter()
+        self.state.episode += sizes.batch_size
+        # 4.-5. transformed scores -> KL-penalised per-token rewards -> GAE advantages
+        advantages = ppo.compute_advantages(rollout, self.advantage_params)
+        # 6. clipped PPO updates over shuffled mini-batches
+        stats = self._ppo_epochs(rollout, advantages)
+        t2 = time.perf_counter()
+        self.state.step = step
+        # 7. metrics, samples, checkpoint
+        lr = self.lr_scheduler.get_last_lr()[0]
+        metrics = step_metrics(
+            self.accelerator, rollout, advantages, stats, lr=lr, episode=self.state.episode
+        )
+        start_time, start_episode = self._started
+        elapsed = max(time.time() - start_time, 1e-9)
+        metrics["eps"] = int((self.state.episode - start_episode) / elapsed)
+        metrics["time/rollout_s"] = t1 - t0
+        metrics["time/update_s"] = t2 - t1
+        self.lr_scheduler.step()
+        self.report.log(step, metrics)
+        sample_every = (
+            max(1, sizes.num_total_batches // cfg.num_sample_generations)
+            if cfg.num_sample_generations > 0
+            else 0
+        )
+        if sample_every and (step - 1) % sample_every == 0:
+            self.report.write_samples(step, rollout, advantages.scores)
+        if step % sizes.save_every(cfg.save_steps) == 0:
+            self.save_checkpoint()
+
+    def _collect(self, prompts: list[Prompt], pool: Executor, stop: StopSignals) -> Rollout:
+        """The rollout of one update. If it does not finish (a signal, a reward server that
+        stayed away past ``reward_retry_timeout``), the weights are still those of the last
+        completed update: checkpoint that, with the RNG as it then was, and re-raise."""
+        rng = rng_state(self.np_rng)
+        try:
+            with stop.interruptible():
+                return self.rollouts.collect(self.model, prompts, pool)
+        except BaseException as exc:
+            logger.error("update %d did not complete: %s", self.state.step + 1, exc)
+            set_rng_state(rng, self.np_rng)
+            self._checkpoint_on_exit()
+            raise
+
+    def _checkpoint_on_exit(self) -> None:
+        """Checkpoint the last completed update (unless there is none or it is saved), and
+        close a reward client of our own so that no retry outlives the run."""
+        done = self.state.step
+        saved = self.checkpoints.find("latest") if done else None
+        if done and (saved is None or saved.name != f"checkpoint-{done}"):
+            self.save_checkpoint()
+        if self._owns_reward_fn and hasattr(self.reward_fn, "close"):
+            self.reward_fn.close()
+
+    def _show_reward_waits(self) -> None:
+        """Let the progress bar say when the reward client is waiting for its server."""
+        if getattr(self.reward_fn, "on_retry", False) is None:
+            self.reward_fn.on_retry = self.report.waiting  # type: ignore[attr-defined]
 
     def _ppo_epochs(self, r: Rollout, a: ppo.Advantages) -> ppo.UpdateStats:
         """Clipped PPO updates over shuffled mini-batches; per-micro-batch statistics."""

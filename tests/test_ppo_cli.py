@@ -100,7 +100,7 @@ def test_flag_forms(tmp_path: Path) -> None:
 def test_reward_retry_timeout() -> None:
     assert PPOConfig().reward_retry_timeout == 600.0
     assert PPOConfig.from_args(["--reward_retry_timeout", "30"]).reward_retry_timeout == 30.0
-    assert PPOConfig().reward_max_retries == 5  # still accepted
+    assert PPOConfig().reward_max_retries is None  # no count limit unless asked for
     with pytest.raises(ConfigError, match="reward_retry_timeout must be >= 0"):
         PPOConfig(reward_retry_timeout=-1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import threading
 import time
@@ -302,7 +303,21 @@ def test_resume_continues_from_the_checkpoint(gpt2_policy: Path, tmp_path: Path)
         ).train()
     before = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in before] == [1, 2, 3, 4, 5]
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    # save_steps gave 2 and 4; the failed reward call of step 6 checkpointed step 5 on its way
+    # out (the weights were still those of update 5: a rollout changes none).
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-2",
+        "checkpoint-4",
+        "checkpoint-5",
+    ]
+    # Step 5's checkpoint holds step 5's end; resuming from 4 instead drops the log's step 5.
+    from_4 = PPOTrainer(
+        make_config(gpt2_policy, out, resume_from_checkpoint=str(out / "checkpoint-4"), **settings),
+        train_dataset=dataset(),
+        reward_fn=space_reward,
+    )
+    assert from_4.state.step == 4
+    shutil.rmtree(out / "checkpoint-5")
 
     resumed = PPOTrainer(
         make_config(gpt2_policy, out, resume_from_checkpoint="latest", **settings),

@@ -1,0 +1,93 @@
+"""Stopping a run without losing an update: SIGTERM and Ctrl-C.
+
+A checkpoint must hold a *completed* update. While an update's rollout runs (generation,
+reference passes, the reward call, which may wait minutes for a restarting server) the
+weights are still those of the last completed update, so a signal stops the run at once. Once
+the PPO epochs have begun, the weights are half-updated: the signal is noted and the run
+stops when that update ends. A second Ctrl-C stops at once, whatever the phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import types
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["StopSignals", "TrainingStopped"]
+
+logger = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingStopped(Exception):
+    """The run was stopped by a signal; ``exit_code`` is the shell's 128 + signal number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopSignals:
+    """SIGTERM/SIGINT handlers for the duration of a run (installed from the main thread only).
+
+    ``immediate``: whether a signal may end the rollout phase at once. Under several processes
+    it should not: the ranks must stop at the same update (see :meth:`requested_by_any`).
+    """
+
+    def __init__(self, *, immediate: bool = True) -> None:
+        self.immediate = immediate
+        self.requested: int | None = None
+        self._interruptible = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, _frame: types.FrameType | None) -> None:
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: now, mid-update or not
+        self.requested = signum
+        if self._interruptible:
+            raise TrainingStopped(signum)
+        logger.warning(
+            "%s: stopping when the current update ends (Ctrl-C again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A phase that a signal may end at once (raising TrainingStopped)."""
+        if self.requested is not None and self.immediate:
+            raise TrainingStopped(self.requested)
+        self._interruptible = self.immediate
+        try:
+            yield
+        finally:
+            self._interruptible = False
+
+    def requested_by_any(self, accelerator: Any) -> int | None:
+        """The signal asked for on this rank or any other (every rank must call it)."""
+        if accelerator.num_processes == 1:
+            return self.requested
+        import torch
+
+        mine = torch.tensor([float(self.requested or 0)], device=accelerator.device)
+        signum = int(accelerator.reduce(mine, reduction="max").item())
+        return signum or None
