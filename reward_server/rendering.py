@@ -19,7 +19,14 @@ from typing import Any
 
 from reward_server.exceptions import ChatTemplateError, ModelLoadError, TextTooLongError, one_line
 
-__all__ = ["Encoded", "Renderer", "prepare_tokenizer", "read_template", "special_affixes"]
+__all__ = [
+    "Encoded",
+    "Renderer",
+    "RendersText",
+    "prepare_tokenizer",
+    "read_template",
+    "special_affixes",
+]
 
 #: Probe texts whose encodings reveal the special tokens a tokenizer adds around a text.
 _PROBES = ("hello world", "a", "the quick brown fox")
@@ -208,3 +215,39 @@ class Renderer:
                 fallback = self.tokenizer.eos_token_id
             ids = [self.pad_token_id if fallback is None else int(fallback)]
         return Encoded(input_ids=ids, truncated=truncated, num_tokens=len(ids))
+
+
+class RendersText:
+    """The rendering half of an engine's Scorer, delegated to its :class:`Renderer`
+    (every engine renders and tokenizes the same way)."""
+
+    rendering: Renderer
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether pairs and conversations are rendered with a chat template."""
+        return self.rendering.has_chat_template
+
+    def rendering_info(self) -> dict[str, object]:
+        """The rendering's part of GET /info."""
+        r = self.rendering
+        return {
+            "model": r.name,
+            "max_length": r.max_length,
+            "truncation_side": r.truncation_side,
+            "chat_template": r.has_chat_template,
+        }
+
+    def render_pairs(self, queries: Sequence[str], responses: Sequence[str]) -> list[str]:
+        """Render query/response pairs with the chat template, or join them without one."""
+        return self.rendering.render_pairs(queries, responses)
+
+    def render_conversations(
+        self, conversations: Sequence[Sequence[Mapping[str, str]]]
+    ) -> list[str]:
+        """Render conversations with the chat template; ChatTemplateError without one."""
+        return self.rendering.render_conversations(conversations)
+
+    def encode(self, texts: Sequence[str], *, truncate: bool) -> list[Encoded]:
+        """Tokenize texts with the special-token rule; truncate or raise TextTooLongError."""
+        return self.rendering.encode(texts, truncate=truncate)

@@ -157,6 +157,7 @@ async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
             "max_body_bytes": s.max_body_bytes,
             "auth": s.api_key is not None,
             "policy_tokenizer": s.policy_tokenizer,
+            "engine": service.engine,
             "version": __version__,
         }
     )

@@ -183,6 +183,12 @@ class InfoResponse(BaseModel):
         default=None,
         description="The policy tokenizer whose chat template /get_reward undoes, if any.",
     )
+    engine: str = Field(default="transformers", description="What runs the model (--engine).")
+    engine_settings: dict[str, Any] | None = Field(
+        default=None,
+        description="The engine's own settings (vLLM: tensor parallel size, memory share, "
+        "prefix cache, extra engine arguments); none for the transformers engine.",
+    )
     version: str
 
 

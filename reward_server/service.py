@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 from reward_server.batcher import Batcher, BatchLimits
 from reward_server.config import ServerSettings
 from reward_server.engines import (
-    DEFAULT_ENGINE,
     LoadOptions,
     Scheduler,
     Scorer,
@@ -81,12 +80,13 @@ class Service:
         model: Scorer | None,
         metrics: Metrics,
         *,
-        engine: str = DEFAULT_ENGINE,
+        engine: str | None = None,
     ) -> None:
         self.settings = settings
         self.model = model
         self.metrics = metrics
-        self.engine = engine
+        #: The engine that loads the model: ``engine``, else the settings' (--engine).
+        self.engine = engine or settings.engine
         #: Where token ids go: the micro-batcher, or the engine's own scheduler.
         self.batcher: Scheduler | None = None
         # --max-batch-tokens, or its default for the model's device once the model is known.

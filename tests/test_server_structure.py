@@ -57,7 +57,7 @@ def test_app_started_and_stopped_twice_leaves_no_thread(gpt2_rm: Path) -> None:
 
 
 def test_engines_are_found_by_name() -> None:
-    assert available_engines() == ["transformers"]
+    assert available_engines() == ["transformers", "vllm"]
     assert callable(engine_module("transformers").load)
     with pytest.raises(ValueError, match="unknown engine 'nope'; choose transformers"):
         engine_module("nope")

@@ -229,3 +229,65 @@ def save_gpt2_policy(path: str | Path, *, seed: int = 0, corpus: list[str] | Non
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+#: A ChatML template for tiny Qwen2-style models (Qwen's markup, no BOS token).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+)
+
+
+def save_wide_head_reward_model(
+    path: str | Path,
+    *,
+    family: str = "llama",
+    seed: int = 0,
+    num_labels: int = 1,
+    oov_token: str | None = None,
+) -> Path:
+    """A tiny decoder reward model with 64-wide attention heads (vLLM's CPU kernels need at
+    least 64): ``llama`` (BOS, no pad token, Zephyr-style template) or ``qwen2`` (no BOS,
+    pad == EOS, ChatML template). ``oov_token``: a token the tokenizer has and the model's
+    embeddings lack (its id is the model's vocabulary size).
+    """
+    from transformers import Qwen2Config
+
+    path = Path(path)
+    if family == "llama":
+        tok = byte_bpe_tokenizer(
+            eos="</s>", bos="<s>", extra_special=CHAT_SPECIAL_TOKENS, chat_template=CHAT_TEMPLATE
+        )
+        config_class: type = LlamaConfig
+    elif family == "qwen2":
+        tok = byte_bpe_tokenizer(
+            extra_special=["<|im_start|>", "<|im_end|>"],
+            pad_is_eos=True,
+            chat_template=CHATML_TEMPLATE,
+        )
+        config_class = Qwen2Config
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    vocab_size = len(tok)
+    if oov_token is not None:
+        tok.add_special_tokens({"additional_special_tokens": [oov_token]})
+    torch.manual_seed(seed)
+    cfg = config_class(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        num_labels=num_labels,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForSequenceClassification.from_config(cfg)
+    _scale_head(model, seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -59,12 +59,21 @@ class LoadOptions:
     label_index: int = 0
     chat_template: str = "auto"
     trust_remote_code: bool = False
+    # Settings of engines that run the model elsewhere (vLLM); the transformers engine
+    # ignores them.
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    engine_arg: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: ServerSettings) -> LoadOptions:
         """The options named by the server's settings."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**settings.model_dump(include=names))
+        values = settings.model_dump(include=names)
+        values["engine_arg"] = tuple(values.get("engine_arg", ()))
+        return cls(**values)
 
 
 class Scorer(Protocol):

@@ -20,7 +20,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from reward_server.engines import LoadOptions
-from reward_server.exceptions import ModelLoadError, one_line
-from reward_server.rendering import Encoded, Renderer, prepare_tokenizer, read_template
+from reward_server.exceptions import ModelLoadError, load_errors, one_line
+from reward_server.rendering import Renderer, RendersText, prepare_tokenizer, read_template
 
 logger = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ def _pad(batch: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, tor
 # ---------------------------------------------------------------------- the model
 
 
-class RewardModel:
+class RewardModel(RendersText):
     """A sequence-classification reward model with its tokenizer, ready to score text."""
 
     def __init__(
@@ -378,12 +378,8 @@ class RewardModel:
     @classmethod
     def from_options(cls, options: LoadOptions) -> RewardModel:
         """:meth:`load` with the options as one value; any failure is a ModelLoadError."""
-        try:
+        with load_errors(options.model):
             return cls._build(options)
-        except ModelLoadError:
-            raise
-        except Exception as exc:  # any other failure becomes a one-line reason
-            raise ModelLoadError(f"cannot load model {options.model!r}: {one_line(exc)}") from exc
 
     @classmethod
     def _build(cls, options: LoadOptions) -> RewardModel:
@@ -442,32 +438,11 @@ class RewardModel:
     # ------------------------------------------------------------------ properties
 
     @property
-    def has_chat_template(self) -> bool:
-        """Whether pairs and conversations are rendered with a chat template."""
-        return self.rendering.has_chat_template
-
-    @property
     def model(self) -> torch.nn.Module:
         """The underlying torch module (read-only use)."""
         if self._model is None:
             raise RuntimeError(f"reward model {self.name!r} is closed")
         return self._model
-
-    # ------------------------------------------------------------------ rendering
-
-    def render_pairs(self, queries: Sequence[str], responses: Sequence[str]) -> list[str]:
-        """Render query/response pairs with the chat template, or join them without one."""
-        return self.rendering.render_pairs(queries, responses)
-
-    def render_conversations(
-        self, conversations: Sequence[Sequence[Mapping[str, str]]]
-    ) -> list[str]:
-        """Render conversations with the chat template; ChatTemplateError without one."""
-        return self.rendering.render_conversations(conversations)
-
-    def encode(self, texts: Sequence[str], *, truncate: bool) -> list[Encoded]:
-        """Tokenize texts with the special-token rule; truncate or raise TextTooLongError."""
-        return self.rendering.encode(texts, truncate=truncate)
 
     # ------------------------------------------------------------------ scoring
 
@@ -532,16 +507,13 @@ class RewardModel:
     def info(self) -> dict[str, object]:
         """Static facts about the loaded model, for GET /info."""
         return {
-            "model": self.name,
+            **self.rendering_info(),
             "adapter": self.adapter,
             "architecture": self.architecture,
             "num_labels": self.num_labels,
             "label_index": self.label_index,
-            "max_length": self.max_length,
-            "truncation_side": self.truncation_side,
             "dtype": self.dtype,
             "device": self.device,
-            "chat_template": self.has_chat_template,
         }
 
     def close(self) -> None:

