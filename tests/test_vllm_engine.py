@@ -225,7 +225,8 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(llama_server: Serve
     assert llama_server.stop(signal.SIGTERM, timeout=120) == 0
     thread.join(60)
     assert result["r"].status_code == 200 and len(result["r"].json()["scores"]) == 64
-    assert "Traceback" not in llama_server.log()
+    log = llama_server.log()
+    assert "Exception ignored" not in log and "leaked" not in log, log[-3000:]
 
 
 # ---------------------------------------------------------------------- PEFT

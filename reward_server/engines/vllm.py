@@ -17,7 +17,6 @@ adapter is merged into the base model at start-up, in a temporary folder vLLM lo
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import json
 import logging
@@ -312,13 +311,16 @@ class VllmRewardModel(RendersText):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
-            # AsyncLLM shuts down again when collected; collect it now, while the modules
-            # its __del__ needs still exist (not at interpreter exit).
-            del engine
-            gc.collect()
+            # AsyncLLM.__del__ shuts down once more, and when that happens at interpreter
+            # exit the modules it calls are gone (a TypeError on stderr): once is enough.
+            engine.shutdown = _shut_down
         if self._merged is not None:
             shutil.rmtree(self._merged, ignore_errors=True)
             self._merged = None
+
+
+def _shut_down(timeout: float | None = None) -> None:
+    """An AsyncLLM's shutdown after the first: nothing left to do."""
 
 
 # ---------------------------------------------------------------------- scheduling
