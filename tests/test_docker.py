@@ -46,7 +46,7 @@ COMPOSE_FILE = ROOT / "compose.yaml"
 BIN = Path(sys.executable).parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 CONSOLE_SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
-IMAGE_TARGETS = ("server", "trainer", "demo")
+IMAGE_TARGETS = ("server", "trainer", "demo", "server-vllm")
 
 
 # ----------------------------------------------------------------------------------------
@@ -376,7 +376,7 @@ def test_all_interfaces_only_inside_the_container() -> None:
     assert ServerSettings.model_fields["host"].default == "127.0.0.1"
     for stage in STAGES:
         host = env_of(STAGES, stage).get(ENV_PREFIX + "HOST")
-        assert host == ("0.0.0.0" if stage == "server" else None), stage
+        assert host == ("0.0.0.0" if stage.startswith("server") else None), stage
     for name, service in SERVICES.items():
         if name not in reward_server_services():
             assert ENV_PREFIX + "HOST" not in service_env(name), name
