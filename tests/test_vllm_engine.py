@@ -254,18 +254,26 @@ def lora(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_peft_adapter_scores_as_with_the_transformers_engine(llama: Path, lora: Path) -> None:
+def test_a_peft_adapter_over_two_tensor_parallel_workers_scores_as_transformers(
+    llama: Path, lora: Path
+) -> None:
+    """Merged at start-up into a temporary folder (removed at exit); sharded over two CPU
+    workers where the machine has two CPUs (the server splits them between the workers)."""
     rm = in_process(llama, adapter=str(lora))
     plain = expected(in_process(llama), TEXTS)[0]
     want = expected(rm, TEXTS)[0]
     assert max(abs(a - b) for a, b in zip(want, plain, strict=True)) > 0.01  # it matters
-    server = start_server(llama, *VLLM_FLAGS, "--adapter", str(lora), "--max-length", "48")
+    tp = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
+    flags = ("--adapter", str(lora), "--max-length", "48", "--tensor-parallel-size", str(tp))
+    server = start_server(llama, *VLLM_FLAGS, *flags)
     try:
         server.wait_ready(START_TIMEOUT)
         r = post(server, {"texts": TEXTS})
         assert r.status_code == 200, r.text
         assert_close(r.json()["scores"], want)
-        assert httpx.get(f"{server.url}/info", timeout=10).json()["adapter"] == str(lora)
+        info = httpx.get(f"{server.url}/info", timeout=10).json()
+        assert info["adapter"] == str(lora)
+        assert info["engine_settings"]["tensor_parallel_size"] == tp
     finally:
         assert server.stop(timeout=60) == 0
     merged = re.search(r"merged into (\S+) for vLLM", server.log())

