@@ -119,6 +119,11 @@ def engine_args(options: LoadOptions, folder: str, max_length: int, device: str)
     return args
 
 
+def numa_nodes() -> int:
+    """NUMA nodes of this machine (1 where Linux does not say)."""
+    return len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+
+
 def bind_cpu_workers(ranks: int) -> str | None:
     """Split this process's CPUs between vLLM's ``ranks`` CPU workers, when needed.
 
@@ -127,8 +132,7 @@ def bind_cpu_workers(ranks: int) -> str | None:
     ``VLLM_CPU_OMP_THREADS_BIND`` is set or there are nodes enough, set it to consecutive
     equal shares of the allowed CPUs ("0,1|2,3"); returns what was set.
     """
-    nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
-    if ranks < 2 or nodes >= ranks or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+    if ranks < 2 or numa_nodes() >= ranks or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return None
     cpus = sorted(os.sched_getaffinity(0))
     share = len(cpus) // ranks

@@ -1,0 +1,61 @@
+"""The vLLM engine's settings, from flags to vLLM's engine arguments (no vLLM needed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from reward_server.cli import parse_settings
+from reward_server.engines import LoadOptions
+from reward_server.engines import vllm as vllm_engine
+from reward_server.engines.vllm import bind_cpu_workers, engine_args
+from reward_server.exceptions import ModelLoadError
+
+
+def test_flags_reach_the_engine_arguments() -> None:
+    settings = parse_settings(
+        [
+            "--model", "m", "--engine", "vllm", "--tensor-parallel-size", "4",
+            "--max-num-batched-tokens", "8192", "--no-enable-prefix-caching",
+            "--engine-arg", "max_num_seqs=128", "--engine-arg", "enforce-eager=true",
+            "--engine-arg", "kv_cache_dtype=fp8",
+        ]
+    )  # fmt: skip
+    assert settings.engine == "vllm"
+    options = LoadOptions.from_settings(settings)
+    assert options.engine_arg == ("max_num_seqs=128", "enforce-eager=true", "kv_cache_dtype=fp8")
+    args = engine_args(options, "/m", 512, "cuda")
+    assert args["runner"] == "pooling" and args["model"] == "/m" and args["max_model_len"] == 512
+    assert args["tensor_parallel_size"] == 4 and args["max_num_batched_tokens"] == 8192
+    assert args["enable_prefix_caching"] is False and args["gpu_memory_utilization"] == 0.9
+    assert args["max_num_seqs"] == 128 and args["enforce_eager"] is True  # JSON values
+    assert args["kv_cache_dtype"] == "fp8" and args["dtype"] == "auto"  # text as it is
+
+
+def test_defaults_on_cpu() -> None:
+    options = LoadOptions.from_settings(parse_settings(["--model", "m", "--engine", "vllm"]))
+    args = engine_args(options, "/m", 64, "cpu")
+    assert args["enable_prefix_caching"] is True
+    assert args["gpu_memory_utilization"] == 0.15 and args["dtype"] == "float32"
+    assert "max_num_batched_tokens" not in args and args["skip_tokenizer_init"] is True
+
+
+def test_an_engine_arg_without_a_value_is_refused() -> None:
+    with pytest.raises(ModelLoadError, match="not KEY=VALUE"):
+        engine_args(LoadOptions(model="m", engine_arg=("enforce_eager",)), "/m", 64, "cpu")
+
+
+def test_cpu_workers_share_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3, 4})
+    monkeypatch.setattr(vllm_engine, "numa_nodes", lambda: 1)
+    assert bind_cpu_workers(1) is None
+    assert bind_cpu_workers(2) == "0,1|2,3"
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
+    assert bind_cpu_workers(2) is None  # set: the user's (or the first) choice stays
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    with pytest.raises(ModelLoadError, match="6 vLLM CPU workers need 6 CPUs"):
+        bind_cpu_workers(6)
+    monkeypatch.setattr(vllm_engine, "numa_nodes", lambda: 2)
+    assert bind_cpu_workers(2) is None  # a node each: vLLM binds by itself
