@@ -149,10 +149,17 @@ def bind_cpu_workers(ranks: int) -> str | None:
 
 
 def _merge_adapter(source: str, options: LoadOptions, config: Any, tokenizer: Any) -> Path:
-    """Base model + PEFT adapter merged, saved with the tokenizer into a new temporary folder."""
+    """Base model + PEFT adapter merged, saved with the tokenizer into a new temporary folder.
+
+    Merged on the CPU in the dtype asked for, else the checkpoint's own (a 70B model in
+    float32 would need twice the memory of its bfloat16 checkpoint).
+    """
     import torch
 
-    net, head_needed = _load_network(source, options, config, torch.float32)
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = options.dtype if options.dtype != "auto" else str(stored or "float32")
+    dtype = getattr(torch, name.removeprefix("torch."), torch.float32)
+    net, head_needed = _load_network(source, options, config, dtype)
     assert options.adapter is not None
     merged = _load_adapter(net, options.adapter, merge=True, head_needed=head_needed)
     folder = Path(tempfile.mkdtemp(prefix="reward-server-merged-"))
@@ -162,6 +169,8 @@ def _merge_adapter(source: str, options: LoadOptions, config: Any, tokenizer: An
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+    finally:
+        del net, merged  # vLLM loads its own copy from the folder
     logger.info("adapter %s merged into %s for vLLM", options.adapter, folder)
     return folder
 
