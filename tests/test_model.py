@@ -9,12 +9,12 @@ import threading
 from pathlib import Path
 
 import pytest
-import tiny_models
 import torch
 from fastapi.testclient import TestClient
 from tokenizers import processors
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+import tiny_models
 from reward_server.app import create_app, load_model
 from reward_server.config import ServerSettings
 from reward_server.model import (
