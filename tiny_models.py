@@ -89,6 +89,9 @@ _REWARD_SIZES: dict[str, tuple[type[PretrainedConfig], dict[str, int]]] = {
     ),
 }
 
+#: The special tokens the decoder reward models copy into their configs.
+_DECODER_IDS = ("bos", "eos", "pad")
+
 
 def make_corpus(n: int = 400, seed: int = 0, min_words: int = 1, max_words: int = 40) -> list[str]:
     """Seeded pseudo-English sentences drawn from a small vocabulary."""
@@ -253,10 +256,8 @@ def save_gpt2_reward_model(
 ) -> Path:
     """A tiny GPT-2 decoder reward model whose pad token is its EOS token."""
     tok = byte_bpe_tokenizer(pad_is_eos=True, chat_template=chat_template)
-    ids = ("bos", "eos", "pad")
-    return save(
-        path, reward_model("gpt2", tok, seed=seed, num_labels=num_labels, token_ids=ids), tok
-    )
+    model = reward_model("gpt2", tok, seed=seed, num_labels=num_labels, token_ids=_DECODER_IDS)
+    return save(path, model, tok)
 
 
 def save_llama_reward_model(
@@ -271,13 +272,13 @@ def save_llama_reward_model(
         eos="</s>", bos="<s>", extra_special=CHAT_SPECIAL_TOKENS, chat_template=chat_template
     )
     # The tokenizer has no pad token, so the config's pad_token_id is None.
-    ids = ("bos", "eos", "pad")
-    return save(
-        path, reward_model("llama", tok, seed=seed, num_labels=num_labels, token_ids=ids), tok
-    )
+    model = reward_model("llama", tok, seed=seed, num_labels=num_labels, token_ids=_DECODER_IDS)
+    return save(path, model, tok)
 
 
-def save_gpt2_policy(path: str | Path, *, seed: int = 0, corpus: list[str] | None = None) -> Path:
+def save_gpt2_policy(
+    path: str | Path, *, seed: int = 0, corpus: Sequence[str] | None = None
+) -> Path:
     """A tiny GPT-2 causal LM with its own byte-level BPE tokenizer (no pad token)."""
     tok = byte_bpe_tokenizer(corpus, vocab_size=350)
     return save(path, gpt2_causal_lm(tok, seed=seed), tok)
