@@ -41,6 +41,7 @@ def default_reward_fn(config: PPOConfig) -> RewardFn:
         timeout=config.reward_timeout,
         retry_timeout=config.reward_retry_timeout,
         max_retries=config.reward_max_retries,
+        protocol=config.reward_protocol,
     )
 
 
