@@ -265,7 +265,7 @@ class Service:
 
         ``receive`` is the request's: if the client hangs up, its queued items are dropped.
         """
-        rows, encoded = await self.logits(receive, endpoint, n_items, render, truncate)
+        rows, encoded = await self.logits(receive, endpoint, render, n_items, truncate=truncate)
         return [row[self._label_in_row] for row in rows], encoded
 
     @property
@@ -277,10 +277,10 @@ class Service:
         self,
         receive: Receive,
         endpoint: str,
-        n_items: int,
         render: Render,
-        truncate: bool | None,
+        n_items: int,
         *,
+        truncate: bool | None,
         max_tokens: int | None = None,
     ) -> tuple[list[list[float]], list[Encoded]]:
         """Like :meth:`score`, with a row of raw logits per item: every label's when the

@@ -151,7 +151,7 @@ async def predict(
 ) -> list[Prediction] | list[list[Prediction]]:
     """TEI's sequence classification: every label's score per sequence, highest first."""
     rows, encoded = await service.logits(
-        request.receive, "/predict", len(body.sequences), body.render(), body.truncate
+        request.receive, "/predict", body.render(), len(body.sequences), truncate=body.truncate
     )
     response.headers.update(truncated_header(encoded))
     labels = service.labels

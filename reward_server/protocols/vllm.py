@@ -266,9 +266,9 @@ async def _logits(
     rows, encoded = await service.logits(
         request.receive,
         request.url.path,
-        body.num_items,
         body.render(),
-        truncate,
+        body.num_items,
+        truncate=truncate,
         max_tokens=max_tokens,
     )
     response.headers.update(truncated_header(encoded))
