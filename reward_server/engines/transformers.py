@@ -351,6 +351,10 @@ class RewardModel:
         self.adapter = adapter
         self.architecture = architecture
         self.num_labels: int = int(model.config.num_labels)
+        id2label = getattr(model.config, "id2label", None) or {}
+        self.labels: list[str] = [
+            str(id2label.get(i, f"LABEL_{i}")) for i in range(self.num_labels)
+        ]
         self.label_index = label_index
         self.dtype = str(dtype).removeprefix("torch.")
         self.device = str(device)
@@ -465,9 +469,11 @@ class RewardModel:
         """Render conversations with the chat template; ChatTemplateError without one."""
         return self.rendering.render_conversations(conversations)
 
-    def encode(self, texts: Sequence[str], *, truncate: bool) -> list[Encoded]:
+    def encode(
+        self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None
+    ) -> list[Encoded]:
         """Tokenize texts with the special-token rule; truncate or raise TextTooLongError."""
-        return self.rendering.encode(texts, truncate=truncate)
+        return self.rendering.encode(texts, truncate=truncate, max_length=max_length)
 
     # ------------------------------------------------------------------ scoring
 
