@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tiny_models
 from fastapi.testclient import TestClient
 
+import tiny_models
 from reward_server.app import create_app
 from reward_server.config import ServerSettings
 
