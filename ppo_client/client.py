@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypedDict, TypeVar
 
 import httpx
 
+from ppo_client import protocols
+
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
@@ -222,7 +224,9 @@ class ClientOptions(TypedDict, total=False):
     flight per call (default 8). ``on_retry``: called with a :class:`RetryEvent` before each
     retry (from a worker thread in the sync client). ``seed``: seeds the jitter.
     ``clock``: a monotonic clock in seconds for the retry budget (the test seam, with the
-    face's ``sleep``).
+    face's ``sleep``). ``protocol``: what the server speaks, ``remote-reward`` (this
+    project's server, the default), ``vllm``, ``tei``, ``openrlhf``, or ``auto`` to ask the
+    server (see :mod:`ppo_client.protocols`).
     """
 
     timeout: float | httpx.Timeout
@@ -234,6 +238,7 @@ class ClientOptions(TypedDict, total=False):
     on_retry: Callable[[RetryEvent], None] | None
     seed: int | None
     clock: Callable[[], float]
+    protocol: str
 
 
 def _parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -390,12 +395,6 @@ def _pair_columns(prompts: Sequence[Prompt], responses: Sequence[str]) -> dict[s
         for prompt, response in zip(prompts, responses, strict=True)
     ]
     return {"conversations": _to_conversations(conversations)}
-
-
-def _chunks(columns: dict[str, list[Any]], size: int) -> list[dict[str, list[Any]]]:
-    """Split the columns into request bodies of at most ``size`` items each."""
-    n = len(next(iter(columns.values())))
-    return [{k: v[start : start + size] for k, v in columns.items()} for start in range(0, n, size)]
 
 
 def _normalise_urls(base_urls: str | Sequence[str]) -> list[str]:
@@ -644,7 +643,14 @@ class _Core:
         on_retry: Callable[[RetryEvent], None] | None = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        protocol: str = "remote-reward",
     ) -> None:
+        if protocol not in protocols.PROTOCOLS:
+            raise ValueError(
+                f"protocol must be one of {', '.join(protocols.PROTOCOLS)}, got {protocol!r}"
+            )
+        #: The protocol spoken (``auto`` until the first call finds out).
+        self.protocol = protocol
         if max_client_batch is not None and max_client_batch < 1:
             raise ValueError(f"max_client_batch must be >= 1, got {max_client_batch}")
         if max_concurrency < 1:
@@ -727,17 +733,50 @@ class _Core:
             raise RewardServerError(None, "invalid response: not a JSON object", url, method="GET")
         return info
 
+    def _probe(self, path: str) -> Flow[object]:
+        """``GET path``'s answer, or None where the server answers it with a 4xx."""
+        try:
+            answer, _ = yield from self._request("GET", path)
+        except RewardServerError as exc:
+            if exc.status is None or exc.status >= 500:
+                raise
+            return None
+        return answer
+
+    def _protocol(self) -> Flow[str]:
+        """The protocol to speak; ``auto`` asks the server once (its /info, vLLM's
+        /v1/models) and logs what it found."""
+        if self.protocol != "auto":
+            return self.protocol
+        info = yield from self._probe("/info")
+        found = protocols.detect(info, None)
+        if found is None:
+            found = protocols.detect(info, (yield from self._probe("/v1/models")))
+        if found is None:
+            raise RewardClientError(
+                f"cannot tell which reward protocol {self.base_urls[0]} speaks (no /info of "
+                "this server or TEI, no vLLM /v1/models); pass protocol="
+            )
+        logger.info("reward server %s speaks %s (protocol auto)", self.base_urls[0], found)
+        if self._max_client_batch is None:
+            self._max_client_batch = protocols.chunk_size(info)
+        self.protocol = found
+        return found
+
     def _chunk_size(self) -> Flow[int]:
         """``max_client_batch``, asking the server once if it was not configured."""
         if self._max_client_batch is not None:
             return self._max_client_batch
+        if self.protocol not in ("remote-reward", "tei"):  # no limit to ask for
+            self._max_client_batch = DEFAULT_MAX_CLIENT_BATCH
+            return DEFAULT_MAX_CLIENT_BATCH
         try:
             info: object = yield from self._info()
         except RewardServerError as exc:
             if exc.status != 404:
                 raise
             info = None
-        size = _find_max_client_batch(info)
+        size = _find_max_client_batch(info) or protocols.chunk_size(info)
         if size is None:
             logger.warning(
                 "reward server /info gives no max_client_batch; sending %d items per request",
@@ -747,19 +786,25 @@ class _Core:
         self._max_client_batch = size
         return size
 
-    def _score_chunk(self, body: dict[str, Any]) -> Flow[ScoreResult]:
-        payload, url = yield from self._request("POST", "/score", body)
-        return _parse_scores(payload, _body_len(body), url)
+    def _score_chunk(self, protocol: str, wire: protocols.WireRequest) -> Flow[ScoreResult]:
+        payload, url = yield from self._request("POST", wire.path, wire.body)
+        if protocol == "remote-reward":
+            return _parse_scores(payload, wire.items, url)
+        try:
+            parsed = protocols.parse(protocol, payload, wire.items)
+        except ValueError as exc:
+            raise RewardServerError(None, f"invalid response: {exc}", url) from None
+        return ScoreResult(parsed.scores, parsed.tokens, parsed.truncated)
 
     def _score(self, columns: dict[str, list[Any]], truncate: bool | None) -> Flow[ScoreResult]:
-        """Chunks of ``max_client_batch`` items sent concurrently, merged in input order."""
+        """Chunks of ``max_client_batch`` items (in the protocol's requests) sent
+        concurrently, merged in input order."""
         if not _body_len(columns):
             return ScoreResult([], [], [])
-        bodies = _chunks(columns, (yield from self._chunk_size()))
-        if truncate is not None:
-            for body in bodies:
-                body["truncate"] = truncate
-        results: list[ScoreResult] = yield _Gather([self._score_chunk(b) for b in bodies])
+        protocol = yield from self._protocol()
+        size = yield from self._chunk_size()
+        wires = protocols.requests(protocol, columns, size, truncate)
+        results: list[ScoreResult] = yield _Gather([self._score_chunk(protocol, w) for w in wires])
         return _merge(results)
 
 

@@ -110,6 +110,9 @@ class PPOConfig(BaseModel):
     """Seconds the trainer keeps retrying the reward server(s) before it gives up."""
     reward_max_retries: int | None = Field(default=None, ge=0)
     """Optional cap on retries of one reward request; null: only reward_retry_timeout limits."""
+    reward_protocol: Literal["auto", "remote-reward", "vllm", "tei", "openrlhf"] = "remote-reward"
+    """What the reward server speaks: this project's server (remote-reward), vLLM's /classify,
+    TEI's /predict, OpenRLHF's /get_reward, or auto (ask the server)."""
     reward_baseline: float = 0.0
     """Subtracted from every score: score' = (score - reward_baseline) * reward_scale."""
     reward_scale: float = 1.0

@@ -35,13 +35,13 @@ def default_reward_fn(config: PPOConfig) -> RewardFn:
         raise ConfigError("set reward_url (the reward server) or pass reward_fn")
     from ppo_client.client import RewardClient
 
-    return RewardClient(
-        config.reward_url,
-        api_key=config.reward_api_key,
-        timeout=config.reward_timeout,
-        retry_timeout=config.reward_retry_timeout,
-        max_retries=config.reward_max_retries,
-    )
+    options: dict[str, Any] = {
+        "timeout": config.reward_timeout,
+        "retry_timeout": config.reward_retry_timeout,
+        "max_retries": config.reward_max_retries,
+        "protocol": config.reward_protocol,
+    }
+    return RewardClient(config.reward_url, api_key=config.reward_api_key, **options)
 
 
 def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:

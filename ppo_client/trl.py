@@ -80,6 +80,8 @@ class RemoteReward:
     When TRL passes ``log_metric``, the fraction of texts the server truncated is logged as
     ``rewards/<name>/truncated_frac``. ``retry_timeout`` is how long, in seconds, a request
     is retried while the server is unreachable or busy (default 600, enough for a restart).
+    ``protocol``: what the server speaks (``remote-reward``, ``vllm``, ``tei``, ``openrlhf``
+    or ``auto``; see :mod:`ppo_client.protocols`).
     Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
     ``max_concurrency``, ``on_retry``, ...; see :class:`~ppo_client.client.ClientOptions`)
     go to :class:`~ppo_client.client.AsyncRewardClient`.
@@ -94,6 +96,7 @@ class RemoteReward:
         truncate: bool | None = None,
         http_client: httpx.AsyncClient | None = None,
         retry_timeout: float | None = None,
+        protocol: str = "remote-reward",
         **client_kwargs: Any,
     ) -> None:
         self.__name__ = name
@@ -103,6 +106,7 @@ class RemoteReward:
             "base_urls": url_or_urls,
             "api_key": api_key,
             "retry_timeout": retry_timeout,
+            "protocol": protocol,
             **client_kwargs,
         }
         # Built now so that bad arguments fail here, not in the first training step.

@@ -19,6 +19,7 @@ from reward_server.engines import Scorer
 from reward_server.errors import install_error_handlers
 from reward_server.metrics import Metrics
 from reward_server.middleware import BodyLimitMiddleware, MetricsMiddleware
+from reward_server.protocols import protocol_error_bodies, tei, vllm
 from reward_server.routes import router
 from reward_server.service import Service
 
@@ -47,10 +48,17 @@ def create_app(settings: ServerSettings, *, model: Scorer | None = None) -> Fast
     app.state.service = service
     app.state.metrics = metrics
     app.include_router(router)
+    app.include_router(vllm.router)  # vLLM's /classify, /pooling, /v1/models
+    app.include_router(tei.router)  # TEI's /predict
     if settings.api_key is None:
         _drop_security_from_openapi(app)
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit=settings.max_body_bytes,
+        metrics=metrics,
+        error_bodies=protocol_error_bodies(vllm.router, tei.router),
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from reward_server.exceptions import BatcherClosedError, QueueFullError
 
@@ -212,8 +212,8 @@ class BatchObserver(Protocol):
 class _Request:
     """One submit call: its future, results so far, and items not yet started."""
 
-    future: asyncio.Future[list[float]]
-    results: list[float]
+    future: asyncio.Future[list[Any]]
+    results: list[Any]
     remaining: int  # items without a result yet
     unstarted: int  # items admitted whose micro-batch has not started
 
@@ -234,7 +234,7 @@ class Batcher:
 
     def __init__(
         self,
-        run_batch: Callable[[list[Sequence[int]]], list[float]],
+        run_batch: Callable[[list[Sequence[int]]], Sequence[Any]],
         *,
         max_batch_tokens: int,
         max_batch_size: int,
@@ -244,8 +244,10 @@ class Batcher:
         sort_window: int = 4,
         split_overhead_tokens: float | None = None,
         executor: Executor | None = None,
+        convert: Callable[[Any], Any] = float,
     ) -> None:
-        """``split_overhead_tokens``: what one extra forward pass costs, in padded tokens;
+        """``convert``: checks and converts each row's result (a float by default; a list of
+        every label's logit for a scorer's ``logits_batch``). ``split_overhead_tokens``: what one extra forward pass costs, in padded tokens;
         None learns it from the passes run (the usual choice). ``executor``: where
         ``run_batch`` runs (one worker: the service's compute thread, which the caller shuts
         down); None starts a private thread, shut down by :meth:`stop`."""
@@ -256,6 +258,7 @@ class Batcher:
         if split_overhead_tokens is not None and split_overhead_tokens < 0:
             raise ValueError("split_overhead_tokens must be >= 0")
         self._run_batch = run_batch
+        self._convert = convert
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -331,7 +334,7 @@ class Batcher:
 
     # ------------------------------------------------------------------ submit
 
-    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
+    async def submit(self, items: Sequence[Sequence[int]]) -> list[Any]:
         """Queue rows all-or-nothing and wait for their scores, in input order."""
         if not self.running or self._wakeup is None:
             raise BatcherClosedError(
@@ -512,14 +515,14 @@ class Batcher:
             )
         )
 
-    async def _score(self, inputs: list[Sequence[int]]) -> list[float]:
-        """``run_batch(inputs)`` on the worker thread, checked for one float per input."""
+    async def _score(self, inputs: list[Sequence[int]]) -> list[Any]:
+        """``run_batch(inputs)`` on the worker thread, checked for one result per input."""
         loop = asyncio.get_running_loop()
         outputs = await loop.run_in_executor(self._executor, self._run_batch, inputs)
         if not isinstance(outputs, Sequence) or len(outputs) != len(inputs):
             got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
             raise RuntimeError(f"scorer returned {got} results for {len(inputs)} inputs")
-        return [float(v) for v in outputs]
+        return [self._convert(v) for v in outputs]
 
     def _learn(self, rows: int, padded_tokens: int, seconds: float) -> None:
         """Update the throughput estimate (for Retry-After) and the pass-cost model."""
@@ -527,7 +530,7 @@ class Batcher:
         self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
         self._cost.add(padded_tokens, seconds)
 
-    def _deliver(self, live: list[_Item], scores: list[float]) -> None:
+    def _deliver(self, live: list[_Item], scores: list[Any]) -> None:
         """Put each score in its request; complete the requests that have all of theirs."""
         for it, value in zip(live, scores, strict=True):
             req = it.request

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -18,6 +18,7 @@ from reward_server.exceptions import (
     ChatTemplateError,
     ClientDisconnectedError,
     EmptyTextError,
+    ModelNotFoundError,
     NotReadyError,
     PolicyTemplateError,
     QueueFullError,
@@ -38,7 +39,10 @@ __all__ = [
     "ERROR_DOCS",
     "KNOWN_ERRORS",
     "BodyTooLargeError",
+    "ErrorBody",
+    "answer_error",
     "classify",
+    "default_error_body",
     "describe_validation",
     "error_response",
     "field_path",
@@ -60,6 +64,7 @@ class BodyTooLargeError(StarletteHTTPException):
 #: Error ``type`` of each exception kind, by HTTP status.
 _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
     401: {UnauthorizedError: "unauthorized"},
+    404: {ModelNotFoundError: "model_not_found"},
     413: {
         TooManyItemsError: "too_many_items",
         TextTooLongError: "text_too_long",
@@ -200,28 +205,49 @@ def _headers(exc: BaseException) -> dict[str, str]:
     return headers
 
 
+#: Builds the JSON body of an error answer from its status, kind, message and the request
+#: field at fault (None when unknown): each protocol's clients expect their own shape.
+ErrorBody = Callable[[int, str, str, "str | None"], dict[str, Any]]
+
+
+def default_error_body(status: int, kind: str, message: str, param: str | None) -> dict[str, Any]:
+    """This server's shape: ``{"error": message, "type": kind}``."""
+    return ErrorResponse(error=message, type=kind).model_dump()
+
+
 def error_response(
     status: int,
     kind: str,
     message: str,
     metrics: Metrics | None,
     headers: Mapping[str, str] | None = None,
+    *,
+    body: ErrorBody = default_error_body,
+    param: str | None = None,
 ) -> JSONResponse:
     """The JSON error body every failure answers with (counted in ``metrics``)."""
     if metrics is not None:
         metrics.errors.labels(status=str(status), type=kind).inc()
-    return JSONResponse(
-        ErrorResponse(error=message, type=kind).model_dump(), status_code=status, headers=headers
+    return JSONResponse(body(status, kind, message, param), status_code=status, headers=headers)
+
+
+def answer_error(
+    request: Request, exc: BaseException, body: ErrorBody = default_error_body
+) -> JSONResponse:
+    """Any exception as the error answer of the table, its body in ``body``'s shape."""
+    status, kind = classify(exc)
+    if status >= 500 and not isinstance(exc, _SAFE_5XX):
+        logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    metrics = getattr(request.app.state, "metrics", None)
+    param = getattr(exc, "param", None)
+    return error_response(
+        status, kind, _message(exc, status), metrics, _headers(exc), body=body, param=param
     )
 
 
 async def _handle_error(request: Request, exc: Exception) -> Response:
     """Turn any exception into the JSON error answer of the table."""
-    status, kind = classify(exc)
-    if status >= 500 and not isinstance(exc, _SAFE_5XX):
-        logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    metrics = getattr(request.app.state, "metrics", None)
-    return error_response(status, kind, _message(exc, status), metrics, _headers(exc))
+    return answer_error(request, exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -12,6 +12,7 @@ __all__ = [
     "ClientDisconnectedError",
     "EmptyTextError",
     "ModelLoadError",
+    "ModelNotFoundError",
     "NotReadyError",
     "QueueFullError",
     "ScoringError",
@@ -70,6 +71,12 @@ class EmptyTextError(ValueError):
 
 class UnauthorizedError(PermissionError):
     """Missing or wrong API key."""
+
+
+class ModelNotFoundError(LookupError):
+    """A request names a model this server does not serve (``param``: the field)."""
+
+    param = "model"
 
 
 class NotReadyError(RuntimeError):

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reward_server.errors import BodyTooLargeError, error_response
+from reward_server.errors import BodyTooLargeError, ErrorBody, default_error_body, error_response
 from reward_server.metrics import Metrics
 
 __all__ = ["ENDPOINTS", "BodyLimitMiddleware", "MetricsMiddleware"]
 
 #: Endpoints counted by name in metrics; anything else is "other" (bounded label set).
 ENDPOINTS = frozenset(
-    {"/score", "/get_reward", "/health", "/info", "/metrics", "/docs", "/openapi.json"}
+    {
+        *("/score", "/get_reward", "/health", "/info", "/metrics", "/docs", "/openapi.json"),
+        *("/classify", "/v1/classify", "/pooling", "/v1/models", "/predict"),
+    }
 )
 
 
@@ -88,10 +92,18 @@ class BodyLimitMiddleware(_HTTPMiddleware):
     is counted as it streams in and cut off as soon as it passes the limit.
     """
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        metrics: Metrics | None = None,
+        error_bodies: Mapping[str, ErrorBody] | None = None,
+    ) -> None:
+        """``error_bodies``: the error shape of paths that answer in another protocol's."""
         super().__init__(app)
         self.limit = limit
         self.metrics = metrics
+        self.error_bodies = dict(error_bodies or {})
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve the request unless its body is, or turns out to be, too large."""
@@ -115,6 +127,7 @@ class BodyLimitMiddleware(_HTTPMiddleware):
             f"request body exceeds the limit of {self.limit} bytes",
             self.metrics,
             headers={"Connection": "close"},
+            body=self.error_bodies.get(scope.get("path", ""), default_error_body),
         )
         await response(scope, receive, send)
 

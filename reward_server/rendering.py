@@ -165,15 +165,21 @@ class Renderer:
             out.append(text)
         return out
 
-    def encode(self, texts: Sequence[str], *, truncate: bool) -> list[Encoded]:
-        """Tokenize texts with the special-token rule; truncate or raise TextTooLongError."""
+    def encode(
+        self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None
+    ) -> list[Encoded]:
+        """Tokenize texts with the special-token rule; truncate or raise TextTooLongError.
+
+        ``max_length``: a tighter limit than the model's for this call (never a looser one).
+        """
+        limit = self.max_length if max_length is None else min(max_length, self.max_length)
         if not texts:
             return []
         contents: list[list[int]] = self.tokenizer(
             list(texts), add_special_tokens=False, return_attention_mask=False
         )["input_ids"]
         return [
-            self._fit(i, *self._affixes(text, content), truncate=truncate)
+            self._fit(i, *self._affixes(text, content), truncate=truncate, limit=limit)
             for i, (text, content) in enumerate(zip(texts, contents, strict=True))
         ]
 
@@ -196,16 +202,20 @@ class Renderer:
         suffix: list[int],
         *,
         truncate: bool,
+        limit: int,
     ) -> Encoded:
-        """Cut the content to ``max_length`` (or raise) and put the specials around it."""
-        budget = self.max_length - len(prefix) - len(suffix)
+        """Cut the content to ``limit`` tokens (or raise) and put the specials around it."""
+        budget = max(0, limit - len(prefix) - len(suffix))
         truncated = len(content) > budget
         if truncated:
             if not truncate:
-                raise TextTooLongError(
-                    index, len(prefix) + len(content) + len(suffix), self.max_length
-                )
-            content = content[-budget:] if self.truncation_side == "left" else content[:budget]
+                raise TextTooLongError(index, len(prefix) + len(content) + len(suffix), limit)
+            # (content[-0:] would keep everything: a budget of 0 keeps nothing.)
+            content = (
+                content[len(content) - budget :]
+                if self.truncation_side == "left"
+                else content[:budget]
+            )
         ids = [*prefix, *content, *suffix]
         if not ids:
             # An empty text with no special tokens: score a lone BOS/EOS/pad token instead of
@@ -248,6 +258,9 @@ class RendersText:
         """Render conversations with the chat template; ChatTemplateError without one."""
         return self.rendering.render_conversations(conversations)
 
-    def encode(self, texts: Sequence[str], *, truncate: bool) -> list[Encoded]:
-        """Tokenize texts with the special-token rule; truncate or raise TextTooLongError."""
-        return self.rendering.encode(texts, truncate=truncate)
+    def encode(
+        self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None
+    ) -> list[Encoded]:
+        """Tokenize texts with the special-token rule; truncate or raise TextTooLongError
+        (``max_length`` tightens the model's limit for this call)."""
+        return self.rendering.encode(texts, truncate=truncate, max_length=max_length)

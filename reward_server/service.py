@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from reward_server.batcher import Batcher, BatchLimits
 from reward_server.config import ServerSettings
 from reward_server.engines import (
     LoadOptions,
+    MultiLabel,
     Scheduler,
     Scorer,
     SelfScheduling,
@@ -97,6 +98,10 @@ class Service:
         self._tokenizer: ThreadPoolExecutor | None = None
         #: The policy's chat template, undone on /get_reward (--policy-tokenizer).
         self.policy_template: PolicyTemplate | None = None
+        #: Where /score's label sits in a row the scheduler returns (rows of every label's
+        #: logit when the model is MultiLabel and the micro-batcher runs it; else one).
+        self._label_in_row = 0
+        self._labels = ["LABEL_0"]
 
     @property
     def ready(self) -> bool:
@@ -170,21 +175,35 @@ class Service:
             max_wait_ms=s.max_wait_ms,
             max_queue=s.max_queue,
         )
-        if isinstance(model, SelfScheduling):
-            self.batcher = model.scheduler(limits, self.metrics)
-        else:
-            self.batcher = Batcher(
-                model.score_batch,
-                **dataclasses.asdict(limits),
-                observer=self.metrics,
-                executor=compute,
-            )
+        self.batcher = self._scheduler(model, limits, compute)
         await self.batcher.start()
         self.draining = False
         scheduler = self.batcher
         self.metrics.track_queue(lambda: float(scheduler.queued))
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self._warn_limits(model.max_length)
+
+    def _scheduler(
+        self, model: Scorer, limits: BatchLimits, compute: ThreadPoolExecutor
+    ) -> Scheduler:
+        """The engine's own scheduler, or the micro-batcher over the model's passes."""
+        if isinstance(model, SelfScheduling):
+            if isinstance(model, MultiLabel):
+                self._labels = [model.labels[model.label_index]]
+            return model.scheduler(limits, self.metrics)
+        run: Callable[[list[Sequence[int]]], Sequence[Any]] = model.score_batch
+        convert: Callable[[Any], Any] = float
+        if isinstance(model, MultiLabel):
+            # Every label's logit per row: /score reads its label, /classify wants them all.
+            self._label_in_row, self._labels = model.label_index, list(model.labels)
+            run, convert = model.logits_batch, _logit_row
+        return Batcher(
+            run,
+            **dataclasses.asdict(limits),
+            observer=self.metrics,
+            executor=compute,
+            convert=convert,
+        )
 
     def _warn_limits(self, max_length: int) -> None:
         """Log the settings that contradict each other."""
@@ -246,6 +265,30 @@ class Service:
 
         ``receive`` is the request's: if the client hangs up, its queued items are dropped.
         """
+        rows, encoded = await self.logits(receive, endpoint, render, n_items, truncate=truncate)
+        return [row[self._label_in_row] for row in rows], encoded
+
+    @property
+    def labels(self) -> list[str]:
+        """Names of the labels in the rows :meth:`logits` returns (known once started)."""
+        return list(self._labels)
+
+    async def logits(
+        self,
+        receive: Receive,
+        endpoint: str,
+        render: Render,
+        n_items: int,
+        *,
+        truncate: bool | None,
+        max_tokens: int | None = None,
+    ) -> tuple[list[list[float]], list[Encoded]]:
+        """Like :meth:`score`, with a row of raw logits per item: every label's when the
+        model gives them (:attr:`labels` names them), else the configured label's alone.
+
+        ``max_tokens``: truncate each item to at most this many tokens (vLLM's
+        ``truncate_prompt_tokens``); None keeps ``truncate`` and the model's limit.
+        """
         # Draining does not refuse work here: after SIGTERM uvicorn accepts no new
         # connections, so whatever still arrives was already in flight and is finished;
         # the scheduler refuses (503) only once it stops, after those requests are done.
@@ -257,11 +300,11 @@ class Service:
                 f"(split the request)"
             )
         try:
-            encoded = await self._encode(self.model, render, truncate)
-            scores = await _cancel_on_disconnect(
+            encoded = await self._encode(self.model, render, truncate, max_tokens)
+            values = await _cancel_on_disconnect(
                 receive, endpoint, self.batcher.submit([item.input_ids for item in encoded])
             )
-            _check_scores(scores, len(encoded))
+            rows = _check_rows(values, len(encoded))
         except KNOWN_ERRORS:  # these answer through the error table
             raise
         except Exception as exc:
@@ -272,28 +315,43 @@ class Service:
         self.metrics.items.labels(endpoint=endpoint).inc(len(encoded))
         self.metrics.tokens.inc(sum(item.num_tokens for item in encoded))
         self.metrics.truncated.inc(sum(1 for item in encoded if item.truncated))
-        return [float(s) for s in scores], encoded
+        return rows, encoded
 
-    async def _encode(self, model: Scorer, render: Render, truncate: bool | None) -> list[Encoded]:
+    async def _encode(
+        self, model: Scorer, render: Render, truncate: bool | None, max_tokens: int | None
+    ) -> list[Encoded]:
         """Render and tokenize on the tokenizer thread; every item must have a token."""
         assert self._tokenizer is not None
         do_truncate = (not self.settings.no_truncate) if truncate is None else truncate
-        encoded = await asyncio.get_running_loop().run_in_executor(
-            self._tokenizer, lambda: model.encode(render(model), truncate=do_truncate)
-        )
+
+        def encode() -> list[Encoded]:
+            texts = render(model)
+            if max_tokens is None:
+                return model.encode(texts, truncate=do_truncate)
+            return model.encode(texts, truncate=True, max_length=max_tokens)
+
+        encoded = await asyncio.get_running_loop().run_in_executor(self._tokenizer, encode)
         for i, item in enumerate(encoded):
             if item.num_tokens == 0:
                 raise EmptyTextError(f"item {i} encodes to no tokens; nothing to score")
         return encoded
 
 
-def _check_scores(scores: list[float], expected: int) -> None:
-    """One finite score per item, or RuntimeError (a model bug: answered as 500)."""
-    if len(scores) != expected:
-        raise RuntimeError(f"{len(scores)} scores for {expected} items")
-    for i, value in enumerate(scores):
-        if not math.isfinite(value):
-            raise RuntimeError(f"non-finite score {value} for item {i}")
+def _logit_row(value: Any) -> list[float]:
+    """One row of ``logits_batch``: every label's logit as floats."""
+    return [float(v) for v in value]
+
+
+def _check_rows(values: list[Any], expected: int) -> list[list[float]]:
+    """One row of finite logits per item (a lone score is a row of one), or RuntimeError
+    (a model bug: answered as 500)."""
+    if len(values) != expected:
+        raise RuntimeError(f"{len(values)} scores for {expected} items")
+    rows = [value if isinstance(value, list) else [float(value)] for value in values]
+    for i, row in enumerate(rows):
+        if not row or not all(math.isfinite(v) for v in row):
+            raise RuntimeError(f"non-finite or empty score {row} for item {i}")
+    return rows
 
 
 async def _cancel_on_disconnect(receive: Receive, endpoint: str, work: Awaitable[T]) -> T:

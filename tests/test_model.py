@@ -10,12 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import tiny_models
 import torch
 from fastapi.testclient import TestClient
 from tokenizers import processors
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+import tiny_models
 from reward_server.app import create_app
 from reward_server.config import ServerSettings
 from reward_server.engines.transformers import RewardModel

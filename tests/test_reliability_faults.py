@@ -28,10 +28,10 @@ import pytest
 from server_proc import ServerProcess, free_port, running_server, start_server
 from test_reliability_load import Pool, build_pool, items_scored, scrape
 from test_trainer import dataset, make_config, read_jsonl
-from tiny_models import make_corpus
 
 from ppo_client import PPOTrainer, RewardClient, RewardServerError
 from ppo_client.client import RetryPolicy, ScoreResult
+from tiny_models import make_corpus
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 TOL = 1e-5

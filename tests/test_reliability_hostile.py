@@ -233,6 +233,94 @@ def test_hostile_body_is_a_json_4xx_and_the_server_keeps_serving(
     still_serving(server)
 
 
+#: The other protocols' scoring endpoints and the name of their texts field.
+PROTOCOL_FIELDS = {
+    "/classify": "input",
+    "/v1/classify": "input",
+    "/pooling": "input",
+    "/predict": "inputs",
+}
+
+
+def _protocol_hostile(field: str) -> dict[str, tuple[Callable[[], Any], int, str]]:
+    """The hostile bodies of /score, written for an endpoint whose texts are ``field``:
+    name -> (body, status, text the message must hold)."""
+    key = f'"{field}"'.encode()
+    return {
+        "over the limit (Content-Length)": (
+            lambda: json.dumps({field: ["a" * MAX_BODY]}).encode(),
+            413,
+            str(MAX_BODY),
+        ),
+        "over the limit (chunked)": (
+            lambda: (c.replace(b'"texts"', key) for c in _streamed(3 * MAX_BODY)),
+            413,
+            "",
+        ),
+        "nested lists": (lambda: b"[" * 400_000 + b"]" * 400_000, 422, "JSON"),
+        "nested objects": (
+            lambda: b"{" + key + b': ["a"], "x": ' + b'{"a":' * 150_000 + b"1" + b"}" * 150_001,
+            422,
+            "JSON",
+        ),
+        "invalid UTF-8": (lambda: b"{" + key + b': ["\xff\xfe\xc3("]}', 422, "UTF-8"),
+        "lone surrogate": (lambda: b"{" + key + b': ["a\\ud800b"]}', 422, field),
+        "NaN text": (lambda: b"{" + key + b": [NaN]}", 422, "NaN"),
+        "Infinity flag": (lambda: b"{" + key + b': ["a"], "x": Infinity}', 422, "Infinity"),
+        "huge integer": (
+            lambda: b"{" + key + b': ["a"], "x": ' + b"9" * 100_000 + b"}",
+            422,
+            "JSON",
+        ),
+        "100k empty strings": (
+            lambda: json.dumps(
+                {field: [[""]] * 100_000 if field == "inputs" else [""] * 100_000}
+            ).encode(),
+            413,
+            "100000",
+        ),
+        "numbers for texts": (lambda: b"{" + key + b": [1, 2, 3]}", 422, field),
+        "JSON null": (lambda: b"null", 422, "JSON object"),
+        "JSON string": (lambda: b'"' + b"x" * 500_000 + b'"', 422, "JSON object"),
+        "truncated JSON": (lambda: b"{" + key + b': ["a", ', 422, "JSON"),
+        "empty body": (lambda: b"", 422, "body"),
+    }
+
+
+PROTOCOL_HOSTILE = {
+    (path, name): case
+    for path, field in PROTOCOL_FIELDS.items()
+    for name, case in _protocol_hostile(field).items()
+}
+
+
+def protocol_error_message(r: httpx.Response, path: str, status: int) -> str:
+    """The message of a JSON error of ``status`` in ``path``'s protocol shape."""
+    assert r.status_code == status, r.text[:500]
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    if path == "/predict":
+        assert body.keys() == {"error", "error_type"}, body
+        message = body["error"]
+    else:
+        assert body.keys() == {"error"}, body
+        assert body["error"].keys() == {"message", "type", "param", "code"}, body
+        assert body["error"]["code"] == status
+        message = body["error"]["message"]
+    assert message and "Traceback" not in message
+    return str(message)
+
+
+@pytest.mark.parametrize(("path", "name"), list(PROTOCOL_HOSTILE))
+def test_hostile_body_on_protocol_endpoints_is_a_json_4xx(
+    server: ServerProcess, path: str, name: str
+) -> None:
+    body, status, needle = PROTOCOL_HOSTILE[path, name]
+    message = protocol_error_message(post(server, path, body()), path, status)
+    assert needle in message, message
+    still_serving(server)
+
+
 def test_hostile_bodies_do_not_grow_memory(server: ServerProcess) -> None:
     # Two passes first: what the allocator keeps after the largest bodies (the tokenizer's
     # buffers for a 750 kB text) settles there and is the baseline.
@@ -307,6 +395,21 @@ def test_wrong_keys_of_every_length_are_refused_alike(server: ServerProcess) -> 
     assert httpx.get(f"{server.url}/metrics").status_code == 200
     r = httpx.post(f"{server.url}/score", json={"texts": ["a"]}, headers=AUTH)
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize("path", list(PROTOCOL_FIELDS))
+def test_wrong_keys_are_refused_alike_on_protocol_endpoints(
+    server: ServerProcess, path: str
+) -> None:
+    body = {PROTOCOL_FIELDS[path]: "a"}
+    answers = set()
+    for key in ("Q", API_KEY[:-1], API_KEY + "0", "X" + API_KEY[1:], "k" * 10_000):
+        r = httpx.post(f"{server.url}{path}", json=body, headers={"Authorization": f"Bearer {key}"})
+        protocol_error_message(r, path, 401)
+        assert r.headers["www-authenticate"] == "Bearer" and key not in r.text
+        answers.add(r.text)
+    assert len(answers) == 1, answers
+    assert httpx.post(f"{server.url}{path}", json=body, headers=AUTH).status_code == 200
 
 
 def test_key_is_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPatch) -> None:

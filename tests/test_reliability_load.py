@@ -33,11 +33,11 @@ import psutil
 import pytest
 import torch
 from server_proc import ServerProcess, running_server, start_server
-from tiny_models import make_corpus
 
 from ppo_client import AsyncRewardClient, RewardClient
 from ppo_client.client import RetryPolicy
 from reward_server.engines.transformers import RewardModel
+from tiny_models import make_corpus
 
 CLIENTS = 64
 TOL = 1e-5

@@ -77,6 +77,11 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         "GET /health",
         "GET /info",
         "GET /metrics",
+        "POST /classify",
+        "POST /v1/classify",
+        "POST /pooling",
+        "GET /v1/models",
+        "POST /predict",
     }
     statuses: dict[str, Counter[int]] = {}
     with requests.Session() as session:
@@ -93,10 +98,12 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         # Some schema-valid requests are scored (the fuzzing reaches the model).
         assert statuses["POST /score"][200] > 0, statuses
         assert statuses["POST /get_reward"][200] > 0, statuses
+        for label in ("POST /classify", "POST /pooling", "POST /predict"):
+            assert statuses[label][200] > 0, (label, statuses[label])
     else:
         # Schema-violating bodies are refused (schemathesis' negative_data_rejection checks
         # each one; the mutations it makes to the Authorization header are overridden here).
-        for label in ("POST /score", "POST /get_reward"):
+        for label in ("POST /score", "POST /get_reward", "POST /classify", "POST /predict"):
             assert statuses[label][422] > 0, (label, statuses[label])
     assert fuzzed_server.proc.poll() is None
     assert httpx.get(f"{fuzzed_server.url}/health").status_code == 200

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tiny_models
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+import tiny_models
 from ppo_client import ppo
 from ppo_client.rollout import (
     contains_token,
@@ -22,12 +22,6 @@ from ppo_client.rollout import (
     sampling_config,
 )
 
-#: A chat template with a generation prompt, in the markup of tiny_models.CHAT_TEMPLATE.
-POLICY_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n"
-    "{{ message['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 MARKUP = ["<|user|>", "<|assistant|>", "<|system|>", "</s>", "<|endoftext|>"]
 
 
@@ -47,11 +41,7 @@ def tokenizer(gpt2_policy: Path) -> AutoTokenizer:
 
 @pytest.fixture(scope="module")
 def chat_tokenizer() -> object:
-    return tiny_models.byte_bpe_tokenizer(
-        eos="</s>",
-        extra_special=tiny_models.CHAT_SPECIAL_TOKENS,
-        chat_template=POLICY_CHAT_TEMPLATE,
-    )
+    return tiny_models.chat_tokenizer()
 
 
 def test_normalize_prompt() -> None:

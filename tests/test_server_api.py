@@ -607,3 +607,50 @@ def test_openapi_declares_bearer_auth_only_with_a_key(fake: FakeModel) -> None:
         assert spec["paths"]["/score"]["post"]["security"]
         assert "security" not in spec["paths"]["/health"]["get"]
         assert "k3y" not in json.dumps(spec)
+
+
+#: The other protocols' scoring endpoints: a valid body, and how their error body looks.
+PROTOCOL_ENDPOINTS = {
+    "/classify": {"input": ["a"]},
+    "/v1/classify": {"input": ["a"], "activation": False},
+    "/pooling": {"input": "a", "use_activation": False},
+    "/predict": {"inputs": "a", "raw_scores": True},
+}
+
+
+def assert_protocol_error(response: httpx.Response, path: str, status: int) -> None:
+    """A JSON error of ``status`` in the shape of ``path``'s protocol (vLLM's or TEI's)."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    if path == "/predict":
+        assert set(body) == {"error", "error_type"} and body["error"], body
+        message = body["error"]
+    else:
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["code"] == status, body
+        message = body["error"]["message"]
+    assert message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("path", list(PROTOCOL_ENDPOINTS))
+def test_api_key_on_protocol_endpoints(
+    fake: FakeModel, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    key = "s3cret-key-value"
+    caplog.set_level(logging.DEBUG)
+    body = PROTOCOL_ENDPOINTS[path]
+    with TestClient(create_app(settings(api_key=key), model=fake)) as c:
+        for headers in (
+            {},
+            {"Authorization": "Bearer nope"},
+            {"Authorization": key},
+            {"Authorization": f"Basic {key}"},
+        ):
+            r = c.post(path, json=body, headers=headers)
+            assert_protocol_error(r, path, 401)
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert key not in r.text
+        r = c.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        assert_protocol_error(c.get("/v1/models"), "/v1/models", 401)
+    assert key not in caplog.text

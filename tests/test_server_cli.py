@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 from server_proc import REWARD_SERVER, running_server
-from tiny_models import make_corpus
 
 from reward_server.cli import build_parser, parse_settings
 from reward_server.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ServerSettings
+from tiny_models import make_corpus
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ import httpx
 import pytest
 import torch
 from server_proc import ServerProcess, running_server
-from tiny_models import CHAT_TEMPLATE, make_corpus
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from reward_server.config import CPU_BATCH_TOKENS
+from tiny_models import CHAT_TEMPLATE, make_corpus
 
 MODELS = ("bert", "gpt2", "llama")
 TOL = 1e-5

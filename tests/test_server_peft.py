@@ -9,8 +9,9 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from server_proc import running_server
-from tiny_models import make_corpus
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from tiny_models import make_corpus
 
 TEXTS = make_corpus(12, seed=11, min_words=1, max_words=50)
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-import tiny_models
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config
+from transformers import AutoModelForCausalLM
 
+import tiny_models
 from ppo_client import PPOConfig, PPOTrainer, RewardClient
 from ppo_client.config import ConfigError
 from ppo_client.trainer import default_overlap
@@ -392,35 +392,10 @@ def test_score_transform_baseline_and_scale(gpt2_policy: Path, tmp_path: Path) -
     assert history[0]["objective/scores"] == pytest.approx((3.0 - 2.0) * 0.5)
 
 
-POLICY_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n"
-    "{{ message['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def chat_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny GPT-2 chat policy: Zephyr-style markup as special tokens, EOS "</s>"."""
-    path = tmp_path_factory.mktemp("chat_policy")
-    tok = tiny_models.byte_bpe_tokenizer(
-        eos="</s>",
-        extra_special=tiny_models.CHAT_SPECIAL_TOKENS,
-        chat_template=POLICY_CHAT_TEMPLATE,
-    )
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        vocab_size=len(tok),
-        n_positions=256,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return tiny_models.save_gpt2_chat_policy(tmp_path_factory.mktemp("chat_policy"))
 
 
 def test_chat_prompts_reach_the_server_as_conversations(chat_policy: Path, tmp_path: Path) -> None:

@@ -12,12 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-import tiny_models
 from datasets import Dataset
 from server_proc import ServerProcess, running_server
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from trl import GRPOConfig, GRPOTrainer
 
+import tiny_models
 from examples import grpo_remote_reward
 from ppo_client.client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
 from ppo_client.trl import RemoteReward

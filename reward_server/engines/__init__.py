@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_ENGINE",
     "Engine",
     "LoadOptions",
+    "MultiLabel",
     "Scheduler",
     "Scorer",
     "SelfScheduling",
@@ -95,8 +96,11 @@ class Scorer(Protocol):
         """Conversations as texts (ChatTemplateError without a template)."""
         ...
 
-    def encode(self, texts: Sequence[str], *, truncate: bool) -> list[Encoded]:
-        """Texts as token ids (truncated, or TextTooLongError)."""
+    def encode(
+        self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None
+    ) -> list[Encoded]:
+        """Texts as token ids (truncated, or TextTooLongError); ``max_length`` tightens the
+        limit for this call (the service passes it only when a request asks)."""
         ...
 
     def score_batch(self, batch: Sequence[Sequence[int]]) -> list[float]:
@@ -109,6 +113,22 @@ class Scorer(Protocol):
 
     def close(self) -> None:
         """Release the model (memory, devices); no scoring after it."""
+        ...
+
+
+@runtime_checkable
+class MultiLabel(Protocol):
+    """A scorer that also gives every label's raw logit per row (the vLLM and TEI shapes
+    answer with all labels); the service then batches ``logits_batch`` and reads the
+    configured label from it for ``/score``."""
+
+    num_labels: int
+    label_index: int
+    #: Label names by index (the model's ``id2label``).
+    labels: list[str]
+
+    def logits_batch(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Every label's raw logit per row of token ids, in order."""
         ...
 
 

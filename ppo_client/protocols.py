@@ -1,0 +1,199 @@
+"""The reward protocols the client speaks, as request bodies and answer parsers (no I/O).
+
+=============  ===============  ==========================================================
+protocol       endpoint         texts / pairs / conversations
+=============  ===============  ==========================================================
+remote-reward  ``POST /score``  as they are (this server)
+openrlhf       ``/get_reward``  texts; pairs joined as query + response; no conversations
+vllm           ``/classify``    texts as ``input``; pairs and conversations as ``messages``,
+                                one conversation per request (vLLM renders its template)
+tei            ``/predict``     texts as ``[text]``, pairs as ``[text, text_pair]``; no
+                                conversations
+=============  ===============  ==========================================================
+
+Raw logits always: ``use_activation: false`` (and ``activation: false``) for vLLM,
+``raw_scores: true`` for TEI. Where a protocol does not report tokens or truncation per
+item, the result says 0 tokens and not truncated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PROTOCOLS", "Parsed", "WireRequest", "chunk_size", "detect", "parse", "requests"]
+
+#: The protocols a client can be told to speak (``auto`` finds out from the server).
+PROTOCOLS = ("auto", "remote-reward", "vllm", "tei", "openrlhf")
+
+
+@dataclass(frozen=True, slots=True)
+class WireRequest:
+    """One POST: its path, JSON body and how many items it scores."""
+
+    path: str
+    body: dict[str, Any]
+    items: int
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """Per-item scores, token counts and truncation flags of one answer."""
+
+    scores: list[float]
+    tokens: list[int]
+    truncated: list[bool]
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what} is {value!r}, not a finite number")
+    return float(value)
+
+
+def _split(columns: dict[str, list[Any]], size: int) -> list[dict[str, list[Any]]]:
+    n = len(next(iter(columns.values())))
+    return [{k: v[i : i + size] for k, v in columns.items()} for i in range(0, n, size)]
+
+
+def _pair_conversations(columns: dict[str, list[Any]]) -> list[list[dict[str, Any]]] | None:
+    """Pairs as user/assistant conversations, or the conversations given (None for texts)."""
+    if "conversations" in columns:
+        return list(columns["conversations"])
+    if "queries" in columns:
+        return [
+            [{"role": "user", "content": q}, {"role": "assistant", "content": r}]
+            for q, r in zip(columns["queries"], columns["responses"], strict=True)
+        ]
+    return None
+
+
+def requests(
+    protocol: str, columns: dict[str, list[Any]], size: int, truncate: bool | None
+) -> list[WireRequest]:
+    """The requests that score ``columns`` (one input form) in ``protocol``."""
+    if protocol == "remote-reward":
+        bodies = _split(columns, size)
+        for body in bodies:
+            if truncate is not None:
+                body["truncate"] = truncate
+        return [WireRequest("/score", b, len(next(iter(b.values())))) for b in bodies]
+    if protocol == "vllm":
+        return _vllm_requests(columns, size, truncate)
+    if "conversations" in columns:
+        raise ValueError(f"protocol {protocol!r} takes no chat messages; send texts or pairs")
+    if protocol == "tei":
+        if "texts" in columns:
+            sequences = [[t] for t in columns["texts"]]
+        else:
+            sequences = [
+                list(p) for p in zip(columns["queries"], columns["responses"], strict=True)
+            ]
+        extra = {} if truncate is None else {"truncate": truncate}
+        return _chunked(
+            "/predict", sequences, size, lambda c: {"inputs": c, "raw_scores": True, **extra}
+        )
+    if protocol == "openrlhf":
+        texts = columns.get("texts") or [
+            q + r for q, r in zip(columns["queries"], columns["responses"], strict=True)
+        ]
+        return _chunked("/get_reward", texts, size, lambda c: {"query": c})
+    raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+
+
+def _chunked(
+    path: str, values: list[Any], size: int, body: Callable[[list[Any]], dict[str, Any]]
+) -> list[WireRequest]:
+    """One request per ``size`` values, its body made by ``body``."""
+    chunks = [values[i : i + size] for i in range(0, len(values), size)]
+    return [WireRequest(path, body(chunk), len(chunk)) for chunk in chunks]
+
+
+def _vllm_requests(
+    columns: dict[str, list[Any]], size: int, truncate: bool | None
+) -> list[WireRequest]:
+    flags: dict[str, Any] = {"use_activation": False, "activation": False}
+    if truncate:
+        flags["truncate_prompt_tokens"] = -1
+    conversations = _pair_conversations(columns)
+    if conversations is not None:
+        return [WireRequest("/classify", {"messages": c, **flags}, 1) for c in conversations]
+    return _chunked("/classify", columns["texts"], size, lambda c: {"input": c, **flags})
+
+
+def parse(protocol: str, payload: object, items: int) -> Parsed:
+    """Scores of one answer in ``protocol``; ValueError naming what is wrong with it."""
+    if protocol == "vllm":
+        return _parse_vllm(payload, items)
+    if protocol == "tei":
+        return _parse_tei(payload, items)
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+    if protocol == "openrlhf":
+        rewards = payload.get("rewards")
+        if not isinstance(rewards, list) or len(rewards) != items:
+            raise ValueError(f"'rewards' missing or not {items} values")
+        return Parsed(
+            [_number(r, f"reward {i}") for i, r in enumerate(rewards)], [0] * items, [False] * items
+        )
+    raise ValueError(f"no parser for protocol {protocol!r}")
+
+
+def _parse_vllm(payload: object, items: int) -> Parsed:
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list) or len(data) != items:
+        raise ValueError(f"'data' missing or not {items} items")
+    ordered = sorted(data, key=lambda d: d.get("index", 0) if isinstance(d, dict) else 0)
+    scores = []
+    for i, item in enumerate(ordered):
+        probs = item.get("probs") if isinstance(item, dict) else None
+        if not isinstance(probs, list) or not probs:
+            raise ValueError(f"data[{i}].probs missing")
+        scores.append(_number(probs[0], f"data[{i}].probs[0]"))
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    tokens = [0] * items
+    if items == 1 and isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        tokens = [int(usage["prompt_tokens"])]
+    return Parsed(scores, tokens, [False] * items)
+
+
+def _parse_tei(payload: object, items: int) -> Parsed:
+    if not isinstance(payload, list) or len(payload) != items:
+        raise ValueError(f"expected a list of {items} predictions")
+    scores = []
+    for i, predictions in enumerate(payload):
+        if not isinstance(predictions, list) or len(predictions) != 1:
+            raise ValueError(
+                f"item {i}: expected one label's prediction (a one-label reward model)"
+            )
+        entry = predictions[0]
+        scores.append(
+            _number(entry.get("score") if isinstance(entry, dict) else None, f"item {i} score")
+        )
+    return Parsed(scores, [0] * items, [False] * items)
+
+
+def detect(info: object, models: object) -> str | None:
+    """The protocol a server speaks from its ``GET /info`` and ``GET /v1/models`` answers
+    (None where it did not answer), or None if neither tells."""
+    if isinstance(info, dict):
+        if "max_client_batch" in info:
+            return "remote-reward"
+        if "model_type" in info and "model_id" in info:
+            return "tei"
+    if isinstance(models, dict) and isinstance(models.get("data"), list):
+        return "vllm"
+    return None
+
+
+def chunk_size(info: object) -> int | None:
+    """Items per request a server's ``/info`` allows (this server's or TEI's), if it says."""
+    if not isinstance(info, dict):
+        return None
+    for key in ("max_client_batch", "max_client_batch_size"):
+        value = info.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

@@ -1,0 +1,103 @@
+"""Other servers' HTTP shapes on this server: vLLM's (:mod:`.vllm`) and TEI's (:mod:`.tei`).
+
+Each protocol is one module with its request and response bodies and its routes; all of
+them score through the same :class:`~reward_server.service.Service` as ``/score`` (admission,
+batching, auth, truncation, metrics) and answer errors from the one error table, in the body
+shape that protocol's clients read (:class:`ProtocolRoute`). Here: what they share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import PurePath
+from typing import ClassVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from reward_server.errors import ErrorBody, answer_error, default_error_body
+from reward_server.exceptions import ModelNotFoundError
+from reward_server.rendering import Encoded
+from reward_server.strict_json import StrictJSONRoute
+
+__all__ = [
+    "TRUNCATED_HEADER",
+    "ProtocolRoute",
+    "activate",
+    "check_model",
+    "model_aliases",
+    "protocol_error_bodies",
+    "truncated_header",
+]
+
+#: Response header listing which items were truncated (``0,1,0``): the protocols' bodies
+#: have no field for it, and nothing is silent.
+TRUNCATED_HEADER = "X-Reward-Truncated"
+
+
+class ProtocolRoute(StrictJSONRoute):
+    """A route whose every failure answers through the error table in ``error_body``'s shape
+    (validation, auth, admission and model errors alike)."""
+
+    error_body: ClassVar[ErrorBody] = staticmethod(default_error_body)
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        """Wrap the handler so that exceptions answer in this protocol's error shape."""
+        handler = super().get_route_handler()
+        body = type(self).error_body
+
+        async def shaped_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                return answer_error(request, exc, body)
+
+        return shaped_handler
+
+
+def activate(row: Sequence[float]) -> list[float]:
+    """vLLM's and TEI's default activation: sigmoid of a lone logit, softmax of several."""
+    if len(row) == 1:
+        x = row[0]
+        # 1 / (1 + e^-x), written so that neither branch overflows.
+        if x >= 0:
+            return [1.0 / (1.0 + math.exp(-x))]
+        e = math.exp(x)
+        return [e / (1.0 + e)]
+    top = max(row)  # softmax is shift-invariant: subtracting the max avoids overflow
+    exps = [math.exp(v - top) for v in row]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def model_aliases(name: str) -> set[str]:
+    """The names a request may give for the served model: its name or its folder's name."""
+    aliases = {name}
+    tail = PurePath(name.rstrip("/")).name
+    if tail:
+        aliases.add(tail)
+    return aliases
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """ModelNotFoundError (404) unless ``requested`` is None or names the served model."""
+    if requested is None or requested in model_aliases(served):
+        return
+    valid = ", ".join(sorted(model_aliases(served)))
+    raise ModelNotFoundError(f"The model `{requested}` does not exist. Valid aliases: {valid}.")
+
+
+def truncated_header(encoded: Sequence[Encoded]) -> dict[str, str]:
+    """The truncation header of an answer."""
+    return {TRUNCATED_HEADER: ",".join("1" if e.truncated else "0" for e in encoded)}
+
+
+def protocol_error_bodies(*routers: APIRouter) -> dict[str, ErrorBody]:
+    """The error shape of each path of ``routers`` (for answers given before routing)."""
+    return {
+        route.path: type(route).error_body
+        for router in routers
+        for route in router.routes
+        if isinstance(route, ProtocolRoute)
+    }

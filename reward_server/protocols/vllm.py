@@ -1,0 +1,352 @@
+"""vLLM's pooling API on this server: ``POST /classify`` (and ``/v1/classify``), ``POST
+/pooling`` and ``GET /v1/models``, field for field as vLLM 0.32 answers them, so that vLLM
+clients (verl's reward loop among them) score against this server unchanged.
+
+Differences kept on purpose: ``activation``, the name verl still sends, is honoured as
+well as ``use_activation`` (vLLM 0.32 ignores it and returns the sigmoid); token-id inputs
+are refused (the server tokenizes); status codes are this server's (422 for malformed
+input where vLLM says 400). Which items were truncated comes in the ``X-Reward-Truncated``
+header.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
+
+from reward_server.errors import ERROR_DOCS
+from reward_server.exceptions import NotReadyError
+from reward_server.protocols import (
+    ProtocolRoute,
+    activate,
+    check_model,
+    model_aliases,
+    truncated_header,
+)
+from reward_server.rendering import Encoded
+from reward_server.routes import Authorized, ServiceDep
+from reward_server.schemas import Conversation, StrList
+from reward_server.service import Render, Service
+
+__all__ = [
+    "ClassificationData",
+    "ClassificationResponse",
+    "ModelCard",
+    "ModelList",
+    "PoolingData",
+    "PoolingRequest",
+    "PoolingResponse",
+    "UsageInfo",
+    "VLLMErrorInfo",
+    "VLLMErrorResponse",
+    "VLLMRequest",
+    "router",
+    "vllm_error_body",
+]
+
+# ------------------------------------------------------------------------------- errors
+
+#: vLLM's error ``type`` by status (the names its OpenAI-style clients know).
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    404: "NotFoundError",
+    413: "BadRequestError",
+    422: "UnprocessableEntityError",
+    429: "TooManyRequests",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class VLLMErrorInfo(BaseModel):
+    """The error of a vLLM error answer."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class VLLMErrorResponse(BaseModel):
+    """vLLM's error answer: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: VLLMErrorInfo
+
+
+def vllm_error_body(status: int, kind: str, message: str, param: str | None) -> dict[str, Any]:
+    """An error answer in vLLM's shape."""
+    info = VLLMErrorInfo(
+        message=message, type=_ERROR_TYPES.get(status, "BadRequestError"), param=param, code=status
+    )
+    return VLLMErrorResponse(error=info).model_dump()
+
+
+class _VLLMRoute(ProtocolRoute):
+    error_body = staticmethod(vllm_error_body)
+
+
+_ERRORS = {status: {**doc, "model": VLLMErrorResponse} for status, doc in ERROR_DOCS.items()}
+_ERRORS[404] = {"model": VLLMErrorResponse, "description": "The model named is not served"}
+
+router = APIRouter(route_class=_VLLMRoute, tags=["vLLM"])
+
+# ------------------------------------------------------------------------------- bodies
+
+
+class VLLMRequest(BaseModel):
+    """``/classify`` (and ``/pooling``): ``input`` (texts) or ``messages`` (one conversation,
+    rendered with the reward model's chat template)."""
+
+    model_config = ConfigDict(
+        extra="ignore",  # vLLM accepts (and logs) unknown fields
+        json_schema_extra={
+            "examples": [
+                {"input": ["a complete text"], "use_activation": False},
+                {"messages": [{"role": "user", "content": "hi"}]},
+            ]
+        },
+    )
+
+    model: str | None = Field(default=None, description="The served model or its alias.")
+    input: StrList | None = Field(default=None, description="A text or a list of texts.")
+    messages: Conversation | None = Field(
+        default=None, description="One conversation, rendered with the model's chat template."
+    )
+    use_activation: StrictBool | None = Field(
+        default=None,
+        description="false: raw logits; default true: sigmoid of one label, softmax of several.",
+    )
+    activation: StrictBool | None = Field(
+        default=None, description="The old name of use_activation (verl sends it); false wins."
+    )
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1)] | None = Field(
+        default=None,
+        description="Keep at most this many tokens per item (-1: the model's limit); "
+        "default: the server's truncation setting.",
+    )
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text_as_list(cls, value: Any) -> Any:
+        """A lone text is a list of one (the answer is a list either way)."""
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_input(self) -> VLLMRequest:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give exactly one of input or messages")
+        return self
+
+    @property
+    def raw(self) -> bool:
+        """True when either activation flag is false."""
+        return self.use_activation is False or self.activation is False
+
+    @property
+    def num_items(self) -> int:
+        """How many items the request scores."""
+        return 1 if self.messages is not None else len(self.input or [])
+
+    def render(self) -> Render:
+        """The request's items as texts for a model."""
+        if self.messages is not None:
+            conversation = [{"role": m.role, "content": m.content} for m in self.messages]
+            return lambda model: model.render_conversations([conversation])
+        texts = list(self.input or [])
+        return lambda model: list(texts)
+
+    def limits(self) -> tuple[bool | None, int | None]:
+        """``(truncate, max_tokens)`` for the service from ``truncate_prompt_tokens``."""
+        k = self.truncate_prompt_tokens
+        if k is None:
+            return None, None
+        if k < 0:
+            return True, None
+        return True, max(k, 1)
+
+
+class PoolingRequest(VLLMRequest):
+    """``/pooling``: as ``/classify``; ``task`` may name ``classify`` (the only one served)."""
+
+    task: Literal["classify"] | None = None
+
+
+class UsageInfo(BaseModel):
+    """Token counts of an answer (vLLM's UsageInfo)."""
+
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+    prompt_tokens_details: dict[str, Any] | None = None
+    completion_tokens_details: dict[str, Any] | None = None
+
+
+class ClassificationData(BaseModel):
+    """One item of a ``/classify`` answer."""
+
+    index: int
+    label: str | None
+    probs: list[float] = Field(description="Every label's probability, or raw logit.")
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    """vLLM's ``/classify`` answer."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo
+
+
+class PoolingData(BaseModel):
+    """One item of a ``/pooling`` answer."""
+
+    index: int
+    object: str = "pooling"
+    data: list[float]
+
+
+class PoolingResponse(BaseModel):
+    """vLLM's ``/pooling`` answer."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[PoolingData]
+    usage: UsageInfo
+
+
+class ModelCard(BaseModel):
+    """One served model, as vLLM lists it."""
+
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "reward-server"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``."""
+
+    object: str = "list"
+    data: list[ModelCard]
+
+
+# ------------------------------------------------------------------------------- routes
+
+
+async def _logits(
+    body: VLLMRequest, request: Request, response: Response, service: Service
+) -> tuple[list[list[float]], list[Encoded], str]:
+    """Every label's value per item (activated unless asked raw), encodings, model name."""
+    if service.model is not None:
+        check_model(body.model, service.model.name)
+    truncate, max_tokens = body.limits()
+    rows, encoded = await service.logits(
+        request.receive,
+        request.url.path,
+        body.render(),
+        body.num_items,
+        truncate=truncate,
+        max_tokens=max_tokens,
+    )
+    response.headers.update(truncated_header(encoded))
+    assert service.model is not None
+    values = rows if body.raw else [activate(row) for row in rows]
+    return values, encoded, service.model.name
+
+
+def _usage(encoded: list[Encoded]) -> UsageInfo:
+    tokens = sum(e.num_tokens for e in encoded)
+    return UsageInfo(prompt_tokens=tokens, total_tokens=tokens)
+
+
+@router.post(
+    "/classify",
+    response_model=ClassificationResponse,
+    responses=_ERRORS,
+    operation_id="vllm_classify",
+)
+@router.post(
+    "/v1/classify",
+    response_model=ClassificationResponse,
+    responses=_ERRORS,
+    operation_id="vllm_v1_classify",
+)
+async def classify(
+    body: VLLMRequest,
+    request: Request,
+    response: Response,
+    service: ServiceDep,
+    _auth: Authorized,
+) -> ClassificationResponse:
+    """vLLM's classification: every label's probability (or raw logit) per item."""
+    values, encoded, name = await _logits(body, request, response, service)
+    labels = service.labels
+    data = []
+    for i, row in enumerate(values):
+        best = max(range(len(row)), key=row.__getitem__)
+        label = labels[best] if best < len(labels) else None
+        data.append(ClassificationData(index=i, label=label, probs=row, num_classes=len(row)))
+    return ClassificationResponse(
+        id=f"classify-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=name,
+        data=data,
+        usage=_usage(encoded),
+    )
+
+
+@router.post("/pooling", response_model=PoolingResponse, responses=_ERRORS)
+async def pooling(
+    body: PoolingRequest,
+    request: Request,
+    response: Response,
+    service: ServiceDep,
+    _auth: Authorized,
+) -> PoolingResponse:
+    """vLLM's pooling of a classifier: every label's probability (or raw logit) per item."""
+    values, encoded, name = await _logits(body, request, response, service)
+    return PoolingResponse(
+        id=f"pool-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=name,
+        data=[PoolingData(index=i, data=row) for i, row in enumerate(values)],
+        usage=_usage(encoded),
+    )
+
+
+@router.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+async def models(service: ServiceDep, _auth: Authorized) -> ModelList:
+    """The served model, as vLLM lists its models (clients probe it to find the name)."""
+    if service.model is None:
+        raise NotReadyError("the model is loading")
+    name = service.model.name
+    cards = [
+        ModelCard(
+            id=alias, created=int(time.time()), root=name, max_model_len=service.model.max_length
+        )
+        for alias in sorted(model_aliases(name), key=lambda a: a != name)
+    ]
+    return ModelList(data=cards)
