@@ -26,10 +26,10 @@ import pytest
 import torch
 from peft import LoraConfig, TaskType, get_peft_model
 from server_proc import ServerProcess, start_server
-from tiny_models import make_corpus, save_wide_head_reward_model
 from transformers import AutoModelForSequenceClassification
 
 from reward_server.model import RewardModel
+from tiny_models import make_corpus, save_wide_head_reward_model
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("REWARD_SERVER_TEST_VLLM") == "1":
