@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiny_models import make_corpus
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from tiny_models import make_corpus
 
 #: ChatML as Qwen2.5 writes it: a default system message when none is given.
 QWEN25 = (

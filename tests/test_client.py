@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import pytest
 from server_proc import ServerProcess, start_server
-from tiny_models import make_corpus
 
 from ppo_client.client import (
     AsyncRewardClient,
@@ -34,6 +33,7 @@ from ppo_client.client import (
     RewardServerError,
     ScoreResult,
 )
+from tiny_models import make_corpus
 
 URL = "http://rm-a:8000"
 URL_B = "http://rm-b:8000"

@@ -20,12 +20,12 @@ from typing import Any
 import anyio.from_thread
 import httpx
 import pytest
-import tiny_models
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import tiny_models
 from ppo_client.client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
 from reward_server.app import create_app
 from reward_server.config import ServerSettings

@@ -13,10 +13,10 @@ from typing import Any
 
 import chat_templates
 import pytest
-import tiny_models
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
+import tiny_models
 from reward_server.app import create_app
 from reward_server.config import ServerSettings
 
