@@ -30,6 +30,7 @@ from tokenizers import (
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     AutoTokenizer,
     BertConfig,
     GPT2Config,
@@ -222,8 +223,10 @@ def reward_model(
     seed: int = 0,
     num_labels: int = 1,
     token_ids: tuple[str, ...] = (),
+    per_token: bool = False,
 ) -> PreTrainedModel:
-    """An untrained sequence-classification model of ``arch`` ("bert", "gpt2", "llama").
+    """An untrained sequence-classification model of ``arch`` ("bert", "gpt2", "llama"), or
+    with ``per_token`` a token-classification one (a process reward model).
 
     ``token_ids`` names the tokenizer's special tokens copied into the config (e.g. "pad").
     The score head gets O(1) weights so that scores differ visibly between texts.
@@ -236,7 +239,8 @@ def reward_model(
         **_token_ids(tokenizer, *token_ids),
     )
     torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_config(config)
+    auto = AutoModelForTokenClassification if per_token else AutoModelForSequenceClassification
+    model = auto.from_config(config)
     _scale_head(model, seed)
     return model
 
@@ -278,6 +282,38 @@ def save_llama_reward_model(
     )
     # The tokenizer has no pad token, so the config's pad_token_id is None.
     model = reward_model("llama", tok, seed=seed, num_labels=num_labels, token_ids=_DECODER_IDS)
+    return save(path, model, tok)
+
+
+#: The step tag of the tiny process reward models (Qwen2.5-Math-PRM's is this token too).
+STEP_TAG = "<extra_0>"
+
+
+def save_process_reward_model(
+    path: str | Path,
+    *,
+    arch: str = "gpt2",
+    seed: int = 0,
+    num_labels: int = 2,
+    chat_template: str | None = None,
+) -> Path:
+    """A tiny process reward model (a token classifier) whose tokenizer has the special token
+    :data:`STEP_TAG`: GPT-2 with a byte-level BPE tokenizer (pad is EOS), or BERT with
+    WordPiece (its tokens never cover white space)."""
+    if arch == "bert":
+        tok = wordpiece_tokenizer()
+        tok.add_special_tokens({"additional_special_tokens": [STEP_TAG]})
+        if chat_template is not None:
+            tok.chat_template = chat_template
+        token_ids: tuple[str, ...] = ("pad",)
+    else:
+        tok = byte_bpe_tokenizer(
+            pad_is_eos=True, extra_special=[STEP_TAG], chat_template=chat_template
+        )
+        token_ids = _DECODER_IDS
+    model = reward_model(
+        arch, tok, seed=seed, num_labels=num_labels, token_ids=token_ids, per_token=True
+    )
     return save(path, model, tok)
 
 

@@ -15,7 +15,9 @@ __all__ = [
     "ModelNotFoundError",
     "NotReadyError",
     "QueueFullError",
+    "ResponseNotFoundError",
     "ScoringError",
+    "StepsTruncatedError",
     "TextTooLongError",
     "TooManyItemsError",
     "UnauthorizedError",
@@ -47,6 +49,15 @@ class TextTooLongError(ValueError):
         self.index = index
         self.num_tokens = num_tokens
         self.max_length = max_length
+
+
+class ResponseNotFoundError(ValueError):
+    """A process reward model cannot find an item's response: texts (no response to split),
+    a conversation that does not end with the assistant, a chat template that changes it."""
+
+
+class StepsTruncatedError(ValueError):
+    """Truncation cut every step of an item's response: no step is left to score."""
 
 
 class QueueFullError(RuntimeError):

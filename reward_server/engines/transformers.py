@@ -20,9 +20,10 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from reward_server.rendering import Renderer, RendersText, prepare_tokenizer, re
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RewardModel", "load"]
+__all__ = ["Loaded", "Network", "NetworkModel", "RewardModel", "load", "load_parts"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -127,17 +128,22 @@ def _source(model: str) -> str:
     return model
 
 
-def _read_config(source: str, options: LoadOptions) -> Any:
-    """The model's config; a known architecture must be a sequence classifier (unless an
-    adapter brings the head)."""
+def _load_config(source: str, options: LoadOptions) -> Any:
+    """The model's config, as transformers reads it."""
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code)
+        return AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code)
     except Exception as exc:
         raise ModelLoadError(
             f"cannot read model config of {options.model!r}: {one_line(exc)}"
         ) from exc
+
+
+def _read_config(source: str, options: LoadOptions) -> Any:
+    """The model's config; a known architecture must be a sequence classifier (unless an
+    adapter brings the head)."""
+    config = _load_config(source, options)
     archs = list(getattr(config, "architectures", None) or [])
     classifies = any(a.endswith("ForSequenceClassification") for a in archs)
     if archs and not options.adapter and not classifies:
@@ -167,14 +173,21 @@ def _load_tokenizer(source: str, options: LoadOptions, template: str | None) -> 
 
 
 def _load_network(
-    source: str, options: LoadOptions, config: Any, dtype: torch.dtype
+    source: str,
+    options: LoadOptions,
+    config: Any,
+    dtype: torch.dtype,
+    auto_class: Any = None,
+    kind: str = "sequence-classification",
 ) -> tuple[torch.nn.Module, str | None]:
-    """The sequence-classification network, and the name of its head when the checkpoint
-    lacks the head's weights (only an adapter may then provide them)."""
+    """The ``kind`` network (loaded with ``auto_class``, by default the sequence classifier),
+    and the name of its head when the checkpoint lacks the head's weights (only an adapter
+    may then provide them)."""
     from transformers import AutoModelForSequenceClassification
 
+    auto = auto_class or AutoModelForSequenceClassification
     try:
-        net, loading_info = AutoModelForSequenceClassification.from_pretrained(
+        net, loading_info = auto.from_pretrained(
             source,
             dtype=dtype,
             trust_remote_code=options.trust_remote_code,
@@ -184,8 +197,8 @@ def _load_network(
         msg = one_line(exc)
         if "Unrecognized configuration class" in msg:
             raise ModelLoadError(
-                f"{options.model!r} ({type(config).__name__}) has no sequence-classification "
-                "architecture in transformers"
+                f"{options.model!r} ({type(config).__name__}) has no {kind} architecture "
+                "in transformers"
             ) from exc
         raise ModelLoadError(f"cannot load model {options.model!r}: {msg}") from exc
     head = _find_head(net)
@@ -307,6 +320,51 @@ def _load_adapter(
     return wrapped
 
 
+class Loaded(NamedTuple):
+    """The loaded parts of a model, ready on its device."""
+
+    net: torch.nn.Module
+    tokenizer: Any
+    #: The network's class before an adapter wraps it.
+    architecture: str
+    device: torch.device
+    dtype: torch.dtype
+    max_length: int
+
+    def network(self, renderer: Renderer, adapter: str | None) -> Network:
+        """The network with its renderer, as the models take it."""
+        return Network(self.net, renderer, adapter, self.architecture, self.device, self.dtype)
+
+
+#: Picks the transformers class that loads a model from its config (None: the sequence
+#: classifier, after checking the config names one).
+AutoClass = Callable[[Any, LoadOptions], Any]
+
+
+def load_parts(
+    options: LoadOptions, auto_class: AutoClass | None = None, kind: str = "sequence-classification"
+) -> Loaded:
+    """The steps of loading, in the order that fails cheapest first: options, device,
+    template, config, tokenizer, the ``kind`` network (with its adapter) and its max length."""
+    _check_options(options)
+    source = _source(options.model)
+    device = _resolve_device(options.device)
+    template = read_template(options.chat_template)
+    if auto_class is None:
+        config, auto = _read_config(source, options), None
+    else:
+        config = _load_config(source, options)
+        auto = auto_class(config, options)
+    dtype = _resolve_dtype(options.dtype, device, config)
+    tokenizer = _load_tokenizer(source, options, template)
+    net, head_needed = _load_network(source, options, config, dtype, auto, kind)
+    architecture = type(net).__name__
+    _check_labels(net, tokenizer, options.label_index)
+    net = _ready_network(net, options, head_needed, device)
+    max_length = _max_length(net, tokenizer, options)
+    return Loaded(net, tokenizer, architecture, device, dtype, max_length)
+
+
 def _pad(batch: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged rows -> right-padded ids ``(B, T)`` and the row lengths ``(B,)``."""
     # numpy.fromiter reads the ragged rows ~20x faster than torch.tensor on Python lists.
@@ -327,42 +385,96 @@ def _pad(batch: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, tor
 # ---------------------------------------------------------------------- the model
 
 
-class RewardModel(RendersText):
-    """A sequence-classification reward model with its tokenizer, ready to score text."""
+def _label_names(config: Any, num_labels: int) -> list[str]:
+    """Label names by index (the config's ``id2label``, else ``LABEL_i``)."""
+    id2label = getattr(config, "id2label", None) or {}
+    return [str(id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)]
 
-    def __init__(
-        self,
-        *,
-        model: torch.nn.Module,
-        renderer: Renderer,
-        adapter: str | None,
-        architecture: str,
-        label_index: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        head: torch.nn.Module | None,
-    ) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """A loaded network with what it was loaded as and with."""
+
+    model: torch.nn.Module
+    renderer: Renderer
+    adapter: str | None
+    architecture: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+class NetworkModel(RendersText):
+    """What the models this engine runs share: a network on its device with its renderer,
+    one forward pass, the facts for /info, and closing."""
+
+    #: What the model is, in the error after :meth:`close`.
+    kind = "reward model"
+
+    def __init__(self, network: Network) -> None:
+        model = network.model
         self._model: torch.nn.Module | None = model
-        self.rendering = renderer
-        self.name = renderer.name
-        self.tokenizer = renderer.tokenizer  # read-only use
-        self.max_length = renderer.max_length
-        self.truncation_side = renderer.truncation_side
-        self.adapter = adapter
-        self.architecture = architecture
-        self.num_labels: int = int(model.config.num_labels)
-        id2label = getattr(model.config, "id2label", None) or {}
-        self.labels: list[str] = [
-            str(id2label.get(i, f"LABEL_{i}")) for i in range(self.num_labels)
-        ]
-        self.label_index = label_index
-        self.dtype = str(dtype).removeprefix("torch.")
-        self.device = str(device)
-        self._torch_device = device
+        self.rendering = network.renderer
+        self.name = self.rendering.name
+        self.tokenizer = self.rendering.tokenizer  # read-only use
+        self.max_length = self.rendering.max_length
+        self.truncation_side = self.rendering.truncation_side
+        self.adapter = network.adapter
+        self.architecture = network.architecture
+        self.dtype = str(network.dtype).removeprefix("torch.")
+        self.device = str(network.device)
+        self._torch_device = network.device
         # Decoders build a KV cache by default; scoring never reuses it.
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         accepts_cache = "use_cache" in inspect.signature(base.forward).parameters
         self._forward_kwargs: dict[str, Any] = {"use_cache": False} if accepts_cache else {}
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The underlying torch module (read-only use)."""
+        if self._model is None:
+            raise RuntimeError(f"{self.kind} {self.name!r} is closed")
+        return self._model
+
+    def _call(self, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+        """The network's output of one forward pass over ``(B, T)`` ids and mask."""
+        return self.model(
+            input_ids=ids.to(self._torch_device),
+            attention_mask=mask.to(self._torch_device),
+            **self._forward_kwargs,
+        )
+
+    def _probe_row(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A tiny row (the special tokens around two pads) and its mask, for a probe pass."""
+        r = self.rendering
+        ids = [*r.prefix, r.pad_token_id, r.pad_token_id, *r.suffix]
+        return torch.tensor([ids]), torch.ones(1, len(ids)).long()
+
+    def network_info(self) -> dict[str, object]:
+        """The rendering and network part of GET /info."""
+        return {
+            **self.rendering_info(),
+            "adapter": self.adapter,
+            "architecture": self.architecture,
+            "dtype": self.dtype,
+            "device": self.device,
+        }
+
+    def close(self) -> None:
+        """Drop the network (scoring after it raises)."""
+        self._model = None
+        if self._torch_device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+class RewardModel(NetworkModel):
+    """A sequence-classification reward model with its tokenizer, ready to score text."""
+
+    def __init__(self, network: Network, *, label_index: int, head: torch.nn.Module | None) -> None:
+        super().__init__(network)
+        config = network.model.config
+        self.num_labels: int = int(config.num_labels)
+        self.labels: list[str] = _label_names(config, self.num_labels)
+        self.label_index = label_index
         # The head's output of the pass running on each thread (passes may run concurrently).
         self._captured = threading.local()
         self._hook = head.register_forward_hook(self._capture_head) if head is not None else None
@@ -387,38 +499,24 @@ class RewardModel(RendersText):
 
     @classmethod
     def _build(cls, options: LoadOptions) -> RewardModel:
-        """The steps of loading, in the order that fails cheapest first."""
-        _check_options(options)
-        source = _source(options.model)
-        device = _resolve_device(options.device)
-        template = read_template(options.chat_template)
-        config = _read_config(source, options)
-        dtype = _resolve_dtype(options.dtype, device, config)
-        tokenizer = _load_tokenizer(source, options, template)
-        net, head_needed = _load_network(source, options, config, dtype)
-        architecture = type(net).__name__
-        _check_labels(net, tokenizer, options.label_index)
-        net = _ready_network(net, options, head_needed, device)
+        """Load the network, then the renderer and the head to read."""
+        loaded = load_parts(options)
         renderer = Renderer(
-            tokenizer,
+            loaded.tokenizer,
             name=options.model,
-            max_length=_max_length(net, tokenizer, options),
+            max_length=loaded.max_length,
             truncation_side=options.truncation_side,
         )
         # After PEFT wrapping/merging, the head to hook is whatever module now sits there.
-        found = _find_head(net)
+        found = _find_head(loaded.net)
         if found is None:
             logger.warning(
-                "no score head found on %s; using the model's own pooled logits", architecture
+                "no score head found on %s; using the model's own pooled logits",
+                loaded.architecture,
             )
         rm = cls(
-            model=net,
-            renderer=renderer,
-            adapter=options.adapter,
-            architecture=architecture,
+            loaded.network(renderer, options.adapter),
             label_index=options.label_index,
-            device=device,
-            dtype=dtype,
             head=found[1] if found else None,
         )
         rm._log_loaded(options)
@@ -439,15 +537,6 @@ class RewardModel(RendersText):
             "decoder (last-token head)" if self.is_decoder else "encoder (pooled head)",
         )
 
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The underlying torch module (read-only use)."""
-        if self._model is None:
-            raise RuntimeError(f"reward model {self.name!r} is closed")
-        return self._model
-
     # ------------------------------------------------------------------ scoring
 
     def _capture_head(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
@@ -458,27 +547,22 @@ class RewardModel(RendersText):
         """One forward pass: the model's output and the head's output it produced."""
         self._captured.out = None
         try:
-            out = self.model(
-                input_ids=ids.to(self._torch_device),
-                attention_mask=mask.to(self._torch_device),
-                **self._forward_kwargs,
-            )
+            out = self._call(ids, mask)
             return out, self._captured.out
         finally:
             self._captured.out = None
 
     def _probe_is_decoder(self) -> bool:
         """Run one tiny forward; a per-token head output ``(B, T, L)`` means a decoder."""
-        r = self.rendering
-        ids = [*r.prefix, r.pad_token_id, r.pad_token_id, *r.suffix]
+        ids, mask = self._probe_row()
         with torch.inference_mode():
-            out, head_out = self._forward(torch.tensor([ids]), torch.ones(1, len(ids)).long())
+            out, head_out = self._forward(ids, mask)
         logits = out.logits if hasattr(out, "logits") else out[0]
         if logits.shape[-1] != self.num_labels:
             raise ModelLoadError(
                 f"model outputs {logits.shape[-1]} logits but config says {self.num_labels} labels"
             )
-        return head_out is not None and head_out.dim() == 3 and head_out.shape[1] == len(ids)
+        return head_out is not None and head_out.dim() == 3 and head_out.shape[1] == ids.shape[1]
 
     @torch.inference_mode()
     def _logits(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -511,13 +595,9 @@ class RewardModel(RendersText):
     def info(self) -> dict[str, object]:
         """Static facts about the loaded model, for GET /info."""
         return {
-            **self.rendering_info(),
-            "adapter": self.adapter,
-            "architecture": self.architecture,
+            **self.network_info(),
             "num_labels": self.num_labels,
             "label_index": self.label_index,
-            "dtype": self.dtype,
-            "device": self.device,
         }
 
     def close(self) -> None:
@@ -525,6 +605,4 @@ class RewardModel(RendersText):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        self._model = None
-        if self._torch_device.type == "cuda":
-            torch.cuda.empty_cache()
+        super().close()
