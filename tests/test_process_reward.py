@@ -50,6 +50,11 @@ RESPONSES = [
 QUERY = "what did you think of the movie? "
 
 
+def cpu_options(model: str, **kwargs: object) -> LoadOptions:
+    """Load options on the CPU in float32 (the references below run there)."""
+    return LoadOptions(model=model, device="cpu", **kwargs)  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="module")
 def prm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny GPT-2 token classifier, two labels, byte-level BPE with the step tag."""
@@ -72,12 +77,12 @@ def bert_prm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def prm(prm_path: Path) -> ProcessRewardModel:
-    return load(LoadOptions(model=str(prm_path)))
+    return load(cpu_options(str(prm_path)))
 
 
 @pytest.fixture(scope="module")
 def tagged_prm(prm_path: Path) -> ProcessRewardModel:
-    return load(LoadOptions(model=str(prm_path)), StepOptions(tag=TAG))
+    return load(cpu_options(str(prm_path)), StepOptions(tag=TAG))
 
 
 # ---------------------------------------------------------------------- the reference
@@ -215,7 +220,7 @@ def test_a_tag_inside_the_query_or_response_text_is_not_a_step(
 
 def test_one_label_gives_the_raw_logit(tmp_path: Path) -> None:
     path = tiny_models.save_process_reward_model(tmp_path, num_labels=1)
-    model = load(LoadOptions(model=str(path)))
+    model = load(cpu_options(str(path)))
     assert model.num_labels == 1
     item = model.rendering.encode_pairs(["q "], ["a\n\nb"], truncate=True)[0]
     result = model.score_steps([item])[0]
@@ -237,12 +242,12 @@ def test_every_step_aggregate_on_the_model(prm_path: Path, prm: ProcessRewardMod
     }
     for how, value in expected.items():
         assert step_results(rows, [item], how)[0].score == pytest.approx(value, abs=1e-12)
-        loaded = load(LoadOptions(model=str(prm_path)), StepOptions(aggregate=how))
+        loaded = load(cpu_options(str(prm_path)), StepOptions(aggregate=how))
         assert loaded.score_steps([item])[0].score == pytest.approx(value, abs=1e-6)
 
 
 def test_wordpiece_reads_the_last_token_before_uncovered_white_space(bert_prm_path: Path) -> None:
-    model = load(LoadOptions(model=str(bert_prm_path)))
+    model = load(cpu_options(str(bert_prm_path)))
     response = "the film\n\nwas good \n\n"
     item = model.rendering.encode_pairs(["a movie "], [response], truncate=True)[0]
     assert item.step_ends == [10, 21]
@@ -270,7 +275,7 @@ def conversation(response: str) -> list[dict[str, str]]:
 
 
 def test_conversations_with_the_chat_template(chat_prm_path: Path) -> None:
-    model = load(LoadOptions(model=str(chat_prm_path)))
+    model = load(cpu_options(str(chat_prm_path)))
     response = "it was good\n\nreally é"
     item = model.rendering.encode_conversations([conversation(response)], truncate=True)[0]
     text = "<|user|>\nrate the film</s>\n<|assistant|>\n" + response + "</s>\n"
@@ -286,7 +291,7 @@ def test_conversations_with_the_chat_template(chat_prm_path: Path) -> None:
 def test_a_trimming_template_is_followed(chat_prm_path: Path, tmp_path: Path) -> None:
     template = tmp_path / "trim.jinja"
     template.write_text(TRIM_TEMPLATE)
-    model = load(LoadOptions(model=str(chat_prm_path), chat_template=str(template)))
+    model = load(cpu_options(str(chat_prm_path), chat_template=str(template)))
     response = "  first step\n\nsecond step\n\n"
     item = model.rendering.encode_conversations([conversation(response)], truncate=True)[0]
     assert item.step_ends == [14, 27]
@@ -303,13 +308,13 @@ def test_a_template_that_changes_the_response_is_an_error(
 ) -> None:
     template = tmp_path / "upper.jinja"
     template.write_text(UPPER_TEMPLATE)
-    model = load(LoadOptions(model=str(chat_prm_path), chat_template=str(template)))
+    model = load(cpu_options(str(chat_prm_path), chat_template=str(template)))
     with pytest.raises(ResponseNotFoundError, match="item 0: the chat template changes"):
         model.rendering.encode_conversations([conversation("fine\n\nok")], truncate=True)
 
 
 def test_the_last_message_must_be_the_assistants(chat_prm_path: Path) -> None:
-    model = load(LoadOptions(model=str(chat_prm_path)))
+    model = load(cpu_options(str(chat_prm_path)))
     conv = [*conversation("fine"), {"role": "user", "content": "and?"}]
     with pytest.raises(ResponseNotFoundError, match=r"conversation 0: .* not 'user'"):
         model.rendering.encode_conversations([conv], truncate=True)
@@ -323,12 +328,10 @@ LONG = "\n\n".join(f"step {word} was good" for word in ("one", "two", "three", "
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_truncation_drops_and_counts_steps(prm_path: Path, side: str) -> None:
-    full = load(LoadOptions(model=str(prm_path))).rendering.encode_pairs(
-        ["q "], [LONG], truncate=True
-    )[0]
+    full = load(cpu_options(str(prm_path))).rendering.encode_pairs(["q "], [LONG], truncate=True)[0]
     n = len(full.encoded.input_ids)
     limit = n - 20
-    model = load(LoadOptions(model=str(prm_path), max_length=limit, truncation_side=side))
+    model = load(cpu_options(str(prm_path), max_length=limit, truncation_side=side))
     item = model.rendering.encode_pairs(["q "], [LONG], truncate=True)[0]
     assert item.encoded.truncated and item.encoded.num_tokens == limit
     assert 0 < item.steps_dropped < 5
@@ -346,7 +349,7 @@ def test_truncation_drops_and_counts_steps(prm_path: Path, side: str) -> None:
 
 
 def test_no_step_left_is_an_error(prm_path: Path) -> None:
-    model = load(LoadOptions(model=str(prm_path), max_length=8, truncation_side="right"))
+    model = load(cpu_options(str(prm_path), max_length=8, truncation_side="right"))
     with pytest.raises(StepsTruncatedError, match="item 0: truncation to 8 tokens"):
         model.rendering.encode_pairs(
             ["a long query that fills the budget "], ["a\n\nb"], truncate=True
@@ -373,9 +376,9 @@ def test_info_and_load_errors(prm: ProcessRewardModel, gpt2_rm: Path, prm_path: 
     assert info["step_separator"] == "\n\n" and info["step_aggregate"] == "min"
     assert info["architecture"] == "GPT2ForTokenClassification"
     with pytest.raises(ModelLoadError, match="not a token-classification model"):
-        load(LoadOptions(model=str(gpt2_rm)))
+        load(cpu_options(str(gpt2_rm)))
     with pytest.raises(ModelLoadError, match=r"step_tag 'two words' is \d+ tokens"):
-        load(LoadOptions(model=str(prm_path)), StepOptions(tag="two words"))
+        load(cpu_options(str(prm_path)), StepOptions(tag="two words"))
 
 
 def test_a_model_with_its_own_class_needs_trust_remote_code() -> None:
