@@ -27,6 +27,7 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from reward_server.exceptions import ModelLoadError, ResponseNotFoundError, StepsTruncatedError
 from reward_server.rendering import Encoded, Renderer
@@ -39,6 +40,7 @@ __all__ = [
     "StepOptions",
     "StepRenderer",
     "StepResult",
+    "StepScorer",
     "aggregate_steps",
     "read_steps",
     "split_steps",
@@ -99,6 +101,21 @@ class StepEncoded:
     step_ends: list[int]
     #: Steps read at a token that truncation cut (left out of the two lists above).
     steps_dropped: int
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The token ids to score."""
+        return self.encoded.input_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens scored."""
+        return self.encoded.num_tokens
+
+    @property
+    def truncated(self) -> bool:
+        """Whether truncation cut tokens (steps or not)."""
+        return self.encoded.truncated
 
 
 def split_steps(response: str, separator: str = DEFAULT_STEP_SEPARATOR) -> list[Step]:
@@ -178,6 +195,31 @@ def step_results(
             )
         )
     return results
+
+
+class StepScorer(Protocol):
+    """A loaded process model as the server uses it (the transformers engine's is
+    ``reward_server.engines._process.ProcessRewardModel``)."""
+
+    #: The model served, its device and the most tokens it scores per text.
+    name: str
+    device: str
+    max_length: int
+    #: Renders and tokenizes items and places their steps.
+    rendering: StepRenderer
+    steps: StepOptions
+
+    def token_scores(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The step score of every token of each row of token ids, in order."""
+        ...
+
+    def info(self) -> dict[str, object]:
+        """Static facts for GET /info."""
+        ...
+
+    def close(self) -> None:
+        """Release the model; no scoring after it."""
+        ...
 
 
 # ---------------------------------------------------------------------- finding the response
