@@ -389,3 +389,25 @@ def test_a_model_with_its_own_class_needs_trust_remote_code() -> None:
     with pytest.raises(ModelLoadError, match="pass --trust-remote-code"):
         _auto_class(config, LoadOptions(model="prm"))
     assert _auto_class(config, LoadOptions(model="prm", trust_remote_code=True)) is AutoModel
+
+
+def test_a_template_that_starts_with_bos(chat_prm_path: Path, tmp_path: Path) -> None:
+    # The rendered text carries its BOS: the renderer keeps it in front when truncating,
+    # and the steps are still placed on the right tokens.
+    template = tmp_path / "bos.jinja"
+    template.write_text(tiny_models.EOS + tiny_models.CHAT_TEMPLATE)
+    response = "good\n\nbad\n\nfine"
+    full = load(cpu_options(str(chat_prm_path), chat_template=str(template)))
+    item = full.rendering.encode_conversations([conversation(response)], truncate=True)[0]
+    text = tiny_models.EOS + "<|user|>\nrate the film</s>\n<|assistant|>\n" + response + "</s>\n"
+    ids, offsets = tokens_with_offsets(chat_prm_path, text)
+    assert item.encoded.input_ids == ids
+    at = text.index(response)
+    expected = [token_holding(offsets, at + end - 1) for end in (6, 11, 15)]
+    assert item.positions == expected
+    limit = len(ids) - 10
+    cut = load(
+        cpu_options(str(chat_prm_path), chat_template=str(template), max_length=limit)
+    ).rendering.encode_conversations([conversation(response)], truncate=True)[0]
+    assert cut.encoded.input_ids == ids[:1] + ids[11:]  # BOS kept, the content cut after it
+    assert cut.positions == [p - 10 for p in expected] and cut.steps_dropped == 0
