@@ -336,11 +336,13 @@ def save_wide_head_reward_model(
     seed: int = 0,
     num_labels: int = 1,
     oov_token: str | None = None,
+    add_bos: bool = False,
 ) -> Path:
     """A tiny decoder reward model with 64-wide attention heads (vLLM's CPU kernels need at
     least 64): ``llama`` (BOS, no pad token, Zephyr-style template) or ``qwen2`` (no BOS,
     pad == EOS, ChatML template). ``oov_token``: a token the tokenizer has and the model's
-    embeddings lack (its id is the model's vocabulary size).
+    embeddings lack (its id is the model's vocabulary size). ``add_bos`` (llama): the
+    tokenizer puts BOS before every text, as Llama's and Mistral's do (the template does not).
     """
     from transformers import Qwen2Config
 
@@ -349,6 +351,11 @@ def save_wide_head_reward_model(
         tok = byte_bpe_tokenizer(
             eos="</s>", bos="<s>", extra_special=CHAT_SPECIAL_TOKENS, chat_template=CHAT_TEMPLATE
         )
+        if add_bos:
+            bos_id = tok.bos_token_id
+            tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+                single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+            )
         config_class: type = LlamaConfig
     elif family == "qwen2":
         tok = byte_bpe_tokenizer(

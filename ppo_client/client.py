@@ -666,6 +666,7 @@ class _Core:
         self.max_concurrency = max_concurrency
         self.on_retry = on_retry
         self._max_client_batch = max_client_batch
+        self._vllm_found: protocols.VllmSpecials | None = None  # asked on the first vLLM call
         self._headers = {"Accept": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -733,10 +734,11 @@ class _Core:
             raise RewardServerError(None, "invalid response: not a JSON object", url, method="GET")
         return info
 
-    def _probe(self, path: str) -> Flow[object]:
-        """``GET path``'s answer, or None where the server answers it with a 4xx."""
+    def _probe(self, path: str, body: object | None = None) -> Flow[object]:
+        """``GET path``'s answer (POST ``body`` if given), or None where the server answers
+        it with a 4xx."""
         try:
-            answer, _ = yield from self._request("GET", path)
+            answer, _ = yield from self._request("GET" if body is None else "POST", path, body)
         except RewardServerError as exc:
             if exc.status is None or exc.status >= 500:
                 raise
@@ -786,6 +788,15 @@ class _Core:
         self._max_client_batch = size
         return size
 
+    def _vllm_specials(self) -> Flow[protocols.VllmSpecials]:
+        """What a vLLM server's tokenizer adds, asked once (its ``/tokenize``) and logged."""
+        if self._vllm_found is None:
+            (path, empty), (_, chat) = protocols.VLLM_PROBES
+            answers = (yield from self._probe(path, empty)), (yield from self._probe(path, chat))
+            self._vllm_found = protocols.vllm_specials(*answers)
+            logger.info("vLLM server %s tokenizes with %s", self.base_urls[0], self._vllm_found)
+        return self._vllm_found
+
     def _score_chunk(self, protocol: str, wire: protocols.WireRequest) -> Flow[ScoreResult]:
         payload, url = yield from self._request("POST", wire.path, wire.body)
         if protocol == "remote-reward":
@@ -803,7 +814,8 @@ class _Core:
             return ScoreResult([], [], [])
         protocol = yield from self._protocol()
         size = yield from self._chunk_size()
-        wires = protocols.requests(protocol, columns, size, truncate)
+        specials = (yield from self._vllm_specials()) if protocol == "vllm" else None
+        wires = protocols.requests(protocol, columns, size, truncate, specials)
         results: list[ScoreResult] = yield _Gather([self._score_chunk(protocol, w) for w in wires])
         return _merge(results)
 
