@@ -19,7 +19,7 @@ item, the result says 0 tokens and not truncated.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,15 +71,27 @@ def _pair_conversations(columns: dict[str, list[Any]]) -> list[list[dict[str, An
 
 
 def requests(
-    protocol: str, columns: dict[str, list[Any]], size: int, truncate: bool | None
+    protocol: str,
+    columns: dict[str, list[Any]],
+    size: int,
+    truncate: bool | None,
+    fields: Mapping[str, Any] | None = None,
 ) -> list[WireRequest]:
-    """The requests that score ``columns`` (one input form) in ``protocol``."""
+    """The requests that score ``columns`` (one input form) in ``protocol``; ``fields``
+    (``model``, ``components``) are this server's own and go into every remote-reward body."""
     if protocol == "remote-reward":
         bodies = _split(columns, size)
         for body in bodies:
             if truncate is not None:
                 body["truncate"] = truncate
+            body.update(fields or {})
+        # The first key of a body is its input column (then truncate and fields).
         return [WireRequest("/score", b, len(next(iter(b.values())))) for b in bodies]
+    if fields:
+        raise ValueError(
+            f"protocol {protocol!r} cannot take {', '.join(sorted(fields))}= "
+            "(only this project's server, protocol remote-reward)"
+        )
     if protocol == "vllm":
         return _vllm_requests(columns, size, truncate)
     if "conversations" in columns:
