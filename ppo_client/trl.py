@@ -102,11 +102,6 @@ class RemoteReward:
         model: str | None = None,
         **client_kwargs: Any,
     ) -> None:
-        self.__name__ = name
-        self.__qualname__ = name
-        self.truncate = truncate
-        self.model = model
-        self._component_names: list[str] | None = None
         self._client_args: dict[str, Any] = {
             "base_urls": url_or_urls,
             "api_key": api_key,
@@ -114,6 +109,11 @@ class RemoteReward:
             "protocol": protocol,
             **client_kwargs,
         }
+        self.__name__ = name
+        self.__qualname__ = name
+        self.truncate = truncate
+        self.model = model
+        self._component_names: list[str] | None = None  # from /info, on first use
         # Built now so that bad arguments fail here, not in the first training step.
         self._shared = http_client is not None
         self._unclaimed: AsyncRewardClient | None = AsyncRewardClient(

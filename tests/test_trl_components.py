@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from counterparts import Counterpart, responses_of, serving
 from datasets import Dataset
 from fastapi import FastAPI, Request
-from server_proc import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -39,62 +35,37 @@ def component_scores(response: str) -> dict[str, float]:
     return {"helpful": len(response) / 10, "safe": -float(response.count("e"))}
 
 
-@dataclass
-class CompositeServer:
-    """A composite reward server as the tests see it."""
-
-    url: str
-    names: tuple[str, ...]
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-
-    def score_requests(self) -> int:
-        """How many /score requests the server has answered."""
-        return len(self.bodies)
-
-
-def counterpart_app(server: CompositeServer) -> FastAPI:
+def composite_app(server: Counterpart) -> FastAPI:
     """/info and /score of a two-model composite server (weights 1 and 1)."""
     app = FastAPI()
 
     @app.get("/info")
     def info() -> dict[str, Any]:
-        models = [{"name": n, "kind": "sequence", "weight": 1.0} for n in server.names]
+        models = [{"name": n, "kind": "sequence", "weight": 1.0} for n in NAMES]
         return {"max_client_batch": 64, "models": models, "aggregate": "weighted_sum"}
 
     @app.post("/score")
     async def score(request: Request) -> dict[str, Any]:
         body = await request.json()
         server.bodies.append(body)
-        responses = body.get("responses") or [c[-1]["content"] for c in body["conversations"]]
-        each = [component_scores(r) for r in responses]
-        answer: dict[str, Any] = {
+        each = [component_scores(r) for r in responses_of(body)]
+        return {
             "scores": [sum(e.values()) for e in each],
-            "tokens": [len(r) for r in responses],
-            "truncated": [False] * len(responses),
-            "model": "+".join(server.names),
-            "components": {n: [e[n] for e in each] for n in server.names},
+            "tokens": [1] * len(each),
+            "truncated": [False] * len(each),
+            "model": "+".join(NAMES),
+            "components": {n: [e[n] for e in each] for n in NAMES},
         }
-        return answer
 
     return app
 
 
 @pytest.fixture(scope="module")
-def composite_server() -> Iterator[CompositeServer]:
-    """The counterpart server on a free port, in a thread of this process."""
-    port = free_port()
-    server = CompositeServer(f"http://127.0.0.1:{port}", NAMES)
-    config = uvicorn.Config(counterpart_app(server), port=port, log_level="warning")
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert time.monotonic() < deadline, "the counterpart server did not start"
-        time.sleep(0.02)
-    yield server
-    uv.should_exit = True
-    thread.join(timeout=10)
+def composite_server() -> Iterator[Counterpart]:
+    """A composite server of the models NAMES (here the counterpart, in a thread)."""
+    server = Counterpart()
+    with serving(composite_app(server), server):
+        yield server
 
 
 # ------------------------------------------------------------------- without TRL
@@ -161,11 +132,11 @@ def test_an_unknown_component_names_the_known_ones() -> None:
         asyncio.run(func(PROMPTS, COMPLETIONS))
 
 
-def test_component_names_come_from_the_server_info(composite_server: CompositeServer) -> None:
+def test_component_names_come_from_the_server_info(composite_server: Counterpart) -> None:
     reward = RemoteReward(composite_server.url)
     funcs = reward.components()
-    assert [f.__name__ for f in funcs] == list(composite_server.names)
-    assert reward.component_names() == list(composite_server.names)
+    assert [f.__name__ for f in funcs] == list(NAMES)
+    assert reward.component_names() == list(NAMES)
     before = composite_server.score_requests()
 
     async def run() -> list[list[float]]:
@@ -182,11 +153,27 @@ def test_component_names_come_from_the_server_info(composite_server: CompositeSe
 # ----------------------------------------------------------------------- with TRL
 
 
+class Capture:
+    """Records each /score request body and answer the reward functions exchange."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def on_response(self, response: httpx.Response) -> None:
+        await response.aread()
+        if response.request.url.path == "/score" and response.status_code == 200:
+            self.exchanges.append((json.loads(response.request.content), response.json()))
+
+
 def test_grpo_trains_with_one_reward_function_per_component(
-    gpt2_policy: Path, composite_server: CompositeServer, tmp_path: Path
+    gpt2_policy: Path, composite_server: Counterpart, tmp_path: Path
 ) -> None:
-    funcs = RemoteReward(composite_server.url).components()
-    weights = [1.0, 0.5]
+    capture = Capture()
+    http = httpx.AsyncClient(timeout=60, event_hooks={"response": [capture.on_response]})
+    funcs = RemoteReward(composite_server.url, http_client=http).components()
+    names = [f.__name__ for f in funcs]
+    assert len(names) >= 2
+    weights = [1.0, 0.5, 0.25][: len(names)]
     config = GRPOConfig(
         output_dir=str(tmp_path),
         max_steps=2,
@@ -214,18 +201,20 @@ def test_grpo_trains_with_one_reward_function_per_component(
     before = composite_server.score_requests()
     trainer.train()
 
-    # One /score request per generation batch (one batch per step), asking for components.
-    bodies = composite_server.bodies[before:]
-    assert len(bodies) == 2 == composite_server.score_requests() - before
-    assert all(b["components"] is True and len(b["responses"]) == 4 for b in bodies)
-    # TRL logged each component under its name, as the server scored that step's batch.
-    steps = [h for h in trainer.state.log_history if "rewards/helpful/mean" in h]
+    # The server saw one /score request per generation batch (one batch per step), each
+    # asking for the components.
+    assert composite_server.score_requests() - before == 2
+    assert len(capture.exchanges) == 2
+    assert all(body["components"] is True for body, _ in capture.exchanges)
+    # TRL logged each component under its name, as the server scored that step's batch,
+    # and its reward as its weighted sum of them.
+    steps = [h for h in trainer.state.log_history if f"rewards/{names[0]}/mean" in h]
     assert [h["step"] for h in steps] == [1, 2]
-    for logged, body in zip(steps, bodies, strict=True):
-        each = [component_scores(r) for r in body["responses"]]
-        for name in NAMES:
-            mean = sum(e[name] for e in each) / len(each)
-            assert logged[f"rewards/{name}/mean"] == pytest.approx(mean, abs=1e-5)
-        # TRL's reward is its weighted sum of the components.
-        total = sum(sum(w * e[n] for n, w in zip(NAMES, weights, strict=True)) for e in each)
-        assert logged["reward"] == pytest.approx(total / len(each), abs=1e-5)
+    for logged, (_, answer) in zip(steps, capture.exchanges, strict=True):
+        columns = answer["components"]
+        assert set(columns) == set(names) and len(columns[names[0]]) == 4
+        for name in names:
+            mean = sum(columns[name]) / 4
+            assert logged[f"rewards/{name}/mean"] == pytest.approx(mean, rel=1e-5, abs=1e-5)
+        total = sum(w * sum(columns[n]) for n, w in zip(names, weights, strict=True)) / 4
+        assert logged["reward"] == pytest.approx(total, rel=1e-5, abs=1e-5)
