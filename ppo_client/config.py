@@ -120,7 +120,8 @@ class PPOConfig(BaseModel):
     """Whiten each score before the baseline and scale: "running" maps it to
     (score - mean) / std over the last ``reward_normalization_window`` scores of the run
     (this update's included, from every rank), as OpenRLHF's normalize_reward whitens
-    rewards; "none" leaves scores as the reward returns them."""
+    rewards; "none" leaves scores as the reward returns them. With reward_mode process it
+    whitens the outcome scores; step scores are not normalised."""
     reward_normalization_window: int = Field(default=1024, ge=2)
     """How many of the latest scores the running mean and std are taken over."""
     reward_mode: Literal["outcome", "process"] = "outcome"

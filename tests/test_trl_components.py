@@ -150,6 +150,20 @@ def test_component_names_come_from_the_server_info(composite_server: Counterpart
     assert outputs[0] == [component_scores(c)["helpful"] for c in COMPLETIONS]
 
 
+def test_a_server_without_a_models_list_asks_for_names() -> None:
+    app = FastAPI()
+
+    @app.get("/info")
+    def info() -> dict[str, Any]:
+        return {"max_client_batch": 8}  # a server from before composite rewards
+
+    server = Counterpart()
+    no_names = pytest.raises(RewardClientError, match=r"lists no models .* pass names=")
+    with serving(app, server), no_names:
+        RemoteReward(server.url).components()
+    assert [f.__name__ for f in RemoteReward(server.url).components(names=["a"])] == ["a"]
+
+
 # ----------------------------------------------------------------------- with TRL
 
 
