@@ -12,6 +12,7 @@ equally frequent merges differently from one process to the next.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -171,6 +172,40 @@ def byte_bpe_tokenizer(
     if chat_template is not None:
         fast.chat_template = chat_template
     return fast
+
+
+def byte_fallback_tokenizer(
+    corpus: Sequence[str] | None = None, vocab_size: int = 300
+) -> PreTrainedTokenizerFast:
+    """A Llama-style BPE with byte fallback (SentencePiece conventions): spaces become "▁",
+    the text gets a leading "▁" that decoding strips again, and a character outside the
+    vocabulary (anything but the corpus's ASCII) is spelt as its UTF-8 bytes ``<0xC3>``..."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    tok.train_from_iterator(
+        corpus or make_corpus(),
+        trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"]),
+    )
+    # The trainer knows no byte fallback: add the 256 byte pieces as ordinary tokens.
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def chat_tokenizer() -> PreTrainedTokenizerFast:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,16 +132,25 @@ def requests(
     columns: dict[str, list[Any]],
     size: int,
     truncate: bool | None,
+    fields: Mapping[str, Any] | None = None,
     specials: VllmSpecials | None = None,
 ) -> list[WireRequest]:
-    """The requests that score ``columns`` (one input form) in ``protocol``; ``specials``:
-    what the vLLM server's tokenizer adds (vLLM's defaults when not given)."""
+    """The requests that score ``columns`` (one input form) in ``protocol``; ``fields``
+    (``model``, ``components``) are this server's own and go into every remote-reward body;
+    ``specials``: what the vLLM server's tokenizer adds (vLLM's defaults when not given)."""
     if protocol == "remote-reward":
         bodies = _split(columns, size)
         for body in bodies:
             if truncate is not None:
                 body["truncate"] = truncate
+            body.update(fields or {})
+        # The first key of a body is its input column (then truncate and fields).
         return [WireRequest("/score", b, len(next(iter(b.values())))) for b in bodies]
+    if fields:
+        raise ValueError(
+            f"protocol {protocol!r} cannot take {', '.join(sorted(fields))}= "
+            "(only this project's server, protocol remote-reward)"
+        )
     if protocol == "vllm":
         return _vllm_requests(columns, size, truncate, specials or VllmSpecials())
     if "conversations" in columns:

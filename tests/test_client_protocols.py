@@ -187,10 +187,10 @@ def test_vllm_specials_from_tokenize_probes(
 def test_vllm_requests_ask_for_this_servers_special_tokens() -> None:
     specials = VllmSpecials("<s>", chat=True)
     texts = ["a", "<s>b", "<s>c", "d", "e"]
-    wires = requests("vllm", {"texts": texts}, 2, None, specials)
+    wires = requests("vllm", {"texts": texts}, 2, None, specials=specials)
     assert [w.body["input"] for w in wires] == [["a"], ["<s>b", "<s>c"], ["d", "e"]]  # in order
     assert [w.body.get("add_special_tokens") for w in wires] == [None, False, None]
-    (chat,) = requests("vllm", {"conversations": CONVERSATIONS[:1]}, 2, None, specials)
+    (chat,) = requests("vllm", {"conversations": CONVERSATIONS[:1]}, 2, None, specials=specials)
     assert chat.body["add_special_tokens"] is True and chat.body["use_activation"] is False
     (plain,) = requests("vllm", {"conversations": CONVERSATIONS[:1]}, 2, None)
     assert "add_special_tokens" not in plain.body  # vLLM's default: the template's own

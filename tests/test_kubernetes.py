@@ -183,11 +183,7 @@ def unknown_server_names(env: dict[str, str | None], argv: list[str]) -> list[st
 
 
 def get_routes() -> set[str]:
-    return {
-        route.path
-        for route in router.routes
-        if "GET" in getattr(route, "methods", set())
-    }
+    return {route.path for route in router.routes if "GET" in getattr(route, "methods", set())}
 
 
 def exported_metrics() -> set[str]:
