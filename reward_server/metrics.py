@@ -72,27 +72,22 @@ class Metrics:
         self.queued = self._gauge("queue_items", "Items waiting to be scored.")
         self.ready = self._gauge("ready", "1 when the server accepts work.")
         # Per served model (the series above sum over the models).
-        self.model_items = self._counter(
-            "model_items", "Items scored successfully, by model.", ("model",)
-        )
-        self.model_tokens = self._counter(
-            "model_tokens", "Tokens scored (unpadded), by model.", ("model",)
-        )
+        model = ("model",)
+        self.model_items = self._counter("model_items", "Items scored, by model.", model)
+        self.model_tokens = self._counter("model_tokens", "Tokens scored, by model.", model)
         self.model_batches = self._counter(
-            "model_batches", "Forward passes by model and outcome.", ("model", "outcome")
+            "model_batches", "Forward passes by model and outcome.", (*model, "outcome")
         )
         self.model_batch_rows = self._histogram(
-            "model_batch_rows", "Rows per forward pass, by model.", _ROWS_BUCKETS, ("model",)
+            "model_batch_rows", "Rows per forward pass, by model.", _ROWS_BUCKETS, model
         )
         self.model_inference = self._histogram(
             "model_inference_seconds",
             "Duration of one forward pass, by model.",
             _TIME_BUCKETS,
-            ("model",),
+            model,
         )
-        self.model_queued = self._gauge(
-            "model_queue_items", "Items waiting to be scored, by model.", ("model",)
-        )
+        self.model_queued = self._gauge("model_queue_items", "Items waiting, by model.", model)
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter ``reward_server_<name>_total`` in this registry."""

@@ -450,24 +450,14 @@ class Service:
             (only,) = results
             name = slots[0].name
             return Scored(name, [r.score for r in only], by_name, labels)
-        scores = self._aggregate(slots, by_name)
+        scores = _aggregate(slots, by_name, self.aggregate)
         kinds = {slot.kind for slot in slots}
         outcome = None
         if "process" in kinds and "sequence" in kinds:
-            outcome = self._aggregate([s for s in slots if s.kind == "sequence"], by_name)
+            outcome = _aggregate(
+                [s for s in slots if s.kind == "sequence"], by_name, self.aggregate
+            )
         return Scored(self.name, scores, by_name, labels, outcome)
-
-    def _aggregate(
-        self, slots: Sequence[Slot], by_name: Mapping[str, list[ItemResult]]
-    ) -> list[float]:
-        """The combined score of ``slots`` per item (:func:`~reward_server.aggregate.combine`)."""
-        weighting = {}
-        for slot in slots:
-            norm = slot.spec.normalize
-            mean, std = (0.0, 1.0) if norm is None else (norm.mean, norm.std)
-            weighting[slot.name] = Weighting(weight=slot.spec.weight, mean=mean, std=std)
-        scores = {slot.name: [r.score for r in by_name[slot.name]] for slot in slots}
-        return combine(scores, weighting, self.aggregate)
 
     def _count(self, endpoint: str, scored: Scored) -> None:
         """The server-wide counters of one scored request."""
@@ -495,6 +485,19 @@ class Service:
             receive, endpoint, Items(n_items, render), truncate=truncate, max_tokens=max_tokens
         )
         return scored.rows(), scored
+
+
+def _aggregate(
+    slots: Sequence[Slot], by_name: Mapping[str, list[ItemResult]], aggregate: AggregateName
+) -> list[float]:
+    """The combined score of ``slots`` per item (:func:`~reward_server.aggregate.combine`)."""
+    weighting = {}
+    for slot in slots:
+        norm = slot.spec.normalize
+        mean, std = (0.0, 1.0) if norm is None else (norm.mean, norm.std)
+        weighting[slot.name] = Weighting(weight=slot.spec.weight, mean=mean, std=std)
+    scores = {slot.name: [r.score for r in by_name[slot.name]] for slot in slots}
+    return combine(scores, weighting, aggregate)
 
 
 async def _all_or_first_error(work: Sequence[Awaitable[T]]) -> list[T]:

@@ -277,16 +277,9 @@ class BatchedSlot(abc.ABC):
 
     def info(self) -> dict[str, object]:
         """The scorer's facts with the entry's: name, kind, weight, labels, objectives, ..."""
-        spec = self.spec
-        return {
-            **self.scorer.info(),
-            "name": self.name,
-            "kind": self.kind,
-            "weight": spec.weight,
-            "labels": self.labels,
-            "objectives": spec.objectives,
-            "normalize": None if spec.normalize is None else spec.normalize.model_dump(),
-        }
+        entry = self.spec.model_dump(include={"weight", "objectives", "normalize"})
+        own = {"name": self.name, "kind": self.kind, "labels": self.labels}
+        return {**self.scorer.info(), **entry, **own}
 
 
 def _logit_row(value: Any) -> list[float]:
