@@ -26,6 +26,7 @@ from reward_server.exceptions import (
     TextTooLongError,
     TooManyItemsError,
     UnauthorizedError,
+    UnknownModelError,
 )
 from reward_server.schemas import ErrorResponse
 
@@ -75,6 +76,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
         ChatTemplateError: "chat_template",
         PolicyTemplateError: "policy_template",
         EmptyTextError: "empty_text",
+        UnknownModelError: "unknown_model",
     },
     429: {QueueFullError: "queue_full"},
     # nginx's "client closed request": nobody reads it, but metrics count it.
