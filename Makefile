@@ -31,9 +31,10 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# REWARD_SERVER_TEST_VLLM=1: the vLLM engine tests fail instead of skipping without vLLM.
+# REWARD_SERVER_TEST_VLLM=1: the vLLM engine tests fail instead of skipping without vLLM;
+# REWARD_SERVER_TEST_KUBECTL=1: the Kubernetes manifest tests likewise without kubectl.
 test: setup lint
-	REWARD_SERVER_TEST_VLLM=1 $(BIN)/python -m pytest
+	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 $(BIN)/python -m pytest
 
 demo: setup
 	$(BIN)/python -m examples.demo

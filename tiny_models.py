@@ -12,6 +12,7 @@ equally frequent merges differently from one process to the next.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,6 +173,40 @@ def byte_bpe_tokenizer(
     if chat_template is not None:
         fast.chat_template = chat_template
     return fast
+
+
+def byte_fallback_tokenizer(
+    corpus: Sequence[str] | None = None, vocab_size: int = 300
+) -> PreTrainedTokenizerFast:
+    """A Llama-style BPE with byte fallback (SentencePiece conventions): spaces become "▁",
+    the text gets a leading "▁" that decoding strips again, and a character outside the
+    vocabulary (anything but the corpus's ASCII) is spelt as its UTF-8 bytes ``<0xC3>``..."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    tok.train_from_iterator(
+        corpus or make_corpus(),
+        trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"]),
+    )
+    # The trainer knows no byte fallback: add the 256 byte pieces as ordinary tokens.
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def chat_tokenizer() -> PreTrainedTokenizerFast:
@@ -372,11 +407,13 @@ def save_wide_head_reward_model(
     seed: int = 0,
     num_labels: int = 1,
     oov_token: str | None = None,
+    add_bos: bool = False,
 ) -> Path:
     """A tiny decoder reward model with 64-wide attention heads (vLLM's CPU kernels need at
     least 64): ``llama`` (BOS, no pad token, Zephyr-style template) or ``qwen2`` (no BOS,
     pad == EOS, ChatML template). ``oov_token``: a token the tokenizer has and the model's
-    embeddings lack (its id is the model's vocabulary size).
+    embeddings lack (its id is the model's vocabulary size). ``add_bos`` (llama): the
+    tokenizer puts BOS before every text, as Llama's and Mistral's do (the template does not).
     """
     from transformers import Qwen2Config
 
@@ -385,6 +422,11 @@ def save_wide_head_reward_model(
         tok = byte_bpe_tokenizer(
             eos="</s>", bos="<s>", extra_special=CHAT_SPECIAL_TOKENS, chat_template=CHAT_TEMPLATE
         )
+        if add_bos:
+            bos_id = tok.bos_token_id
+            tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+                single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+            )
         config_class: type = LlamaConfig
     elif family == "qwen2":
         tok = byte_bpe_tokenizer(

@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,8 @@ class TrainerState:
 
     step: int = 0
     episode: int = 0
+    reward_window: list[float] = field(default_factory=list)
+    """The running reward normalisation's window (empty when it is off)."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ class Checkpointer:
             "seed": info.seed,
             # The data order is a function of (seed, step): this is the dataloader position.
             "data_position": state.step,
+            "reward_window": state.reward_window,
             "config": info.config,
         }
         (folder / STATE_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
@@ -292,7 +295,11 @@ class Checkpointer:
             set_rng_state(torch.load(rng_file, weights_only=False), parts.np_rng)
         else:
             logger.warning("%s has no RNG state for rank %d", path, acc.process_index)
-        progress = TrainerState(step=int(state["step"]), episode=int(state["episode"]))
+        progress = TrainerState(
+            step=int(state["step"]),
+            episode=int(state["episode"]),
+            reward_window=[float(x) for x in state.get("reward_window", [])],
+        )
         logger.info("resumed from %s at step %d", path, progress.step)
         return progress
 

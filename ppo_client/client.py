@@ -118,11 +118,25 @@ class RewardServerError(RewardClientError):
 
 @dataclass(frozen=True)
 class ScoreResult:
-    """Scores in input order, with the number of tokens scored and truncation per item."""
+    """Scores in input order, with the number of tokens scored and truncation per item.
+
+    The breakdown of a composite server (one list entry per item; None where the server
+    sent none, and always None for protocols other than remote-reward): ``components``
+    (model name -> its own scores), ``objectives`` (label name -> raw logits),
+    ``step_scores`` and ``step_ends`` (per item, a process model's score of each step and
+    the code-point offset into the response where that step ends), ``steps_dropped``
+    (steps lost to truncation) and ``outcome_scores`` (the sequence models' aggregate).
+    """
 
     scores: list[float]
     tokens: list[int]
     truncated: list[bool]
+    components: dict[str, list[float]] | None = None
+    objectives: dict[str, list[float]] | None = None
+    step_scores: list[list[float]] | None = None
+    step_ends: list[list[int]] | None = None
+    steps_dropped: list[int] | None = None
+    outcome_scores: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -205,6 +219,8 @@ class ScoreInputs(TypedDict, total=False):
     (joined by the server as the reward model expects) or ``conversations`` (lists of
     ``{"role", "content"}`` messages, rendered with the reward model's chat template).
     ``truncate``: whether the server may cut texts over its limit (None: its default).
+    ``model``: score with this one model of a composite server; ``components``: ask for
+    the per-model breakdown even from a one-model server (remote-reward protocol only).
     """
 
     texts: Sequence[str] | None
@@ -212,6 +228,8 @@ class ScoreInputs(TypedDict, total=False):
     responses: Sequence[str] | None
     conversations: Sequence[Conversation] | None
     truncate: bool | None
+    model: str | None
+    components: bool | None
 
 
 class ClientOptions(TypedDict, total=False):
@@ -315,7 +333,93 @@ def _parse_scores(payload: object, expected: int, url: str) -> ScoreResult:
         scores=[float(s) for s in columns["scores"]],
         tokens=list(columns["tokens"]),
         truncated=list(columns["truncated"]),
+        **_checked_breakdown(payload, expected, url),
     )
+
+
+def _checked_breakdown(payload: dict[str, Any], expected: int, url: str) -> dict[str, Any]:
+    """:func:`_parse_breakdown`, its complaint raised as an invalid response."""
+    try:
+        return _parse_breakdown(payload, expected)
+    except ValueError as exc:
+        raise RewardServerError(None, f"invalid response: {exc}", url) from None
+
+
+#: The optional breakdown fields of a ``/score`` answer (ScoreResult's names).
+_BREAKDOWN = (
+    "components",
+    "objectives",
+    "step_scores",
+    "step_ends",
+    "steps_dropped",
+    "outcome_scores",
+)
+
+
+def _numbers(column: object, expected: int | None, what: str) -> list[float]:
+    """Finite numbers as floats (``expected`` of them unless None); ValueError if not."""
+    if not isinstance(column, list) or (expected is not None and len(column) != expected):
+        count = "" if expected is None else f"{expected} "
+        raise ValueError(f"{what} is not a list of {count}numbers")
+    for i, value in enumerate(column):
+        if not _is_number(value):
+            raise ValueError(f"{what}[{i}] is {value!r}, not a finite number")
+    return [float(v) for v in column]
+
+
+def _offsets(column: object, expected: int | None, what: str) -> list[int]:
+    """Non-negative ints (``expected`` of them unless None); ValueError if not."""
+    if not isinstance(column, list) or (expected is not None and len(column) != expected):
+        count = "" if expected is None else f"{expected} "
+        raise ValueError(f"{what} is not a list of {count}counts")
+    for i, value in enumerate(column):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            raise ValueError(f"{what}[{i}] is {value!r}, not a count")
+    return list(column)
+
+
+def _per_item(
+    column: object, expected: int, what: str, row: Callable[[object, None, str], list[Any]]
+) -> list[list[Any]]:
+    """One list per item, each checked by ``row``."""
+    if not isinstance(column, list) or len(column) != expected:
+        raise ValueError(f"{what} is not a list of {expected} lists")
+    return [row(value, None, f"{what}[{i}]") for i, value in enumerate(column)]
+
+
+def _named(column: object, expected: int, what: str) -> dict[str, list[float]]:
+    """Name -> ``expected`` finite numbers."""
+    if not isinstance(column, dict):
+        raise ValueError(f"{what} is not an object of name -> scores")
+    return {str(k): _numbers(v, expected, f"{what}[{k!r}]") for k, v in column.items()}
+
+
+def _parse_breakdown(payload: dict[str, Any], expected: int) -> dict[str, Any]:
+    """The breakdown fields present in an answer, checked (absent or null: None)."""
+    out: dict[str, Any] = {}
+    for key in _BREAKDOWN:
+        column = payload.get(key)
+        if column is None:
+            continue
+        if key in ("components", "objectives"):
+            out[key] = _named(column, expected, key)
+        elif key == "step_scores":
+            out[key] = _per_item(column, expected, key, _numbers)
+        elif key == "step_ends":
+            out[key] = _per_item(column, expected, key, _offsets)
+        elif key == "steps_dropped":
+            out[key] = _offsets(column, expected, key)
+        else:
+            out[key] = _numbers(column, expected, key)
+    scores, ends = out.get("step_scores"), out.get("step_ends")
+    if (scores is None) != (ends is None):
+        raise ValueError("step_scores and step_ends come together")
+    for i, (row, offsets) in enumerate(zip(scores or [], ends or [], strict=True)):
+        if len(row) != len(offsets):
+            raise ValueError(f"item {i}: {len(row)} step_scores but {len(offsets)} step_ends")
+        if any(b < a for a, b in itertools.pairwise(offsets)):
+            raise ValueError(f"item {i}: step_ends {offsets} are not in order")
+    return out
 
 
 def _find_max_client_batch(info: object) -> int | None:
@@ -666,6 +770,7 @@ class _Core:
         self.max_concurrency = max_concurrency
         self.on_retry = on_retry
         self._max_client_batch = max_client_batch
+        self._vllm_found: protocols.VllmSpecials | None = None  # asked on the first vLLM call
         self._headers = {"Accept": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -733,10 +838,11 @@ class _Core:
             raise RewardServerError(None, "invalid response: not a JSON object", url, method="GET")
         return info
 
-    def _probe(self, path: str) -> Flow[object]:
-        """``GET path``'s answer, or None where the server answers it with a 4xx."""
+    def _probe(self, path: str, body: object | None = None) -> Flow[object]:
+        """``GET path``'s answer (POST ``body`` if given), or None where the server answers
+        it with a 4xx."""
         try:
-            answer, _ = yield from self._request("GET", path)
+            answer, _ = yield from self._request("GET" if body is None else "POST", path, body)
         except RewardServerError as exc:
             if exc.status is None or exc.status >= 500:
                 raise
@@ -786,6 +892,15 @@ class _Core:
         self._max_client_batch = size
         return size
 
+    def _vllm_specials(self) -> Flow[protocols.VllmSpecials]:
+        """What a vLLM server's tokenizer adds, asked once (its ``/tokenize``) and logged."""
+        if self._vllm_found is None:
+            (path, empty), (_, chat) = protocols.VLLM_PROBES
+            answers = (yield from self._probe(path, empty)), (yield from self._probe(path, chat))
+            self._vllm_found = protocols.vllm_specials(*answers)
+            logger.info("vLLM server %s tokenizes with %s", self.base_urls[0], self._vllm_found)
+        return self._vllm_found
+
     def _score_chunk(self, protocol: str, wire: protocols.WireRequest) -> Flow[ScoreResult]:
         payload, url = yield from self._request("POST", wire.path, wire.body)
         if protocol == "remote-reward":
@@ -796,14 +911,18 @@ class _Core:
             raise RewardServerError(None, f"invalid response: {exc}", url) from None
         return ScoreResult(parsed.scores, parsed.tokens, parsed.truncated)
 
-    def _score(self, columns: dict[str, list[Any]], truncate: bool | None) -> Flow[ScoreResult]:
+    def _score(
+        self, columns: dict[str, list[Any]], truncate: bool | None, fields: dict[str, Any]
+    ) -> Flow[ScoreResult]:
         """Chunks of ``max_client_batch`` items (in the protocol's requests) sent
-        concurrently, merged in input order."""
+        concurrently, merged in input order; ``fields`` (model, components) go into each
+        remote-reward request."""
         if not _body_len(columns):
             return ScoreResult([], [], [])
         protocol = yield from self._protocol()
         size = yield from self._chunk_size()
-        wires = protocols.requests(protocol, columns, size, truncate)
+        specials = (yield from self._vllm_specials()) if protocol == "vllm" else None
+        wires = protocols.requests(protocol, columns, size, truncate, fields, specials)
         results: list[ScoreResult] = yield _Gather([self._score_chunk(protocol, w) for w in wires])
         return _merge(results)
 
@@ -815,12 +934,42 @@ def _scores(flow: Flow[ScoreResult]) -> Flow[list[float]]:
 
 
 def _merge(results: Sequence[ScoreResult]) -> ScoreResult:
-    """Concatenate per-chunk results in chunk order."""
+    """Concatenate per-chunk results in chunk order (the breakdown too)."""
+    breakdown: dict[str, Any] = {}
+    for key in _BREAKDOWN:
+        parts = [getattr(r, key) for r in results]
+        present = [p is not None for p in parts]
+        if not any(present):
+            continue
+        if not all(present):
+            raise RewardClientError(f"some chunks' answers have {key} and others not")
+        if isinstance(parts[0], dict):
+            names = list(parts[0])
+            if any(list(p) != names for p in parts):
+                raise RewardClientError(f"the chunks' answers name different {key}")
+            breakdown[key] = {n: [v for p in parts for v in p[n]] for n in names}
+        else:
+            breakdown[key] = [v for p in parts for v in p]
     return ScoreResult(
         scores=[s for r in results for s in r.scores],
         tokens=[t for r in results for t in r.tokens],
         truncated=[t for r in results for t in r.truncated],
+        **breakdown,
     )
+
+
+def _request_fields(model: object, components: object) -> dict[str, Any]:
+    """The ``model``/``components`` request fields that are set, checked."""
+    fields: dict[str, Any] = {}
+    if model is not None:
+        if not isinstance(model, str) or not model:
+            raise TypeError(f"model must be a model name (a non-empty str), got {model!r}")
+        fields["model"] = model
+    if components is not None:
+        if not isinstance(components, bool):
+            raise TypeError(f"components must be a bool, got {components!r}")
+        fields["components"] = components
+    return fields
 
 
 def _body_len(body: Mapping[str, list[Any]]) -> int:
@@ -844,24 +993,36 @@ class _Face(_Core, Generic[ResultT, ScoresT, InfoT]):
         """The server's ``GET /info`` answer."""
         return self._run(self._info())
 
+    def _score_inputs(self, inputs: ScoreInputs) -> Flow[ScoreResult]:
+        fields = _request_fields(inputs.get("model"), inputs.get("components"))
+        return self._score(_columns(inputs), inputs.get("truncate"), fields)
+
     def score_detailed(self, **inputs: Unpack[ScoreInputs]) -> ResultT:
-        """Scores, token counts and truncation flags for one input form, in input order."""
-        flow = self._score(_columns(inputs), inputs.get("truncate"))
-        return self._run(flow)
+        """Scores, token counts, truncation flags and the server's breakdown (components,
+        objectives, steps) for one input form, in input order."""
+        return self._run(self._score_inputs(inputs))
 
     def score(self, **inputs: Unpack[ScoreInputs]) -> ScoresT:
         """Scores for one input form (texts, query/response pairs or conversations)."""
-        flow = _scores(self._score(_columns(inputs), inputs.get("truncate")))
-        return self._run(flow)
+        return self._run(_scores(self._score_inputs(inputs)))
 
-    def score_pairs_detailed(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> ResultT:
-        """Like :meth:`__call__` but with token counts and truncation flags."""
-        flow = self._score(_pair_columns(prompts, responses), None)
+    def score_pairs_detailed(
+        self,
+        prompts: Sequence[Prompt],
+        responses: Sequence[str],
+        *,
+        model: str | None = None,
+        components: bool | None = None,
+    ) -> ResultT:
+        """Like :meth:`__call__` but with token counts, truncation flags and the breakdown;
+        ``model`` and ``components`` as in :class:`ScoreInputs`."""
+        fields = _request_fields(model, components)
+        flow = self._score(_pair_columns(prompts, responses), None, fields)
         return self._run(flow)
 
     def __call__(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> ScoresT:
         """Reward callable: text prompts as query/response pairs, chat prompts as conversations."""
-        flow = _scores(self._score(_pair_columns(prompts, responses), None))
+        flow = _scores(self._score(_pair_columns(prompts, responses), None, {}))
         return self._run(flow)
 
 

@@ -116,6 +116,19 @@ class PPOConfig(BaseModel):
     reward_baseline: float = 0.0
     """Subtracted from every score: score' = (score - reward_baseline) * reward_scale."""
     reward_scale: float = 1.0
+    reward_normalization: Literal["none", "running"] = "none"
+    """Whiten each score before the baseline and scale: "running" maps it to
+    (score - mean) / std over the last ``reward_normalization_window`` scores of the run
+    (this update's included, from every rank), as OpenRLHF's normalize_reward whitens
+    rewards; "none" leaves scores as the reward returns them. With reward_mode process it
+    whitens the outcome scores; step scores are not normalised."""
+    reward_normalization_window: int = Field(default=1024, ge=2)
+    """How many of the latest scores the running mean and std are taken over."""
+    reward_mode: Literal["outcome", "process"] = "outcome"
+    """Where scores land. outcome: the score on the last response token. process: a
+    process reward model's step scores each on the policy token holding the last
+    character of its step, and the sequence models' outcome score (if the server has
+    any) on the last token; needs a reward server that serves a kind: process model."""
     overlap_reward: bool | None = None
     """Score a rollout chunk on a worker thread while its policy/reference/value passes run.
     Default: on for the HTTP reward client (the server's time hides behind the passes),
@@ -233,6 +246,11 @@ class PPOConfig(BaseModel):
             raise ConfigError("set stop_token or stop_token_id, not both")
         if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
             raise ConfigError("missing_eos_penalty must be a positive value (it is subtracted)")
+        if self.reward_mode == "process" and self.reward_protocol not in ("remote-reward", "auto"):
+            raise ConfigError(
+                f"reward_mode process needs this project's reward server (step scores); "
+                f"reward_protocol {self.reward_protocol} has none"
+            )
         return self
 
     # ------------------------------------------------------------------------------ use

@@ -290,16 +290,31 @@ class Advantages(NamedTuple):
 
 
 @torch.no_grad()
-def compute_advantages(r: ScoredRollout, p: AdvantageParams) -> Advantages:
-    """Scores -> per-token rewards -> GAE advantages and returns (all masked)."""
+def compute_advantages(
+    r: ScoredRollout,
+    p: AdvantageParams,
+    *,
+    scores: torch.Tensor | None = None,
+    step_rewards: torch.Tensor | None = None,
+) -> Advantages:
+    """Scores -> per-token rewards -> GAE advantages and returns (all masked).
+
+    ``scores`` (B,) replaces ``r.raw_scores`` (the running-normalised scores);
+    ``step_rewards`` (B, T), a process reward model's step scores on their tokens, are
+    added to the per-token rewards times ``reward_scale`` (no baseline: it is per response).
+    """
     mask = response_mask(r.seq_lengths, r.responses.size(1))  # (B, T)
+    raw = r.raw_scores if scores is None else scores
     # score' = (score - baseline) * scale, minus the penalty where the response never ended
-    scores = (r.raw_scores - p.reward_baseline) * p.reward_scale  # (B,)
+    scores = (raw - p.reward_baseline) * p.reward_scale  # (B,)
     has_eos = contains_token(r.responses, p.eos_token_id, mask)  # (B,)
     if p.missing_eos_penalty is not None:
         scores = torch.where(has_eos, scores, scores - p.missing_eos_penalty)
     kl = kl_penalty(r.logprobs, r.ref_logprobs, p.kl_estimator, mask)  # (B, T)
     rewards, non_score_reward = per_token_rewards(kl, scores, r.seq_lengths, p.kl_coef)
+    if step_rewards is not None:
+        # Dense rewards: r_t += scale * (sum of the scores of the steps ending at token t).
+        rewards = rewards + step_rewards.to(rewards.dtype) * p.reward_scale * mask
     if p.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
     values = r.values * mask

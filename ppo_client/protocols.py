@@ -6,7 +6,8 @@ protocol       endpoint         texts / pairs / conversations
 remote-reward  ``POST /score``  as they are (this server)
 openrlhf       ``/get_reward``  texts; pairs joined as query + response; no conversations
 vllm           ``/classify``    texts as ``input``; pairs and conversations as ``messages``,
-                                one conversation per request (vLLM renders its template)
+                                one conversation per request (vLLM renders its template),
+                                with ``add_special_tokens`` as :class:`VllmSpecials` says
 tei            ``/predict``     texts as ``[text]``, pairs as ``[text, text_pair]``; no
                                 conversations
 =============  ===============  ==========================================================
@@ -18,12 +19,24 @@ item, the result says 0 tokens and not truncated.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROTOCOLS", "Parsed", "WireRequest", "chunk_size", "detect", "parse", "requests"]
+__all__ = [
+    "PROTOCOLS",
+    "VLLM_PROBES",
+    "Parsed",
+    "VllmSpecials",
+    "WireRequest",
+    "chunk_size",
+    "detect",
+    "parse",
+    "requests",
+    "vllm_specials",
+]
 
 #: The protocols a client can be told to speak (``auto`` finds out from the server).
 PROTOCOLS = ("auto", "remote-reward", "vllm", "tei", "openrlhf")
@@ -45,6 +58,50 @@ class Parsed:
     scores: list[float]
     tokens: list[int]
     truncated: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class VllmSpecials:
+    """How to ask vLLM to tokenize as this project's server does.
+
+    This server adds the tokenizer's special tokens to every text and rendered conversation
+    unless it starts with the BOS token; vLLM adds them to every text (even one that starts
+    with BOS: a second BOS) and to no conversation (even where the template writes no BOS,
+    e.g. Zephyr-style templates on Llama/Mistral tokenizers: no BOS at all). ``bos``: the
+    first token the tokenizer adds (texts starting with it go with ``add_special_tokens``
+    false); ``chat``: ``add_special_tokens`` for conversations. The default is vLLM's own.
+    """
+
+    bos: str | None = None
+    chat: bool = False
+
+
+#: Two ``/tokenize`` requests whose answers :func:`vllm_specials` reads: what the tokenizer
+#: adds to an empty text, and a short conversation rendered without specials.
+VLLM_PROBES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("/tokenize", {"prompt": "", "add_special_tokens": True, "return_token_strs": True}),
+    (
+        "/tokenize",
+        {
+            "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+            "add_generation_prompt": False,
+            "add_special_tokens": False,
+        },
+    ),
+)
+
+
+def vllm_specials(empty: object, chat: object) -> VllmSpecials:
+    """:class:`VllmSpecials` from the answers to :data:`VLLM_PROBES` (None where refused)."""
+    added = empty.get("tokens") if isinstance(empty, dict) else None
+    names = empty.get("token_strs") if isinstance(empty, dict) else None
+    if not isinstance(added, list) or not added or not isinstance(names, list) or not names:
+        return VllmSpecials()  # no specials to add (or no /tokenize): vLLM's defaults agree
+    rendered = chat.get("tokens") if isinstance(chat, dict) else None
+    # The template wrote the BOS itself iff the rendering starts with the first special token.
+    chat_has_bos = isinstance(rendered, list) and rendered[:1] == added[:1]
+    bos = names[0] if isinstance(names[0], str) and names[0] else None
+    return VllmSpecials(bos=bos, chat=isinstance(rendered, list) and not chat_has_bos)
 
 
 def _number(value: object, what: str) -> float:
@@ -71,17 +128,31 @@ def _pair_conversations(columns: dict[str, list[Any]]) -> list[list[dict[str, An
 
 
 def requests(
-    protocol: str, columns: dict[str, list[Any]], size: int, truncate: bool | None
+    protocol: str,
+    columns: dict[str, list[Any]],
+    size: int,
+    truncate: bool | None,
+    fields: Mapping[str, Any] | None = None,
+    specials: VllmSpecials | None = None,
 ) -> list[WireRequest]:
-    """The requests that score ``columns`` (one input form) in ``protocol``."""
+    """The requests that score ``columns`` (one input form) in ``protocol``; ``fields``
+    (``model``, ``components``) are this server's own and go into every remote-reward body;
+    ``specials``: what the vLLM server's tokenizer adds (vLLM's defaults when not given)."""
     if protocol == "remote-reward":
         bodies = _split(columns, size)
         for body in bodies:
             if truncate is not None:
                 body["truncate"] = truncate
+            body.update(fields or {})
+        # The first key of a body is its input column (then truncate and fields).
         return [WireRequest("/score", b, len(next(iter(b.values())))) for b in bodies]
+    if fields:
+        raise ValueError(
+            f"protocol {protocol!r} cannot take {', '.join(sorted(fields))}= "
+            "(only this project's server, protocol remote-reward)"
+        )
     if protocol == "vllm":
-        return _vllm_requests(columns, size, truncate)
+        return _vllm_requests(columns, size, truncate, specials or VllmSpecials())
     if "conversations" in columns:
         raise ValueError(f"protocol {protocol!r} takes no chat messages; send texts or pairs")
     if protocol == "tei":
@@ -112,15 +183,24 @@ def _chunked(
 
 
 def _vllm_requests(
-    columns: dict[str, list[Any]], size: int, truncate: bool | None
+    columns: dict[str, list[Any]], size: int, truncate: bool | None, specials: VllmSpecials
 ) -> list[WireRequest]:
     flags: dict[str, Any] = {"use_activation": False, "activation": False}
     if truncate:
         flags["truncate_prompt_tokens"] = -1
     conversations = _pair_conversations(columns)
     if conversations is not None:
+        if specials.chat:
+            flags["add_special_tokens"] = True
         return [WireRequest("/classify", {"messages": c, **flags}, 1) for c in conversations]
-    return _chunked("/classify", columns["texts"], size, lambda c: {"input": c, **flags})
+    texts: list[str] = columns["texts"]
+    bos = specials.bos
+    out: list[WireRequest] = []
+    # The texts in order, in runs alike in starting with BOS: those that do get no second one.
+    for has_bos, run in itertools.groupby(texts, key=lambda t: bool(bos) and t.startswith(bos)):
+        body = {**flags, "add_special_tokens": False} if has_bos else flags
+        out += _chunked("/classify", list(run), size, lambda c, b=body: {"input": c, **b})
+    return out
 
 
 def parse(protocol: str, payload: object, items: int) -> Parsed:

@@ -134,7 +134,22 @@ def step_metrics(
     metrics["episode"] = episode
     if r.truncated is None:
         del metrics["reward/truncated_frac"]
+    if r.step_scores is not None:
+        metrics.update(_step_metrics(acc, r.step_scores))
     return metrics
+
+
+def _step_metrics(acc: Accelerator, step_scores: list[list[float]]) -> dict[str, float]:
+    """reward_mode process: the mean step score over every step of every response (all
+    ranks) and the mean number of steps per response."""
+    total = float(sum(s for row in step_scores for s in row))
+    steps = sum(len(row) for row in step_scores)
+    local = torch.tensor([[total, steps, len(step_scores)]], device=acc.device)
+    total, steps, responses = acc.gather(local).sum(0).tolist()
+    return {
+        "objective/step_scores_mean": total / steps if steps else float("nan"),
+        "objective/steps_per_response": steps / responses if responses else float("nan"),
+    }
 
 
 # ================================================================================= files
@@ -258,6 +273,11 @@ class RunReport:
                     "score": float(r.raw_scores[i]),
                     "reward": float(scores[i]),
                 }
+                if r.step_scores is not None and r.step_tokens is not None:
+                    # Where each step's score went: the policy tokens, up to the stop token.
+                    row["response_ids"] = r.responses[i, : int(r.seq_lengths[i]) + 1].tolist()
+                    row["step_scores"] = r.step_scores[i]
+                    row["step_tokens"] = r.step_tokens[i]
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
     def waiting(self, event: RetryEvent) -> None:

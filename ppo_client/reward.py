@@ -19,6 +19,7 @@ from ppo_client.rollout import Prompt, RewardInputs, Scores
 
 __all__ = [
     "RewardFn",
+    "check_process_reward",
     "default_overlap",
     "default_reward_fn",
     "reward_executor",
@@ -48,12 +49,13 @@ def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:
     """Call the reward function (on the worker thread); scores and, if known, truncation.
 
     An object with ``score_pairs_detailed`` or ``score_detailed`` (the RewardClient) also
-    reports which inputs the server truncated; chat prompts go to ``score_detailed`` as
-    conversations ending with the response.
+    reports which inputs the server truncated, and a process model's steps; chat prompts go
+    to ``score_detailed`` as conversations ending with the response.
     """
     fn: Any = reward_fn
     prompts, responses = inputs.prompts, inputs.responses
     truncated: list[bool] | None = None
+    result: Any = None
     if hasattr(fn, "score_pairs_detailed"):
         result = fn.score_pairs_detailed(prompts, responses)
         scores, truncated = list(result.scores), list(result.truncated)
@@ -76,7 +78,32 @@ def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:
     scores = [float(s) for s in scores]
     if not all(math.isfinite(s) for s in scores):
         raise ValueError(f"the reward function returned a non-finite score: {scores}")
-    return Scores(scores, truncated)
+    steps = [getattr(result, key, None) for key in ("step_scores", "step_ends", "outcome_scores")]
+    return Scores(scores, truncated, *steps)
+
+
+def check_process_reward(reward_fn: object) -> None:
+    """Fail at start-up when ``reward_mode: process`` meets a reward server whose ``/info``
+    lists no ``kind: process`` model (reward functions without ``info`` are checked at the
+    first call)."""
+    info_fn = getattr(reward_fn, "info", None)
+    if not callable(info_fn):
+        return
+    info = info_fn()
+    models = info.get("models") if isinstance(info, dict) else None
+    if not isinstance(models, list):
+        raise ConfigError(
+            "reward_mode is process but the reward server's /info lists no models: it is "
+            "not a composite reward server (or predates one) and gives no step scores"
+        )
+    kinds = [(m.get("name"), m.get("kind", "sequence")) for m in models if isinstance(m, dict)]
+    if not any(kind == "process" for _, kind in kinds):
+        served = ", ".join(f"{name} ({kind})" for name, kind in kinds) or "none"
+        raise ConfigError(
+            "reward_mode is process but the reward server serves no kind: process model "
+            f"(it serves: {served}); add a process reward model to its models file or use "
+            "reward_mode: outcome"
+        )
 
 
 def _on_this_machine(url: str) -> bool:

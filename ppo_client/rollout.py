@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ppo_client import ppo
+from ppo_client import offsets, ppo
 from ppo_client.ppo import contains_token
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ __all__ = [
     "position_ids_from_mask",
     "reward_inputs",
     "sampling_config",
+    "step_rewards",
+    "step_tokens",
 ]
 
 logger = logging.getLogger(__name__)
@@ -231,10 +233,15 @@ def reward_inputs(
 
 
 class Scores(NamedTuple):
-    """The reward's scores of some rollouts and, when it reports it, which inputs it truncated."""
+    """The reward's scores of some rollouts and, when it reports them, which inputs it
+    truncated and a process reward model's steps (scores, end offsets into each response,
+    and the sequence models' outcome scores)."""
 
     scores: list[float]
     truncated: list[bool] | None
+    step_scores: list[list[float]] | None = None
+    step_ends: list[list[int]] | None = None
+    outcome_scores: list[float] | None = None
 
 
 #: Scores the decoded rollouts of one chunk (called on the reward worker thread).
@@ -261,17 +268,62 @@ class Rollout(RolloutTensors):
 
     prompts: list[Prompt]
     texts: RewardInputs
-    raw_scores: torch.Tensor  # (B,)
+    raw_scores: torch.Tensor  # (B,); reward_mode process: the outcome scores (0 if none)
     truncated: list[bool] | None
     reward_wait_s: float
+    step_scores: list[list[float]] | None = None  # reward_mode process: each step's score,
+    step_tokens: list[list[int]] | None = None  # the token it is placed on,
+    step_rewards: torch.Tensor | None = None  # and all of them as (B, T) dense rewards
 
 
 def _join(results: Sequence[Scores]) -> Scores:
-    """The chunks' scores in order; truncation flags only if every chunk reported them."""
-    truncated: list[bool] | None = None
-    if all(r.truncated is not None for r in results):
-        truncated = [bool(x) for r in results for x in (r.truncated or [])]
-    return Scores([s for r in results for s in r.scores], truncated)
+    """The chunks' scores in order; truncation flags and steps only if every chunk
+    reported them."""
+
+    def joined(column: int) -> list[Any] | None:
+        parts = [r[column] for r in results]
+        if any(part is None for part in parts):
+            return None
+        return [x for part in parts for x in part]
+
+    truncated = joined(1)
+    return Scores(
+        [s for r in results for s in r.scores],
+        None if truncated is None else [bool(x) for x in truncated],
+        *(joined(column) for column in range(2, len(Scores._fields))),
+    )
+
+
+def step_tokens(
+    tokenizer: PreTrainedTokenizerBase,
+    responses: torch.Tensor,
+    seq_lengths: torch.Tensor,
+    step_ends: Sequence[Sequence[int]],
+) -> list[list[int]]:
+    """For each response, the index of the policy token holding each step's last character.
+
+    The offsets count characters of each response as :func:`reward_inputs` decoded it
+    (its tokens up to the stop token, special tokens skipped); a step ending at offset 0
+    (an empty response) goes on the last response token.
+    """
+    out = []
+    for row, n, ends in zip(responses.cpu(), seq_lengths.cpu(), step_ends, strict=True):
+        last = int(n)
+        spans = offsets.char_ends(tokenizer, row[: last + 1].tolist(), skip_special_tokens=True)
+        indices = [offsets.token_for_offset(spans, end) for end in ends]
+        out.append([last if k is None else k for k in indices])
+    return out
+
+
+def step_rewards(
+    shape: torch.Size, step_scores: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """Dense rewards (B, T): each step's score added on its token (steps may share one)."""
+    dense = torch.zeros(shape, dtype=torch.float32)
+    for i, (scores, indices) in enumerate(zip(step_scores, tokens, strict=True)):
+        for score, k in zip(scores, indices, strict=True):
+            dense[i, k] += float(score)
+    return dense
 
 
 def _concat(chunks: Sequence[RolloutTensors]) -> dict[str, torch.Tensor]:
@@ -346,14 +398,47 @@ class RolloutCollector:
         reward_wait_s += time.perf_counter() - waited
         wrapper.train()
         scored = _join(results)
+        tensors = _concat(chunks)
+        if cfg.reward_mode == "process":
+            return Rollout(
+                **tensors,
+                **self._process_rewards(scored, tensors["responses"], tensors["seq_lengths"]),
+                prompts=prompts,
+                texts=texts,
+                truncated=scored.truncated,
+                reward_wait_s=reward_wait_s,
+            )
         return Rollout(
-            **_concat(chunks),
+            **tensors,
             prompts=prompts,
             texts=texts,
             raw_scores=torch.tensor(scored.scores, dtype=torch.float32, device=device),
             truncated=scored.truncated,
             reward_wait_s=reward_wait_s,
         )
+
+    def _process_rewards(
+        self, scored: Scores, responses: torch.Tensor, seq_lengths: torch.Tensor
+    ) -> dict[str, Any]:
+        """reward_mode process: the outcome scores (0 without any) for the last token, and
+        the step scores placed on the policy's tokens."""
+        if scored.step_scores is None or scored.step_ends is None:
+            raise ValueError(
+                "reward_mode is process but the reward answered no step_scores/step_ends: "
+                "the reward server serves no kind: process model (or the reward function "
+                "is not a remote-reward client)"
+            )
+        outcome = scored.outcome_scores
+        if outcome is None:
+            outcome = [0.0] * len(scored.scores)
+        tokens = step_tokens(self.tokenizer, responses, seq_lengths, scored.step_ends)
+        dense = step_rewards(responses.shape, scored.step_scores, tokens)
+        return {
+            "raw_scores": torch.tensor(outcome, dtype=torch.float32, device=responses.device),
+            "step_scores": scored.step_scores,
+            "step_tokens": tokens,
+            "step_rewards": dense.to(responses.device),
+        }
 
     def _passes(
         self,

@@ -57,9 +57,11 @@ from ppo_client.models import (
     is_peft,
     load_tokenizer,
 )
+from ppo_client.normalization import RunningNormalizer
 from ppo_client.reporting import RunReport, available_trackers, step_metrics
 from ppo_client.reward import (
     RewardFn,
+    check_process_reward,
     default_overlap,
     default_reward_fn,
     reward_executor,
@@ -125,6 +127,10 @@ class PPOTrainer:
         self._resume_dir = self.checkpoints.find(config.resume_from_checkpoint)
         if self._resume_dir is not None:
             self.state = self.checkpoints.load(self._resume_dir)
+        self.normalizer: RunningNormalizer | None = None
+        if config.reward_normalization == "running":
+            self.normalizer = RunningNormalizer(config.reward_normalization_window)
+            self.normalizer.load(self.state.reward_window)
         _log_sizes(config, self.sizes)
 
     def _set_up_models(self, models: Models) -> None:
@@ -143,6 +149,8 @@ class PPOTrainer:
         """The reward (overlapped or not), the rollout step and the advantage options."""
         cfg, acc = self.config, self.accelerator
         self.reward_fn = reward_fn
+        if cfg.reward_mode == "process":
+            check_process_reward(reward_fn)
         self.overlap_reward = (
             default_overlap(reward_fn, acc.device)
             if cfg.overlap_reward is None
@@ -217,8 +225,14 @@ class PPOTrainer:
         rollout = self._collect(prompts, pool, stop)
         t1 = time.perf_counter()
         self.state.episode += sizes.batch_size
-        # 4.-5. transformed scores -> KL-penalised per-token rewards -> GAE advantages
-        advantages = ppo.compute_advantages(rollout, self.advantage_params)
+        # 4.-5. (running-normalised) transformed scores -> KL-penalised per-token rewards,
+        # with the step scores on their tokens in process mode -> GAE advantages
+        advantages = ppo.compute_advantages(
+            rollout,
+            self.advantage_params,
+            scores=self._normalized(rollout.raw_scores),
+            step_rewards=rollout.step_rewards,
+        )
         # 6. clipped PPO updates over shuffled mini-batches
         stats = self._ppo_epochs(rollout, advantages)
         t2 = time.perf_counter()
@@ -244,6 +258,15 @@ class PPOTrainer:
             self.report.write_samples(step, rollout, advantages.scores)
         if step % sizes.save_every(cfg.save_steps) == 0:
             self.save_checkpoint()
+
+    def _normalized(self, raw_scores: torch.Tensor) -> torch.Tensor | None:
+        """Running-normalised scores (None when normalisation is off); the window takes
+        every rank's scores, so that all ranks whiten alike."""
+        if self.normalizer is None:
+            return None
+        scores = self.normalizer(raw_scores, self.accelerator.gather(raw_scores))
+        self.state.reward_window = self.normalizer.state()
+        return scores
 
     def _collect(self, prompts: list[Prompt], pool: Executor, stop: StopSignals) -> Rollout:
         """The rollout of one update. If it does not finish (a signal, a reward server that

@@ -16,6 +16,7 @@ chat template and the policy's template never reaches it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -23,9 +24,9 @@ from typing import Any
 
 import httpx
 
-from ppo_client.client import AsyncRewardClient, ScoreResult
+from ppo_client.client import AsyncRewardClient, RewardClientError, ScoreResult
 
-__all__ = ["RemoteReward"]
+__all__ = ["RemoteReward", "RewardComponent"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class RemoteReward:
     ``rewards/<name>/truncated_frac``. ``retry_timeout`` is how long, in seconds, a request
     is retried while the server is unreachable or busy (default 600, enough for a restart).
     ``protocol``: what the server speaks (``remote-reward``, ``vllm``, ``tei``, ``openrlhf``
-    or ``auto``; see :mod:`ppo_client.protocols`).
+    or ``auto``; see :mod:`ppo_client.protocols`). ``model``: score with this one model of a
+    composite server. :meth:`components` gives one reward function per model instead.
     Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
     ``max_concurrency``, ``on_retry``, ...; see :class:`~ppo_client.client.ClientOptions`)
     go to :class:`~ppo_client.client.AsyncRewardClient`.
@@ -97,11 +99,9 @@ class RemoteReward:
         http_client: httpx.AsyncClient | None = None,
         retry_timeout: float | None = None,
         protocol: str = "remote-reward",
+        model: str | None = None,
         **client_kwargs: Any,
     ) -> None:
-        self.__name__ = name
-        self.__qualname__ = name
-        self.truncate = truncate
         self._client_args: dict[str, Any] = {
             "base_urls": url_or_urls,
             "api_key": api_key,
@@ -109,6 +109,11 @@ class RemoteReward:
             "protocol": protocol,
             **client_kwargs,
         }
+        self.__name__ = name
+        self.__qualname__ = name
+        self.truncate = truncate
+        self.model = model
+        self._component_names: list[str] | None = None  # from /info, on first use
         # Built now so that bad arguments fail here, not in the first training step.
         self._shared = http_client is not None
         self._unclaimed: AsyncRewardClient | None = AsyncRewardClient(
@@ -146,32 +151,145 @@ class RemoteReward:
             await client.aclose()
 
     async def score_detailed(
-        self, prompts: Sequence[object], completions: Sequence[object]
+        self,
+        prompts: Sequence[object],
+        completions: Sequence[object],
+        *,
+        components: bool | None = None,
     ) -> ScoreResult:
-        """Scores with token counts and truncation flags for TRL-style prompts and completions."""
-        if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
-        if not prompts:
+        """Scores with token counts, truncation flags and (``components=True``) the
+        per-model breakdown for TRL-style prompts and completions."""
+        inputs = _score_inputs(prompts, completions)
+        if not inputs:
             return ScoreResult([], [], [])
-        # TRL decides per batch from the first prompt whether data is conversational.
-        if isinstance(prompts[0], str):
-            queries = [str(p) for p in prompts]
-            responses = [_completion_text(c) for c in completions]
-            return await self.client.score_detailed(
-                queries=queries, responses=responses, truncate=self.truncate
-            )
-        conversations = [
-            _messages(p, "user") + _messages(c, "assistant")
-            for p, c in zip(prompts, completions, strict=True)
-        ]
-        return await self.client.score_detailed(conversations=conversations, truncate=self.truncate)
+        return await self.client.score_detailed(
+            **inputs, truncate=self.truncate, model=self.model, components=components
+        )
+
+    def component_names(self) -> list[str]:
+        """The names of the server's models, from its ``/info`` (asked once, blocking)."""
+        if self._component_names is None:
+            from ppo_client.client import RewardClient
+
+            # A blocking request of its own: TRL reads the names before its loop runs.
+            with RewardClient(**self._client_args) as client:
+                info = client.info()
+            models = info.get("models")
+            if not isinstance(models, list) or not models:
+                raise RewardClientError(
+                    f"{self._client_args['base_urls']!r}: /info lists no models (a server "
+                    "from before composite rewards); pass names= to components()"
+                )
+            self._component_names = [str(m["name"]) for m in models]
+        return list(self._component_names)
+
+    def components(self, names: Sequence[str] | None = None) -> list[RewardComponent]:
+        """One TRL reward function per model of the server, each named after its model.
+
+        TRL logs each under its ``__name__`` (``rewards/<model>/mean``) and applies its own
+        ``reward_weights`` to them. They share one ``components: true`` request per batch:
+        the first one TRL calls sends it, the others take their column of the answer.
+        ``names`` (default: every model in the server's ``/info``) picks the components.
+        """
+        chosen = list(names) if names is not None else self.component_names()
+        if not chosen:
+            raise ValueError("components() needs at least one component name")
+        shared = _SharedRequest(self, len(chosen))
+        return [RewardComponent(shared, name) for name in chosen]
 
     async def __call__(
         self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
     ) -> list[float]:
         """One float per completion, in order (TRL's ``reward_funcs`` signature)."""
         result = await self.score_detailed(prompts, completions)
-        log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
-        if callable(log_metric) and len(result):
-            log_metric(f"rewards/{self.__name__}/truncated_frac", result.truncated_frac)
+        _log_truncation(self.__name__, result, kwargs)
         return result.scores
+
+
+def _log_truncation(name: str, result: ScoreResult, kwargs: Mapping[str, Any]) -> None:
+    """``rewards/<name>/truncated_frac`` through TRL's ``log_metric``, when TRL passes it."""
+    log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+    if callable(log_metric) and len(result):
+        log_metric(f"rewards/{name}/truncated_frac", result.truncated_frac)
+
+
+def _score_inputs(prompts: Sequence[object], completions: Sequence[object]) -> dict[str, Any]:
+    """The client's input form for TRL-style prompts and completions ({} for none)."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    if not prompts:
+        return {}
+    # TRL decides per batch from the first prompt whether data is conversational.
+    if isinstance(prompts[0], str):
+        return {
+            "queries": [str(p) for p in prompts],
+            "responses": [_completion_text(c) for c in completions],
+        }
+    conversations = [
+        _messages(p, "user") + _messages(c, "assistant")
+        for p, c in zip(prompts, completions, strict=True)
+    ]
+    return {"conversations": conversations}
+
+
+class _SharedRequest:
+    """One ``components: true`` request per batch, shared by the component functions.
+
+    The first component called for a batch starts the request; the others await the same
+    task (TRL runs async reward functions concurrently on one loop) or, called later, find
+    its result. An entry is dropped once every component took it; at most ``_KEEP``
+    batches are kept for components that are never called.
+    """
+
+    _KEEP = 8
+
+    def __init__(self, reward: RemoteReward, consumers: int) -> None:
+        self.reward = reward
+        self.consumers = consumers
+        self._entries: dict[tuple[int, str], list[Any]] = {}
+
+    async def result(self, prompts: Sequence[object], completions: Sequence[object]) -> ScoreResult:
+        """The breakdown of this batch, requested once."""
+        inputs = _score_inputs(prompts, completions)
+        # The batch's inputs are its key, per event loop (a task belongs to its loop).
+        key = (id(asyncio.get_running_loop()), json.dumps(inputs, sort_keys=True))
+        entry = self._entries.get(key)
+        if entry is None:
+            coro = self.reward.score_detailed(prompts, completions, components=True)
+            entry = self._entries[key] = [asyncio.ensure_future(coro), self.consumers]
+            while len(self._entries) > self._KEEP:
+                del self._entries[next(iter(self._entries))]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            self._entries.pop(key, None)
+        # shield: one caller cancelled must not cancel the request the others wait for.
+        return await asyncio.shield(entry[0])
+
+
+class RewardComponent:
+    """A TRL reward function giving one component (model) of a composite reward server's
+    answer; made by :meth:`RemoteReward.components`."""
+
+    def __init__(self, shared: _SharedRequest, name: str) -> None:
+        self.__name__ = name
+        self.__qualname__ = name
+        self._shared = shared
+
+    def __repr__(self) -> str:
+        return f"{self._shared.reward!r}.components()[{self.__name__!r}]"
+
+    async def __call__(
+        self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
+    ) -> list[float]:
+        """This component's score of each completion, in order."""
+        result = await self._shared.result(prompts, completions)
+        if not len(result):
+            return []
+        if result.components is None or self.__name__ not in result.components:
+            known = sorted(result.components or {})
+            raise RewardClientError(
+                f"the reward server's answer has no component {self.__name__!r} "
+                f"(components: {', '.join(known) or 'none'})"
+            )
+        _log_truncation(self.__name__, result, kwargs)
+        return result.components[self.__name__]

@@ -8,7 +8,7 @@ answer; any exception -> the error table (:mod:`reward_server.errors`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -26,10 +26,16 @@ from reward_server.service import Service
 __all__ = ["create_app"]
 
 
-def create_app(settings: ServerSettings, *, model: Scorer | None = None) -> FastAPI:
-    """Build the FastAPI app; with ``model`` None the lifespan loads it from ``settings``."""
+def create_app(
+    settings: ServerSettings,
+    *,
+    model: Scorer | None = None,
+    models: Mapping[str, Scorer] | None = None,
+) -> FastAPI:
+    """Build the FastAPI app; the lifespan loads the models of ``settings`` that are not
+    given (``model``: --model's scorer; ``models``: models-file entries' scorers by name)."""
     metrics = Metrics()
-    service = Service(settings, model, metrics)
+    service = Service(settings, model, metrics, models=models)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -118,7 +118,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            name = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # the settings as a whole: the message names the flags
+                problems.append(str(err["msg"]).removeprefix("Value error, "))
+                continue
+            name = str(err["loc"][0])
             if err["type"] == "missing":
                 problems.append(f"{_flag(name)} is required (or set {ENV_PREFIX}{name.upper()})")
             else:
@@ -147,7 +150,8 @@ def _load(service: Service) -> Scorer | None:
         reason = f"{type(exc).__name__}: {exc}"
     reason = " ".join(reason.split())  # one line, whatever the message held
     settings = service.settings
-    print(f"{PROG}: error: could not load model {settings.model}: {reason}", file=sys.stderr)
+    what = f"model {settings.model}" if settings.models is None else f"models of {settings.models}"
+    print(f"{PROG}: error: could not load {what}: {reason}", file=sys.stderr)
     return None
 
 
@@ -159,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     app = create_app(settings)
     service: Service = app.state.service
-    logger.info("loading reward model %s", settings.model)
+    logger.info("loading reward model %s", settings.served)
     try:
         model = _load(service)
     except KeyboardInterrupt:
@@ -182,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     logger.info(
         "serving %s on %s (%s) at http://%s:%d",
-        model.name,
+        service.name,
         model.device,
         model.info().get("dtype", "?"),
         host,

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from reward_server.models_file import ModelsFile, ModelsFileError, read_models_file
 
 ENV_PREFIX = "REWARD_SERVER_"
 
@@ -42,9 +44,19 @@ class ServerSettings(BaseSettings):
         use_attribute_docstrings=True,
     )
 
-    model: str = Field(min_length=1)
+    model: str | None = Field(
+        default=None, min_length=1, json_schema_extra={"default_label": "required, or --models"}
+    )
     """Reward model: a local folder or a hub id (read from the local hub cache when offline).
-    Loaded with AutoModelForSequenceClassification and its own tokenizer.
+    Loaded with AutoModelForSequenceClassification and its own tokenizer. Required unless
+    --models is given.
+    """
+
+    models: str | None = Field(default=None, min_length=1)
+    """A YAML file of several reward models served behind one endpoint, instead of --model:
+    each with its name, model, weight, normalize, label_index or objectives (weights by label
+    name) and its own device, dtype, max length, chat template and truncation side (default:
+    these flags); the top-level aggregate (weighted_sum, mean or min) combines their scores.
     """
 
     adapter: str | None = Field(default=None)
@@ -199,6 +211,39 @@ class ServerSettings(BaseSettings):
     """vLLM engine: any other vLLM engine argument as KEY=VALUE (repeatable; VALUE is read as
     JSON when it parses, else as text), e.g. --engine-arg max_num_seqs=128.
     """
+
+    _models_file: ModelsFile | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _one_model_source(self) -> ServerSettings:
+        """Exactly one of --model and --models; the models file read and checked now."""
+        if self.models is None:
+            if self.model is None:
+                raise ValueError(
+                    f"--model is required (or set {ENV_PREFIX}MODEL), or give --models FILE"
+                )
+            return self
+        if self.model is not None:
+            raise ValueError("give --model or --models, not both")
+        if self.adapter is not None:
+            raise ValueError("--adapter does not apply to --models: give each model's adapter")
+        try:
+            self._models_file = read_models_file(self.models)
+        except ModelsFileError as exc:
+            raise ValueError(f"--models: {exc}") from None
+        return self
+
+    @property
+    def models_file(self) -> ModelsFile | None:
+        """The models file of --models (read when the settings were made), or None."""
+        return self._models_file
+
+    @property
+    def served(self) -> str:
+        """What the server serves, for messages: --model, or the models file's names."""
+        if self._models_file is None:
+            return str(self.model)
+        return "+".join(self._models_file.names)
 
     @property
     def effective_max_client_batch(self) -> int:

@@ -28,6 +28,7 @@ from reward_server.exceptions import (
     TextTooLongError,
     TooManyItemsError,
     UnauthorizedError,
+    UnknownModelError,
 )
 from reward_server.schemas import ErrorResponse
 
@@ -79,6 +80,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
         PolicyTemplateError: "policy_template",
         EmptyTextError: "empty_text",
         ResponseNotFoundError: "response_not_found",
+        UnknownModelError: "unknown_model",
     },
     429: {QueueFullError: "queue_full"},
     # nginx's "client closed request": nobody reads it, but metrics count it.

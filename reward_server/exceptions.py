@@ -21,6 +21,7 @@ __all__ = [
     "TextTooLongError",
     "TooManyItemsError",
     "UnauthorizedError",
+    "UnknownModelError",
     "load_errors",
     "one_line",
 ]
@@ -86,6 +87,12 @@ class UnauthorizedError(PermissionError):
 
 class ModelNotFoundError(LookupError):
     """A request names a model this server does not serve (``param``: the field)."""
+
+    param = "model"
+
+
+class UnknownModelError(LookupError):
+    """A /score request names a model this server does not serve (the message lists them)."""
 
     param = "model"
 

@@ -13,7 +13,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from reward_server.batcher import BatchStats
+from reward_server.batcher import BatchObserver, BatchStats
 
 PREFIX = "reward_server"
 CONTENT_TYPE = exposition.CONTENT_TYPE_LATEST
@@ -71,6 +71,23 @@ class Metrics:
         )
         self.queued = self._gauge("queue_items", "Items waiting to be scored.")
         self.ready = self._gauge("ready", "1 when the server accepts work.")
+        # Per served model (the series above sum over the models).
+        model = ("model",)
+        self.model_items = self._counter("model_items", "Items scored, by model.", model)
+        self.model_tokens = self._counter("model_tokens", "Tokens scored, by model.", model)
+        self.model_batches = self._counter(
+            "model_batches", "Forward passes by model and outcome.", (*model, "outcome")
+        )
+        self.model_batch_rows = self._histogram(
+            "model_batch_rows", "Rows per forward pass, by model.", _ROWS_BUCKETS, model
+        )
+        self.model_inference = self._histogram(
+            "model_inference_seconds",
+            "Duration of one forward pass, by model.",
+            _TIME_BUCKETS,
+            model,
+        )
+        self.model_queued = self._gauge("model_queue_items", "Items waiting, by model.", model)
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter ``reward_server_<name>_total`` in this registry."""
@@ -90,6 +107,19 @@ class Metrics:
         """Read the queue length from ``queued`` whenever metrics are scraped."""
         self.queued.set_function(queued)
 
+    def track_model_queue(self, model: str, queued: Callable[[], float]) -> None:
+        """Read one model's queue length from ``queued`` whenever metrics are scraped."""
+        self.model_queued.labels(model=model).set_function(queued)
+
+    def model_observer(self, model: str) -> BatchObserver:
+        """The observer of one model's passes: its own series and the server's."""
+        return _ModelObserver(self, model)
+
+    def on_model_items(self, model: str, items: int, tokens: int) -> None:
+        """Count the items and tokens one model scored for a request."""
+        self.model_items.labels(model=model).inc(items)
+        self.model_tokens.labels(model=model).inc(tokens)
+
     def on_batch(self, stats: BatchStats) -> None:
         """Record one forward pass (BatchObserver protocol of the batcher)."""
         self.batches.labels(outcome="ok" if stats.error is None else "error").inc()
@@ -104,3 +134,20 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
         return generate_latest(self.registry)
+
+
+class _ModelObserver:
+    """Records one model's passes in its per-model series and in the server's."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._metrics = metrics
+        self._model = model
+
+    def on_batch(self, stats: BatchStats) -> None:
+        """Record one forward pass of this model (BatchObserver protocol)."""
+        m, model = self._metrics, self._model
+        m.on_batch(stats)
+        outcome = "ok" if stats.error is None else "error"
+        m.model_batches.labels(model=model, outcome=outcome).inc()
+        m.model_batch_rows.labels(model=model).observe(stats.rows)
+        m.model_inference.labels(model=model).observe(stats.inference_s)

@@ -24,7 +24,8 @@ from reward_server.schemas import (
     ScoreRequest,
     ScoreResponse,
 )
-from reward_server.service import Render, Service
+from reward_server.service import Scored, Service
+from reward_server.slots import Conversation, Items
 from reward_server.strict_json import StrictJSONRoute
 
 __all__ = ["get_service", "require_api_key", "router"]
@@ -62,45 +63,78 @@ Authorized = Annotated[None, Depends(require_api_key)]
 router = APIRouter(route_class=StrictJSONRoute)
 
 
-def _render_request(body: ScoreRequest) -> Render:
-    """The function that turns a ScoreRequest into strings with a given model."""
+def _request_items(body: ScoreRequest) -> Items:
+    """A ScoreRequest's items: texts for a model, and conversations when the response is
+    known (pairs and conversations)."""
     if body.texts is not None:
         texts = body.texts
-        return lambda model: list(texts)
+        return Items(len(texts), lambda model: list(texts))
     if body.queries is not None and body.responses is not None:
         queries, responses = body.queries, body.responses
-        return lambda model: model.render_pairs(queries, responses)
+        pairs = [
+            [{"role": "user", "content": q}, {"role": "assistant", "content": r}]
+            for q, r in zip(queries, responses, strict=True)
+        ]
+        return Items(
+            len(queries), lambda model: model.render_pairs(queries, responses), lambda: pairs
+        )
     conversations = [
         [{"role": m.role, "content": m.content} for m in conv] for conv in body.conversations or []
     ]
-    return lambda model: model.render_conversations(conversations)
+    return Items(
+        len(conversations),
+        lambda model: model.render_conversations(conversations),
+        lambda: conversations,
+    )
 
 
-def _render_queries(body: GetRewardRequest, service: Service) -> Render:
+def _query_items(body: GetRewardRequest, service: Service) -> Items:
     """As given, or through the policy's template back to conversations (in the tokenizer
     thread with the rest of the rendering)."""
     texts, template = body.query, service.policy_template
     if template is None:
-        return lambda model: list(texts)
+        return Items(len(texts), lambda model: list(texts))
     prompts = body.prompts
-    return lambda model: model.render_conversations(recover_conversations(template, texts, prompts))
+
+    def conversations() -> list[Conversation]:
+        return recover_conversations(template, texts, prompts)
+
+    return Items(
+        len(texts), lambda model: model.render_conversations(conversations()), conversations
+    )
 
 
-@router.post("/score", response_model=ScoreResponse, responses=ERROR_DOCS)
+def _score_response(scored: Scored, body: ScoreRequest) -> ScoreResponse:
+    """The /score answer: scores, tokens and truncation, and the breakdown that applies."""
+    steps = scored.steps()
+    return ScoreResponse(
+        scores=scored.scores,
+        tokens=scored.tokens,
+        truncated=scored.truncated,
+        model=scored.name,
+        components=scored.components() if body.components or len(scored.results) > 1 else None,
+        objectives=scored.objectives(),
+        step_scores=None if steps is None else [list(r.step_scores or ()) for r in steps],
+        step_ends=None if steps is None else [list(r.step_ends or ()) for r in steps],
+        steps_dropped=None if steps is None else [r.steps_dropped for r in steps],
+        outcome_scores=scored.outcome_scores,
+    )
+
+
+@router.post(
+    "/score",
+    response_model=ScoreResponse,
+    response_model_exclude_none=True,
+    responses=ERROR_DOCS,
+)
 async def score(
     body: ScoreRequest, request: Request, service: ServiceDep, _auth: Authorized
 ) -> ScoreResponse:
-    """Score texts, query/response pairs or conversations with the reward model."""
-    scores, encoded = await service.score(
-        request.receive, "/score", body.num_items, _render_request(body), body.truncate
+    """Score texts, query/response pairs or conversations with the reward model(s)."""
+    scored = await service.score(
+        request.receive, "/score", _request_items(body), truncate=body.truncate, model=body.model
     )
-    assert service.model is not None
-    return ScoreResponse(
-        scores=scores,
-        tokens=[e.num_tokens for e in encoded],
-        truncated=[e.truncated for e in encoded],
-        model=service.model.name,
-    )
+    return _score_response(scored, body)
 
 
 @router.post("/get_reward", response_model=GetRewardResponse, responses=ERROR_DOCS)
@@ -108,20 +142,21 @@ async def get_reward(
     body: GetRewardRequest, request: Request, service: ServiceDep, _auth: Authorized
 ) -> GetRewardResponse:
     """OpenRLHF remote reward: score complete texts given as ``query`` (with --policy-tokenizer,
-    their conversations recovered from the policy's chat template)."""
+    their conversations recovered from the policy's chat template); with several models, their
+    combined score."""
     texts = body.query
     if not texts:
         # OpenRLHF before 0.11.2 sends empty shards to all but one of several servers.
         return GetRewardResponse(rewards=[], scores=[], extra_logs={})
-    scores, encoded = await service.score(
-        request.receive, "/get_reward", len(texts), _render_queries(body, service), None
+    scored = await service.score(
+        request.receive, "/get_reward", _query_items(body, service), truncate=None
     )
     return GetRewardResponse(
-        rewards=scores,
-        scores=scores,
+        rewards=scored.scores,
+        scores=scored.scores,
         extra_logs={
-            "tokens": [float(e.num_tokens) for e in encoded],
-            "truncated": [1.0 if e.truncated else 0.0 for e in encoded],
+            "tokens": [float(n) for n in scored.tokens],
+            "truncated": [1.0 if t else 0.0 for t in scored.truncated],
         },
     )
 
@@ -141,7 +176,8 @@ async def health(service: ServiceDep) -> Response | HealthResponse:
 
 @router.get("/info", response_model=InfoResponse, responses=ERROR_DOCS)
 async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
-    """The model served and the server's batching limits (never the API key)."""
+    """The models served and the server's batching limits (never the API key); the top-level
+    model fields describe the first model."""
     if service.model is None:
         raise NotReadyError("the model is loading")
     s = service.settings
@@ -158,6 +194,8 @@ async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
             "auth": s.api_key is not None,
             "policy_tokenizer": s.policy_tokenizer,
             "engine": service.engine,
+            "models": service.models_info(),
+            "aggregate": service.aggregate,
             "version": __version__,
         }
     )

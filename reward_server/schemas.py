@@ -80,6 +80,15 @@ class ScoreRequest(BaseModel):
         description="Truncate over-long texts (true) or reject them with 413 (false); "
         "default: the server's setting.",
     )
+    model: StrictStr | None = Field(
+        default=None,
+        description="Score with this one of the server's models alone (its name in /info's "
+        "models); default: every model, combined.",
+    )
+    components: StrictBool = Field(
+        default=False,
+        description="Return each model's own score (always returned when several score).",
+    )
 
     @model_validator(mode="after")
     def _exactly_one_form(self) -> ScoreRequest:
@@ -120,12 +129,44 @@ class ScoreRequest(BaseModel):
 
 
 class ScoreResponse(BaseModel):
-    """Scores in request order, with the tokens scored and truncation per item."""
+    """Scores in request order, with the tokens scored and truncation per item; the
+    breakdown fields are left out when they do not apply."""
 
-    scores: list[float] = Field(description="Raw logit of the configured label, per item.")
-    tokens: list[int] = Field(description="Tokens actually scored, per item.")
-    truncated: list[bool] = Field(description="Whether the item was truncated.")
-    model: str = Field(description="Name of the reward model (and adapter) that scored.")
+    scores: list[float] = Field(
+        description="Raw logit of the configured label, per item; with several models their "
+        "combined score (the models file's aggregate)."
+    )
+    tokens: list[int] = Field(
+        description="Tokens actually scored, per item (the most of any model)."
+    )
+    truncated: list[bool] = Field(description="Whether any model truncated the item.")
+    model: str = Field(
+        description="Name of the reward model (and adapter) that scored; several: 'a+b'."
+    )
+    components: dict[str, list[float]] | None = Field(
+        default=None,
+        description="Each model's own score per item, by name (several models, or asked for).",
+    )
+    objectives: dict[str, list[float]] | None = Field(
+        default=None,
+        description="Every label's raw logit of each model with several labels, by label name "
+        "('model/label' when several models score).",
+    )
+    step_scores: list[list[float]] | None = Field(
+        default=None, description="Process reward model: the score of each step, per item."
+    )
+    step_ends: list[list[int]] | None = Field(
+        default=None,
+        description="Process reward model: where each step ends in the response (character "
+        "offsets, exclusive), per item.",
+    )
+    steps_dropped: list[int] | None = Field(
+        default=None, description="Process reward model: steps cut off by truncation, per item."
+    )
+    outcome_scores: list[float] | None = Field(
+        default=None,
+        description="The sequence models' combined score, when a process model scored too.",
+    )
 
 
 class GetRewardRequest(BaseModel):
@@ -158,6 +199,20 @@ class GetRewardResponse(BaseModel):
     )
 
 
+class ModelInfo(BaseModel):
+    """One served model: its entry of the models file and what its engine says of it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    kind: str = Field(description="sequence or process.")
+    weight: float
+    model: str
+    labels: list[str] = Field(description="Names of the head's labels that are read.")
+    objectives: dict[str, float] | None = None
+    normalize: dict[str, float] | None = None
+
+
 class InfoResponse(BaseModel):
     """What is served and with which limits."""
 
@@ -188,6 +243,12 @@ class InfoResponse(BaseModel):
         default=None,
         description="The engine's own settings (vLLM: tensor parallel size, memory share, "
         "prefix cache, extra engine arguments); none for the transformers engine.",
+    )
+    models: list[ModelInfo] = Field(
+        default_factory=list, description="Every served model (one for a plain --model)."
+    )
+    aggregate: str = Field(
+        default="weighted_sum", description="How the models' scores combine (models file)."
     )
     version: str
 

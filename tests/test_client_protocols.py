@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 
 from ppo_client.client import AsyncRewardClient, RewardClient, RewardClientError
 from ppo_client.config import PPOConfig
+from ppo_client.protocols import VllmSpecials, requests, vllm_specials
 from ppo_client.reward import default_reward_fn
 from reward_server.app import create_app
 from reward_server.config import ServerSettings
@@ -158,3 +159,38 @@ def test_tei_server_async_face_and_giving_up() -> None:
     tei.failures = [(400, {})]
     with TestClient(tei.app, base_url=URL) as http, pytest.raises(RewardClientError, match="400"):
         client(http, "tei").score(texts=TEXTS[:1])
+
+
+# ------------------------------------------------------------------ vLLM's special tokens
+
+CHAT_PROBE = {"tokens": [3, 203, 69, 0]}  # a conversation rendered without specials
+
+
+@pytest.mark.parametrize(
+    ("empty", "chat", "expected"),
+    [
+        # Llama/Mistral tokenizer, template without BOS (Zephyr): BOS added to conversations.
+        ({"tokens": [1], "token_strs": ["<s>"]}, CHAT_PROBE, VllmSpecials("<s>", chat=True)),
+        # A template that writes BOS itself (Llama 3): vLLM adds none, as this server.
+        ({"tokens": [1], "token_strs": ["<s>"]}, {"tokens": [1, 3]}, VllmSpecials("<s>")),
+        # A tokenizer that adds nothing (Qwen2), or a server without /tokenize: vLLM's way.
+        ({"tokens": [], "token_strs": []}, CHAT_PROBE, VllmSpecials()),
+        (None, None, VllmSpecials()),
+    ],
+)
+def test_vllm_specials_from_tokenize_probes(
+    empty: object, chat: object, expected: VllmSpecials
+) -> None:
+    assert vllm_specials(empty, chat) == expected
+
+
+def test_vllm_requests_ask_for_this_servers_special_tokens() -> None:
+    specials = VllmSpecials("<s>", chat=True)
+    texts = ["a", "<s>b", "<s>c", "d", "e"]
+    wires = requests("vllm", {"texts": texts}, 2, None, specials=specials)
+    assert [w.body["input"] for w in wires] == [["a"], ["<s>b", "<s>c"], ["d", "e"]]  # in order
+    assert [w.body.get("add_special_tokens") for w in wires] == [None, False, None]
+    (chat,) = requests("vllm", {"conversations": CONVERSATIONS[:1]}, 2, None, specials=specials)
+    assert chat.body["add_special_tokens"] is True and chat.body["use_activation"] is False
+    (plain,) = requests("vllm", {"conversations": CONVERSATIONS[:1]}, 2, None)
+    assert "add_special_tokens" not in plain.body  # vLLM's default: the template's own

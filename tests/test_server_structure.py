@@ -22,6 +22,7 @@ from reward_server.service import THREAD_PREFIX
 #: Modules that must stay importable without torch (HTTP, rendering, batching).
 NO_TORCH = ["errors", "rendering", "batcher", "schemas", "routes", "exceptions", "middleware"]
 NO_TORCH += ["strict_json", "metrics", "service", "engines", "app"]
+NO_TORCH += ["slots", "aggregate", "models_file"]
 
 
 def test_http_rendering_and_batching_modules_import_no_torch() -> None:

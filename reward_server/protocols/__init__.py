@@ -2,7 +2,7 @@
 
 Each protocol is one module with its request and response bodies and its routes; all of
 them score through the same :class:`~reward_server.service.Service` as ``/score`` (admission,
-batching, auth, truncation, metrics) and answer errors from the one error table, in the body
+batching, auth, truncation, metrics; with several models, their combined score as one label) and answer errors from the one error table, in the body
 shape that protocol's clients read (:class:`ProtocolRoute`). Here: what they share.
 """
 
@@ -18,7 +18,6 @@ from fastapi.responses import Response
 
 from reward_server.errors import ErrorBody, answer_error, default_error_body
 from reward_server.exceptions import ModelNotFoundError
-from reward_server.rendering import Encoded
 from reward_server.strict_json import StrictJSONRoute
 
 __all__ = [
@@ -88,9 +87,9 @@ def check_model(requested: str | None, served: str) -> None:
     raise ModelNotFoundError(f"The model `{requested}` does not exist. Valid aliases: {valid}.")
 
 
-def truncated_header(encoded: Sequence[Encoded]) -> dict[str, str]:
-    """The truncation header of an answer."""
-    return {TRUNCATED_HEADER: ",".join("1" if e.truncated else "0" for e in encoded)}
+def truncated_header(truncated: Sequence[bool]) -> dict[str, str]:
+    """The truncation header of an answer (per item: truncated by any model)."""
+    return {TRUNCATED_HEADER: ",".join("1" if t else "0" for t in truncated)}
 
 
 def protocol_error_bodies(*routers: APIRouter) -> dict[str, ErrorBody]:

@@ -150,10 +150,10 @@ async def predict(
     _auth: Authorized,
 ) -> list[Prediction] | list[list[Prediction]]:
     """TEI's sequence classification: every label's score per sequence, highest first."""
-    rows, encoded = await service.logits(
+    rows, scored = await service.logits(
         request.receive, "/predict", body.render(), len(body.sequences), truncate=body.truncate
     )
-    response.headers.update(truncated_header(encoded))
+    response.headers.update(truncated_header(scored.truncated))
     labels = service.labels
     answers = []
     for row in rows:

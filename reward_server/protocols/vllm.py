@@ -35,10 +35,9 @@ from reward_server.protocols import (
     model_aliases,
     truncated_header,
 )
-from reward_server.rendering import Encoded
 from reward_server.routes import Authorized, ServiceDep
 from reward_server.schemas import Conversation, StrList
-from reward_server.service import Render, Service
+from reward_server.service import Render, Scored, Service
 
 __all__ = [
     "ClassificationData",
@@ -258,12 +257,13 @@ class ModelList(BaseModel):
 
 async def _logits(
     body: VLLMRequest, request: Request, response: Response, service: Service
-) -> tuple[list[list[float]], list[Encoded], str]:
-    """Every label's value per item (activated unless asked raw), encodings, model name."""
+) -> tuple[list[list[float]], Scored, str]:
+    """Every label's value per item (activated unless asked raw), the results, model name
+    (with several models: their combined score as one label, named after them all)."""
     if service.model is not None:
-        check_model(body.model, service.model.name)
+        check_model(body.model, service.name)
     truncate, max_tokens = body.limits()
-    rows, encoded = await service.logits(
+    rows, scored = await service.logits(
         request.receive,
         request.url.path,
         body.render(),
@@ -271,14 +271,13 @@ async def _logits(
         truncate=truncate,
         max_tokens=max_tokens,
     )
-    response.headers.update(truncated_header(encoded))
-    assert service.model is not None
+    response.headers.update(truncated_header(scored.truncated))
     values = rows if body.raw else [activate(row) for row in rows]
-    return values, encoded, service.model.name
+    return values, scored, service.name
 
 
-def _usage(encoded: list[Encoded]) -> UsageInfo:
-    tokens = sum(e.num_tokens for e in encoded)
+def _usage(scored: Scored) -> UsageInfo:
+    tokens = sum(scored.tokens)
     return UsageInfo(prompt_tokens=tokens, total_tokens=tokens)
 
 
@@ -302,7 +301,7 @@ async def classify(
     _auth: Authorized,
 ) -> ClassificationResponse:
     """vLLM's classification: every label's probability (or raw logit) per item."""
-    values, encoded, name = await _logits(body, request, response, service)
+    values, scored, name = await _logits(body, request, response, service)
     labels = service.labels
     data = []
     for i, row in enumerate(values):
@@ -314,7 +313,7 @@ async def classify(
         created=int(time.time()),
         model=name,
         data=data,
-        usage=_usage(encoded),
+        usage=_usage(scored),
     )
 
 
@@ -327,13 +326,13 @@ async def pooling(
     _auth: Authorized,
 ) -> PoolingResponse:
     """vLLM's pooling of a classifier: every label's probability (or raw logit) per item."""
-    values, encoded, name = await _logits(body, request, response, service)
+    values, scored, name = await _logits(body, request, response, service)
     return PoolingResponse(
         id=f"pool-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=name,
         data=[PoolingData(index=i, data=row) for i, row in enumerate(values)],
-        usage=_usage(encoded),
+        usage=_usage(scored),
     )
 
 
@@ -342,11 +341,10 @@ async def models(service: ServiceDep, _auth: Authorized) -> ModelList:
     """The served model, as vLLM lists its models (clients probe it to find the name)."""
     if service.model is None:
         raise NotReadyError("the model is loading")
-    name = service.model.name
+    name = service.name
+    max_len = min(slot.scorer.max_length for slot in service.slots)
     cards = [
-        ModelCard(
-            id=alias, created=int(time.time()), root=name, max_model_len=service.model.max_length
-        )
+        ModelCard(id=alias, created=int(time.time()), root=name, max_model_len=max_len)
         for alias in sorted(model_aliases(name), key=lambda a: a != name)
     ]
     return ModelList(data=cards)

@@ -1,0 +1,385 @@
+"""Model slots: one per served reward model, each turning a request's items into per-item
+results with its own scorer, rendering and scheduler (no torch, no HTTP).
+
+A slot renders and tokenizes on the service's tokenizer thread, queues the token-id rows on
+its own scheduler (a micro-:class:`~reward_server.batcher.Batcher` whose passes run on the
+service's one compute thread, or the engine's own scheduler) and gives back one
+:class:`ItemResult` per item. The service fans a request out to its slots and combines their
+results (:mod:`reward_server.aggregate`). A kind of reward model (``sequence``, ``process``)
+is a kind of slot: :class:`BatchedSlot` holds what they share, a subclass says how items
+become rows (:meth:`BatchedSlot.prepare`), which pass runs them
+(:meth:`BatchedSlot.batch_function`) and how rows become results
+(:meth:`BatchedSlot.finish`).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from reward_server.aggregate import label_weights, own_score
+from reward_server.batcher import Batcher, BatchLimits
+from reward_server.engines import (
+    LoadOptions,
+    MultiLabel,
+    Scheduler,
+    Scorer,
+    SelfScheduling,
+    load_scorer,
+)
+from reward_server.exceptions import EmptyTextError, ModelLoadError, NotReadyError
+from reward_server.models_file import ModelSpec
+
+if TYPE_CHECKING:
+    from reward_server.config import ServerSettings
+    from reward_server.metrics import Metrics
+
+__all__ = [
+    "BatchedSlot",
+    "Conversation",
+    "ItemResult",
+    "Items",
+    "Render",
+    "SequenceSlot",
+    "Slot",
+    "SlotContext",
+    "Tokenized",
+    "load_slot",
+    "slot_for",
+]
+
+#: Turns a request's items into texts with a model's rendering (its chat template).
+Render = Callable[[Scorer], list[str]]
+#: One chat: messages with ``role`` and ``content``.
+Conversation = list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Items:
+    """One request's items as every slot takes them.
+
+    ``render`` gives the texts a sequence model scores; ``conversations`` (None for plain
+    texts, whose response cannot be told apart) gives each item as a conversation whose last
+    message is the response, for models that need the response (process reward models).
+    Both are called on the tokenizer thread.
+    """
+
+    count: int
+    render: Render
+    conversations: Callable[[], list[Conversation]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """One model's result for one item."""
+
+    #: The model's own score: a sequence model's label logit (or its objectives' weighted
+    #: sum), a process model's aggregate over the steps. Raw: before normalize and weight.
+    score: float
+    num_tokens: int  # tokens the model scored
+    truncated: bool
+    #: Every value of the row the model gave (named by the slot's ``labels``); empty when
+    #: the model gives none but the score.
+    logits: tuple[float, ...] = ()
+    #: Process models: the score of each scored step, where each ends in the response
+    #: (character offsets, exclusive), and how many steps truncation cut off.
+    step_scores: tuple[float, ...] | None = None
+    step_ends: tuple[int, ...] | None = None
+    steps_dropped: int = 0
+
+
+class Tokenized(Protocol):
+    """An item ready for a scheduler (:class:`~reward_server.rendering.Encoded` is one)."""
+
+    @property
+    def input_ids(self) -> list[int]: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def truncated(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SlotContext:
+    """What the service lends every slot: its two threads, its settings and its metrics."""
+
+    compute: Executor
+    tokenizer: Executor
+    settings: ServerSettings
+    metrics: Metrics
+
+
+class Slot(Protocol):
+    """One served reward model as the service uses it."""
+
+    #: The models-file entry (for a plain --model server, one made from the flags).
+    spec: ModelSpec
+    scorer: Scorer
+    kind: str
+    #: The padded-token budget of one pass, known once started.
+    max_batch_tokens: int | None
+    scheduler: Scheduler | None
+
+    @property
+    def name(self) -> str:
+        """The model's name in answers (the entry's name)."""
+        ...
+
+    @property
+    def labels(self) -> list[str]:
+        """Names of the values in each result's ``logits``."""
+        ...
+
+    @property
+    def running(self) -> bool:
+        """True once started, until stop() begins."""
+        ...
+
+    @property
+    def queued(self) -> int:
+        """Rows admitted and not yet started."""
+        ...
+
+    async def start(self, ctx: SlotContext) -> None:
+        """Start the slot's scheduler on the running event loop."""
+        ...
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Refuse new work; finish (drain) or fail what is queued."""
+        ...
+
+    async def score(
+        self, items: Items, *, truncate: bool, max_tokens: int | None
+    ) -> list[ItemResult]:
+        """One result per item, in order, all or nothing (cancelling drops queued rows)."""
+        ...
+
+    def info(self) -> dict[str, object]:
+        """The model's entry of GET /info's ``models``."""
+        ...
+
+
+class BatchedSlot(abc.ABC):
+    """A slot whose rows go through a scheduler: the micro-batcher on the service's compute
+    thread, or the engine's own when the scorer schedules itself."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, spec: ModelSpec, scorer: Scorer) -> None:
+        self.spec = spec
+        self.scorer = scorer
+        self.scheduler: Scheduler | None = None
+        self.max_batch_tokens: int | None = None
+        self._ctx: SlotContext | None = None
+
+    # ------------------------------------------------------------------ what a kind says
+
+    @abc.abstractmethod
+    def prepare(
+        self, items: Items, *, truncate: bool, max_tokens: int | None
+    ) -> Sequence[Tokenized]:
+        """Render and tokenize the items (on the tokenizer thread); one row per item."""
+
+    @abc.abstractmethod
+    def batch_function(
+        self,
+    ) -> tuple[Callable[[list[Sequence[int]]], Sequence[Any]], Callable[[Any], Any]]:
+        """The pass the micro-batcher runs on the compute thread (one value per row), and
+        the check/conversion of each row's value."""
+
+    @abc.abstractmethod
+    def finish(self, prepared: Sequence[Tokenized], values: Sequence[Any]) -> list[ItemResult]:
+        """Per-item results from the prepared items and their rows' values, in order."""
+
+    # ------------------------------------------------------------------ shared
+
+    @property
+    def name(self) -> str:
+        """The model's name in answers."""
+        return self.spec.name
+
+    @property
+    def labels(self) -> list[str]:
+        """Names of the values in each result's ``logits``."""
+        return ["LABEL_0"]
+
+    @property
+    def running(self) -> bool:
+        """True once started, until stop() begins."""
+        return self.scheduler is not None and self.scheduler.running
+
+    @property
+    def queued(self) -> int:
+        """Rows admitted and not yet started."""
+        return 0 if self.scheduler is None else self.scheduler.queued
+
+    async def start(self, ctx: SlotContext) -> None:
+        """Start the engine's scheduler, or a micro-batcher over :meth:`batch_function`."""
+        s = ctx.settings
+        self._ctx = ctx
+        self.max_batch_tokens = s.batch_token_budget(self.scorer.device, self.scorer.max_length)
+        limits = BatchLimits(
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_size=s.max_batch_size,
+            max_wait_ms=s.max_wait_ms,
+            max_queue=s.max_queue,
+        )
+        observer = ctx.metrics.model_observer(self.name)
+        if isinstance(self.scorer, SelfScheduling):
+            scheduler = self.scorer.scheduler(limits, observer)
+        else:
+            run, convert = self.batch_function()
+            scheduler = Batcher(
+                run,
+                **dataclasses.asdict(limits),
+                observer=observer,
+                executor=ctx.compute,
+                convert=convert,
+            )
+        self.scheduler = scheduler
+        await scheduler.start()
+        ctx.metrics.track_model_queue(self.name, lambda: float(scheduler.queued))
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Refuse new work; finish (drain) or fail what is queued."""
+        if self.scheduler is not None:
+            await self.scheduler.stop(drain=drain)
+
+    async def score(
+        self, items: Items, *, truncate: bool, max_tokens: int | None
+    ) -> list[ItemResult]:
+        """Prepare on the tokenizer thread, queue the rows, turn their values into results."""
+        ctx, scheduler = self._ctx, self.scheduler
+        if ctx is None or scheduler is None:
+            raise NotReadyError("the model is loading")
+        prepare = functools.partial(self.prepare, items, truncate=truncate, max_tokens=max_tokens)
+        prepared = await asyncio.get_running_loop().run_in_executor(ctx.tokenizer, prepare)
+        if len(prepared) != items.count:
+            raise RuntimeError(f"{len(prepared)} rows prepared for {items.count} items")
+        for i, item in enumerate(prepared):
+            if item.num_tokens == 0:
+                raise EmptyTextError(f"item {i} encodes to no tokens; nothing to score")
+        values = await scheduler.submit([item.input_ids for item in prepared])
+        if len(values) != len(prepared):
+            raise RuntimeError(f"{len(values)} scores for {len(prepared)} items")
+        results = self.finish(prepared, values)
+        ctx.metrics.on_model_items(self.name, len(results), sum(r.num_tokens for r in results))
+        return results
+
+    def info(self) -> dict[str, object]:
+        """The scorer's facts with the entry's: name, kind, weight, labels, objectives, ..."""
+        entry = self.spec.model_dump(include={"weight", "objectives", "normalize"})
+        own = {"name": self.name, "kind": self.kind, "labels": self.labels}
+        return {**self.scorer.info(), **entry, **own}
+
+
+def _logit_row(value: Any) -> list[float]:
+    """One row of ``logits_batch``: every label's logit as floats."""
+    return [float(v) for v in value]
+
+
+def _check_rows(values: Sequence[Any], expected: int) -> list[list[float]]:
+    """One row of finite logits per item (a lone score is a row of one), or RuntimeError
+    (a model bug: answered as 500)."""
+    if len(values) != expected:
+        raise RuntimeError(f"{len(values)} scores for {expected} items")
+    rows = [value if isinstance(value, list) else [float(value)] for value in values]
+    for i, row in enumerate(rows):
+        if not row or not all(math.isfinite(v) for v in row):
+            raise RuntimeError(f"non-finite or empty score {row} for item {i}")
+    return rows
+
+
+class SequenceSlot(BatchedSlot):
+    """A sequence-classification reward model: one score per text, read from its head's
+    label (``label_index``) or its labels weighted by name (``objectives``)."""
+
+    kind = "sequence"
+
+    def __init__(self, spec: ModelSpec, scorer: Scorer) -> None:
+        super().__init__(spec, scorer)
+        # Rows of every label's logit when the micro-batcher runs a MultiLabel scorer (the
+        # score is read from them); else rows of the configured label's logit alone.
+        self._all_labels = isinstance(scorer, MultiLabel) and not isinstance(scorer, SelfScheduling)
+        self._label_in_row = 0
+        self._labels = ["LABEL_0"]
+        if isinstance(scorer, MultiLabel):
+            index = scorer.label_index
+            self._labels = list(scorer.labels) if self._all_labels else [scorer.labels[index]]
+            self._label_in_row = index if self._all_labels else 0
+        self._weights: list[float] | None = None
+        if spec.objectives is not None:
+            if not self._all_labels:
+                raise ModelLoadError(
+                    f"model {spec.name!r}: objectives need every label's logit, which this "
+                    "engine does not give"
+                )
+            try:
+                self._weights = label_weights(self._labels, spec.objectives)
+            except ValueError as exc:
+                raise ModelLoadError(f"model {spec.name!r}: {exc}") from None
+
+    @property
+    def labels(self) -> list[str]:
+        """Names of the values in each result's ``logits``: every label, or the scored one."""
+        return list(self._labels)
+
+    def prepare(
+        self, items: Items, *, truncate: bool, max_tokens: int | None
+    ) -> Sequence[Tokenized]:
+        """The items rendered with this model's template and tokenized with its tokenizer."""
+        texts = items.render(self.scorer)
+        if max_tokens is None:
+            return self.scorer.encode(texts, truncate=truncate)
+        return self.scorer.encode(texts, truncate=True, max_length=max_tokens)
+
+    def batch_function(
+        self,
+    ) -> tuple[Callable[[list[Sequence[int]]], Sequence[Any]], Callable[[Any], Any]]:
+        """Every label's logits (the score is read from them), or the scorer's scores."""
+        if self._all_labels:
+            assert isinstance(self.scorer, MultiLabel)
+            return self.scorer.logits_batch, _logit_row
+        return self.scorer.score_batch, float
+
+    def finish(self, prepared: Sequence[Tokenized], values: Sequence[Any]) -> list[ItemResult]:
+        """The score of each row, with the row itself as ``logits``."""
+        rows = _check_rows(values, len(prepared))
+        return [
+            ItemResult(
+                score=own_score(row, self._label_in_row, self._weights),
+                num_tokens=item.num_tokens,
+                truncated=item.truncated,
+                logits=tuple(row),
+            )
+            for item, row in zip(prepared, rows, strict=True)
+        ]
+
+
+def slot_for(spec: ModelSpec, scorer: Scorer) -> Slot:
+    """The slot of ``spec`` around a loaded scorer (ModelLoadError when they do not fit)."""
+    if spec.kind == "process":
+        raise ModelLoadError(f"model {spec.name!r}: kind: process is not implemented yet")
+    return SequenceSlot(spec, scorer)
+
+
+def load_slot(spec: ModelSpec, options: LoadOptions, engine: str) -> Slot:
+    """Load the model of ``spec`` with ``options`` as its slot, on the calling thread (the
+    service's compute thread); raises ModelLoadError."""
+    if spec.kind == "process":
+        raise ModelLoadError(f"model {spec.name!r}: kind: process is not implemented yet")
+    scorer = load_scorer(options, engine)
+    try:
+        return slot_for(spec, scorer)
+    except BaseException:
+        scorer.close()
+        raise
