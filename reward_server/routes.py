@@ -76,7 +76,10 @@ def _request_items(body: ScoreRequest) -> Items:
             for q, r in zip(queries, responses, strict=True)
         ]
         return Items(
-            len(queries), lambda model: model.render_pairs(queries, responses), lambda: pairs
+            len(queries),
+            lambda model: model.render_pairs(queries, responses),
+            lambda: pairs,
+            (queries, responses),
         )
     conversations = [
         [{"role": m.role, "content": m.content} for m in conv] for conv in body.conversations or []

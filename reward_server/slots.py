@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from reward_server.aggregate import label_weights, own_score
 from reward_server.batcher import Batcher, BatchLimits
@@ -32,10 +32,17 @@ from reward_server.engines import (
     Scheduler,
     Scorer,
     SelfScheduling,
+    load_process_scorer,
     load_scorer,
 )
-from reward_server.exceptions import EmptyTextError, ModelLoadError, NotReadyError
+from reward_server.exceptions import (
+    EmptyTextError,
+    ModelLoadError,
+    NotReadyError,
+    ResponseNotFoundError,
+)
 from reward_server.models_file import ModelSpec
+from reward_server.steps import StepEncoded, StepOptions, StepScorer, step_results
 
 if TYPE_CHECKING:
     from reward_server.config import ServerSettings
@@ -46,6 +53,7 @@ __all__ = [
     "Conversation",
     "ItemResult",
     "Items",
+    "ProcessSlot",
     "Render",
     "SequenceSlot",
     "Slot",
@@ -68,12 +76,14 @@ class Items:
     ``render`` gives the texts a sequence model scores; ``conversations`` (None for plain
     texts, whose response cannot be told apart) gives each item as a conversation whose last
     message is the response, for models that need the response (process reward models).
-    Both are called on the tokenizer thread.
+    Both are called on the tokenizer thread. ``pairs``: the queries and responses when the
+    items came as pairs (rendered joined, as pairs are, by a model without a chat template).
     """
 
     count: int
     render: Render
     conversations: Callable[[], list[Conversation]] | None = None
+    pairs: tuple[Sequence[str], Sequence[str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,19 +375,90 @@ class SequenceSlot(BatchedSlot):
         ]
 
 
-def slot_for(spec: ModelSpec, scorer: Scorer) -> Slot:
+class ProcessSlot(BatchedSlot):
+    """A process reward model: a score per step of each response (the token classifier's
+    score at each step's token, :mod:`reward_server.steps`), and the item's own score
+    aggregated over its steps (``step_aggregate``)."""
+
+    kind = "process"
+
+    def __init__(self, spec: ModelSpec, scorer: StepScorer) -> None:
+        super().__init__(spec, cast("Scorer", scorer))
+        self.process = scorer
+        info = scorer.info()
+        self._head_labels = list(cast("list[str]", info["labels"]))
+        self._read_label = self._head_labels[cast("int", info["label_index"])]
+
+    @property
+    def labels(self) -> list[str]:
+        """The label the step scores come from (results carry no per-label values)."""
+        return [self._read_label]
+
+    def prepare(
+        self, items: Items, *, truncate: bool, max_tokens: int | None
+    ) -> Sequence[Tokenized]:
+        """Each item's response split into steps, rendered and tokenized, its steps placed."""
+        if items.conversations is None:
+            raise ResponseNotFoundError(
+                f"model {self.name!r} is a process reward model: it scores each step of a "
+                "response, and texts cannot be split into prompt and response; send queries "
+                "and responses, or conversations"
+            )
+        rendering = self.process.rendering
+        cut = truncate if max_tokens is None else True
+        if items.pairs is not None:
+            queries, responses = items.pairs
+            return rendering.encode_pairs(queries, responses, truncate=cut, max_length=max_tokens)
+        return rendering.encode_conversations(
+            items.conversations(), truncate=cut, max_length=max_tokens
+        )
+
+    def batch_function(
+        self,
+    ) -> tuple[Callable[[list[Sequence[int]]], Sequence[Any]], Callable[[Any], Any]]:
+        """Every token's step score, per row."""
+        return self.process.token_scores, _logit_row
+
+    def finish(self, prepared: Sequence[Tokenized], values: Sequence[Any]) -> list[ItemResult]:
+        """Each item's step scores read at its steps' tokens, and their aggregate."""
+        rows = _check_rows(values, len(prepared))
+        items = cast("Sequence[StepEncoded]", prepared)
+        results = step_results(rows, items, self.process.steps.aggregate)
+        return [
+            ItemResult(
+                score=result.score,
+                num_tokens=item.num_tokens,
+                truncated=item.truncated,
+                step_scores=tuple(result.step_scores),
+                step_ends=tuple(result.step_ends),
+                steps_dropped=result.steps_dropped,
+            )
+            for item, result in zip(items, results, strict=True)
+        ]
+
+    def info(self) -> dict[str, object]:
+        """The entry's facts with every label of the head (:attr:`labels` is the one read)."""
+        return {**super().info(), "labels": list(self._head_labels)}
+
+
+def slot_for(spec: ModelSpec, scorer: Scorer | StepScorer) -> Slot:
     """The slot of ``spec`` around a loaded scorer (ModelLoadError when they do not fit)."""
     if spec.kind == "process":
-        raise ModelLoadError(f"model {spec.name!r}: kind: process is not implemented yet")
-    return SequenceSlot(spec, scorer)
+        if not hasattr(scorer, "token_scores"):
+            raise ModelLoadError(f"model {spec.name!r}: kind: process needs a process model")
+        return ProcessSlot(spec, cast("StepScorer", scorer))
+    return SequenceSlot(spec, cast("Scorer", scorer))
 
 
 def load_slot(spec: ModelSpec, options: LoadOptions, engine: str) -> Slot:
     """Load the model of ``spec`` with ``options`` as its slot, on the calling thread (the
     service's compute thread); raises ModelLoadError."""
+    scorer: Scorer | StepScorer
     if spec.kind == "process":
-        raise ModelLoadError(f"model {spec.name!r}: kind: process is not implemented yet")
-    scorer = load_scorer(options, engine)
+        steps = StepOptions(spec.step_separator, spec.step_tag, spec.step_aggregate)
+        scorer = load_process_scorer(options, steps, engine)
+    else:
+        scorer = load_scorer(options, engine)
     try:
         return slot_for(spec, scorer)
     except BaseException:

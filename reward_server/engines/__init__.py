@@ -24,11 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
+from reward_server.exceptions import ModelLoadError
 from reward_server.rendering import Encoded
 
 if TYPE_CHECKING:
     from reward_server.batcher import BatchLimits, BatchObserver
     from reward_server.config import ServerSettings
+    from reward_server.steps import StepOptions, StepScorer
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -40,6 +42,7 @@ __all__ = [
     "SelfScheduling",
     "available_engines",
     "engine_module",
+    "load_process_scorer",
     "load_scorer",
 ]
 
@@ -191,3 +194,16 @@ def engine_module(name: str) -> Engine:
 def load_scorer(options: LoadOptions, engine: str = DEFAULT_ENGINE) -> Scorer:
     """Load the reward model of ``options`` with ``engine``, on the calling thread."""
     return engine_module(engine).load(options)
+
+
+def load_process_scorer(
+    options: LoadOptions, steps: StepOptions, engine: str = DEFAULT_ENGINE
+) -> StepScorer:
+    """Load the process reward model (a token classifier) of ``options`` on the calling
+    thread; the transformers engine runs them (ModelLoadError for another engine)."""
+    if engine != DEFAULT_ENGINE:
+        raise ModelLoadError(
+            f"process reward models run on the {DEFAULT_ENGINE} engine, not {engine!r}"
+        )
+    module = importlib.import_module(f"{__name__}._process")
+    return cast("StepScorer", module.load(options, steps))

@@ -163,4 +163,6 @@ class ProcessRewardModel(NetworkModel):
             "kind": "process",
             "num_labels": self.num_labels,
             "labels": list(self.labels),
+            # The label a step score comes from: label 1's probability, or the one logit.
+            "label_index": self.num_labels - 1,
         }
