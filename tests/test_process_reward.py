@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModel, AutoModelForTokenClassification, AutoTokenizer
 
 import tiny_models
-from reward_server.engines import LoadOptions
+from reward_server.engines import LoadOptions, load_process_scorer
 from reward_server.engines._process import ProcessRewardModel, _auto_class, load
 from reward_server.exceptions import (
     ModelLoadError,
@@ -411,3 +411,10 @@ def test_a_template_that_starts_with_bos(chat_prm_path: Path, tmp_path: Path) ->
     ).rendering.encode_conversations([conversation(response)], truncate=True)[0]
     assert cut.encoded.input_ids == ids[:1] + ids[11:]  # BOS kept, the content cut after it
     assert cut.positions == [p - 10 for p in expected] and cut.steps_dropped == 0
+
+
+def test_process_models_run_on_the_transformers_engine(prm_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="process reward models run on the transformers"):
+        load_process_scorer(cpu_options(str(prm_path)), StepOptions(), "vllm")
+    loaded = load_process_scorer(cpu_options(str(prm_path)), StepOptions(separator=" "))
+    assert isinstance(loaded, ProcessRewardModel) and loaded.steps.separator == " "
