@@ -65,7 +65,7 @@ class ServeOptions(BaseModel):
     default (5) would starve the micro-batcher."""
     num_gpus: float | None = Field(default=None, ge=0)
     """GPUs per replica. Unset: tensor_parallel_size when the model runs on CUDA (device
-    cuda, or auto on a cluster with GPUs), else 0."""
+    cuda, or auto where GPUs are in sight), else 0."""
     num_cpus: float = Field(default=1.0, ge=0)
     """CPUs reserved per replica (tokenization and, on CPU, the forward passes)."""
 
@@ -83,11 +83,22 @@ def _gpus_per_replica(settings: ServerSettings, options: ServeOptions) -> float:
     if options.num_gpus is not None:
         return options.num_gpus
     on_gpu = settings.device.startswith("cuda")
-    if settings.device == "auto" and ray.is_initialized():
-        on_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    if settings.device == "auto":
+        on_gpu = _gpus_in_sight()
     # vLLM shards a model over tensor_parallel_size GPUs; Ray hands a replica the GPUs it
     # reserved (CUDA_VISIBLE_DEVICES), so it reserves them all.
     return float(settings.tensor_parallel_size) if on_gpu else 0.0
+
+
+def _gpus_in_sight() -> bool:
+    """Whether replicas will find GPUs: the cluster's when connected to Ray (a config file
+    is built on the cluster), else this machine's (``serve run module:app`` builds before it
+    connects; pass num_gpus when this machine is not like the cluster's nodes)."""
+    if ray.is_initialized():
+        return ray.cluster_resources().get("GPU", 0) > 0
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def deployment_options(settings: ServerSettings, options: ServeOptions) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
 from server_proc import free_port
 from starlette.testclient import TestClient
@@ -93,6 +94,13 @@ def test_builder_options() -> None:
     )
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["ray_actor_options"]["num_gpus"] == 0.0
+    # device auto before Ray is connected (as serve run builds): this machine's GPUs.
+    auto = ServerSettings(model="m")
+    if not ray.is_initialized():
+        gpus = 1.0 if torch.cuda.is_available() else 0.0
+        assert deployment_options(auto, ServeOptions())["ray_actor_options"]["num_gpus"] == gpus
+    one = deployment_options(auto, ServeOptions(num_gpus=1))
+    assert one["ray_actor_options"]["num_gpus"] == 1.0
     with pytest.raises(ValueError, match="bad arguments"):
         app({"model": "m", "min_replicas": "5", "max_replicas": "2"})
     with pytest.raises(ValueError, match="bad arguments"):
