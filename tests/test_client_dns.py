@@ -8,15 +8,19 @@ that returns 2, then 3, then 1 of them under concurrent load.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from math import inf
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from server_proc import ServerProcess, free_port, start_server
 
 from ppo_client.client import AsyncRewardClient, RewardClient
@@ -25,6 +29,9 @@ from ppo_client.endpoints import MIN_RESOLVE_GAP, EndpointPool, Target, normalis
 from ppo_client.reward import default_reward_fn
 from ppo_client.trl import RemoteReward
 from tiny_models import make_corpus
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class StubResolver:
@@ -208,6 +215,92 @@ def test_trainer_reward_url_takes_dns_urls() -> None:
     client.close()
 
 
+def _self_signed(name: str, folder: Path) -> tuple[Path, Path]:
+    """A certificate for DNS name ``name`` only (no IP address) and its key, as files."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_https_checks_the_certificate_against_the_name(tmp_path: Path) -> None:
+    cert, key = _self_signed("rm.test", tmp_path)
+    hosts: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """A TLS reward server that scores 1.0 and records the Host header."""
+        if scope["type"] != "http":
+            return
+        hosts.append(dict(scope["headers"])[b"host"].decode())
+        request = httpx.Request("POST", "/", content=(await receive())["body"])
+        response = _answer(request)
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": response.content})
+
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.2",
+        port=port,
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        log_level="warning",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 30)
+        trusted = ssl.create_default_context(cafile=str(cert))
+        # The address alone fails the certificate check: it names rm.test, not 127.0.0.2 ...
+        with pytest.raises(httpx.ConnectError, match="certificate"):
+            httpx.get(f"https://127.0.0.2:{port}/", verify=trusted)
+        # ... so the client, which connects to the address, must present and check the name.
+        with (
+            httpx.Client(verify=trusted) as http,
+            RewardClient(
+                f"dns+https://rm.test:{port}",
+                http_client=http,
+                resolver=StubResolver(rm_test=["127.0.0.2"]),
+                max_client_batch=2,
+                retry_timeout=0,
+            ) as client,
+        ):
+            assert client.score(texts=["a", "b", "c"]) == [1.0] * 3
+        assert hosts == [f"rm.test:{port}"] * 2
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 # --- real servers on loopback addresses -------------------------------------------------------
 
 #: Short for the test; the default is DEFAULT_RESOLVE_INTERVAL.
@@ -325,16 +418,17 @@ def test_client_follows_replicas_as_dns_changes(
     expected = answer.json()["scores"]
     served_before = {address: scored(server) for address, server in servers.items()}
     resolver, log = StubResolver(rm_test=[a, b]), SendLog()
+    http = httpx.Client(timeout=60, event_hooks={"request": [log]})
     client = RewardClient(
         f"dns+http://rm.test:{port}",
-        http_client=httpx.Client(timeout=60, event_hooks={"request": [log]}),
+        http_client=http,
         resolver=resolver,
         resolve_interval=RESOLVE_INTERVAL,
         max_client_batch=2,  # three requests per call
         max_concurrency=3,
         retry_timeout=120,
     )
-    with client, Load(client, texts, expected) as load:
+    with http, client, Load(client, texts, expected) as load:
         # Two addresses: the load is spread over both, the third server gets nothing.
         start = time.monotonic()
         wait_for(lambda: all(log.since(start)[x] >= 10 for x in (a, b)), 60)
