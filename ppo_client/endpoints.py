@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "DEFAULT_RESOLVE_INTERVAL",
+    "MIN_RESOLVE_GAP",
     "EndpointPool",
     "Resolver",
     "Target",
@@ -197,7 +198,7 @@ class EndpointPool:
         """The name's addresses, or None (logged) when it cannot be resolved now."""
         try:
             addresses = list(self._resolver(name.name, name.port))
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:  # gaierror; UnicodeError: not a valid name
             logger.warning("cannot resolve %s (%s); keeping its last addresses", name.source, exc)
             return None
         if not addresses:
