@@ -6,19 +6,22 @@ Exceptions::
     └── RewardServerError        a call finally failed (status, message, url)
 
 Both clients split a call into chunks of the server's ``max_client_batch``, send the chunks
-concurrently, spread them round-robin over the base URLs, retry connection errors,
-timeouts, 5xx and 429 (another URL first, then capped exponential backoff with full
-jitter, or the server's ``Retry-After``) until a time budget (``retry_timeout``, 600 s by
-default) is spent, never retry any other 4xx, and return scores in input order.
+concurrently, spread them round-robin over the base URLs (a ``dns+http://name:port`` URL
+stands for every address of the name, followed as it changes: :mod:`ppo_client.endpoints`),
+retry connection errors, timeouts, 5xx and 429 (another URL first, then capped exponential
+backoff with full jitter, or the server's ``Retry-After``) until a time budget
+(``retry_timeout``, 600 s by default) is spent, never retry any other 4xx, and return
+scores in input order.
 
 One implementation, two faces. What a call does (discover the chunk size, split, send,
 decide on each failure whether and when to try again and where) is written once as
 *flows*: generators that yield actions (:class:`_Send` a request, :class:`_Sleep`,
-:class:`_Gather` sub-flows concurrently) and get back their outcomes, without doing any
-I/O themselves. :class:`RewardClient` executes the actions with an ``httpx.Client``,
-``time.sleep`` and a thread pool; :class:`AsyncRewardClient` with an
-``httpx.AsyncClient``, ``asyncio.sleep`` and tasks. The public methods are written once
-too and return whatever the face's runner returns: a value, or a coroutine.
+:class:`_Gather` sub-flows concurrently, :class:`_Resolve` the ``dns+`` names again) and
+get back their outcomes, without doing any I/O themselves. :class:`RewardClient` executes
+the actions with an ``httpx.Client``, ``time.sleep`` and a thread pool;
+:class:`AsyncRewardClient` with an ``httpx.AsyncClient``, ``asyncio.sleep`` and tasks. The
+public methods are written once too and return whatever the face's runner returns: a
+value, or a coroutine.
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypedDict, TypeVar
 import httpx
 
 from ppo_client import protocols
+from ppo_client.endpoints import (
+    DEFAULT_RESOLVE_INTERVAL,
+    EndpointPool,
+    Resolver,
+    Target,
+    normalise_urls,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -244,7 +254,10 @@ class ClientOptions(TypedDict, total=False):
     ``clock``: a monotonic clock in seconds for the retry budget (the test seam, with the
     face's ``sleep``). ``protocol``: what the server speaks, ``remote-reward`` (this
     project's server, the default), ``vllm``, ``tei``, ``openrlhf``, or ``auto`` to ask the
-    server (see :mod:`ppo_client.protocols`).
+    server (see :mod:`ppo_client.protocols`). ``resolve_interval``: seconds between two
+    resolutions of a ``dns+http://name:port`` base URL (default 5; also resolved again soon
+    after a failure); ``resolver``: ``(host, port) -> addresses``, the test seam (default
+    ``getaddrinfo``; see :mod:`ppo_client.endpoints`).
     """
 
     timeout: float | httpx.Timeout
@@ -257,6 +270,8 @@ class ClientOptions(TypedDict, total=False):
     seed: int | None
     clock: Callable[[], float]
     protocol: str
+    resolver: Resolver | None
+    resolve_interval: float
 
 
 def _parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -501,47 +516,59 @@ def _pair_columns(prompts: Sequence[Prompt], responses: Sequence[str]) -> dict[s
     return {"conversations": _to_conversations(conversations)}
 
 
-def _normalise_urls(base_urls: str | Sequence[str]) -> list[str]:
-    """Base URLs without trailing slashes; at least one, each http(s)."""
-    urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
-    if not urls:
-        raise ValueError("at least one base URL is needed")
-    out = []
-    for url in urls:
-        url = url.strip().rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"base URL must start with http:// or https://, got {url!r}")
-        out.append(url)
-    return out
-
-
 class _Router:
-    """Round-robin start URLs, preferring those that have not just failed (thread-safe)."""
+    """Round-robin start targets, preferring those that have not just failed (thread-safe).
 
-    def __init__(self, urls: list[str], down_for: float, clock: Callable[[], float]) -> None:
-        self.urls = urls
+    The targets come from an :class:`EndpointPool` and may change between two calls (a
+    ``dns+`` name re-resolved); a target is known by value, not by position.
+    """
+
+    def __init__(self, pool: EndpointPool, down_for: float, clock: Callable[[], float]) -> None:
+        self.pool = pool
         self._down_for = down_for
         self._clock = clock
-        self._down_until: dict[str, float] = {}
+        self._down_until: dict[Target, float] = {}
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
-    def start_index(self) -> int:
-        """Index of the URL a new request starts on."""
+    @property
+    def urls(self) -> list[str]:
+        """The current base URLs."""
+        return [t.url for t in self.pool.targets()]
+
+    def start(self) -> Target:
+        """The target a new request starts on."""
+        targets = self.pool.targets()
         with self._lock:
             turn = next(self._counter)
             now = self._clock()
-            up = [i for i, u in enumerate(self.urls) if self._down_until.get(u, 0.0) <= now]
-            pool = up or list(range(len(self.urls)))
+            # Forget targets that left the pool, so that the table does not grow forever.
+            for gone in set(self._down_until) - set(targets):
+                del self._down_until[gone]
+            up = [t for t in targets if self._down_until.get(t, 0.0) <= now]
+            pool = up or targets
             return pool[turn % len(pool)]
 
-    def mark(self, url: str, *, ok: bool) -> None:
-        """Remember that ``url`` answered (ok) or failed like a server that is down."""
+    def after(self, target: Target) -> tuple[Target, int]:
+        """The target after ``target`` (failover) and how many targets there are now."""
+        targets = self.pool.targets()
+        if target not in targets:  # it left the pool meanwhile
+            return self.start(), len(targets)
+        return targets[(targets.index(target) + 1) % len(targets)], len(targets)
+
+    def current(self, target: Target) -> Target:
+        """``target`` while it is in the pool, else a new start target."""
+        return target if target in self.pool.targets() else self.start()
+
+    def mark(self, target: Target, *, ok: bool) -> None:
+        """Remember that ``target`` answered (ok) or failed like a server that is down."""
         with self._lock:
             if ok:
-                self._down_until.pop(url, None)
+                self._down_until.pop(target, None)
             else:
-                self._down_until[url] = self._clock() + self._down_for
+                self._down_until[target] = self._clock() + self._down_for
+        if not ok:
+            self.pool.failed(target)
 
 
 # --- the sans-I/O core: actions and flows ----------------------------------------------------
@@ -554,6 +581,13 @@ class _Send:
     method: str
     url: str
     body: object | None
+    #: The server it goes to (its Host header and TLS name for an address found by DNS).
+    target: Target | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolve:
+    """Resolve the ``dns+`` base URLs again (blocking I/O); the outcome is None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,7 +604,7 @@ class _Gather:
     flows: list[Flow[Any]]
 
 
-_Action: TypeAlias = "_Send | _Sleep | _Gather"
+_Action: TypeAlias = "_Send | _Resolve | _Sleep | _Gather"
 T = TypeVar("T")
 #: A computation that yields actions, is sent their outcomes, and returns a ``T``.
 Flow: TypeAlias = Generator[_Action, Any, T]
@@ -610,7 +644,7 @@ class _Attempts:
         self._policy = core.retry_policy
         self.method = method
         self.path = path
-        self._index = self._router.start_index()
+        self.target = self._router.start()
         self._failed_since_pause = 0
         self._pauses = 0
         self.attempts = 0
@@ -620,10 +654,11 @@ class _Attempts:
     @property
     def url(self) -> str:
         """Full URL of the next attempt."""
-        return self._router.urls[self._index] + self.path
+        return self.target.url + self.path
 
     def sent(self) -> str:
         """Count an attempt about to be made; its URL."""
+        self.target = self._router.current(self.target)  # still there after a resolution?
         self.attempts += 1
         self._tried.append(self.url)
         return self.url
@@ -642,12 +677,12 @@ class _Attempts:
             cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if isinstance(exc, httpx.UnsupportedProtocol):
             raise RewardServerError(None, cause, self.url, method=self.method) from exc
-        self._router.mark(self._router.urls[self._index], ok=False)
+        self._router.mark(self.target, ok=False)
         return self._retry(None, cause, None, exc)
 
     def _received(self, response: httpx.Response) -> Any:
         status = response.status_code
-        base = self._router.urls[self._index]
+        base = self.target
         if status < 300:
             self._router.mark(base, ok=True)
             try:
@@ -677,9 +712,9 @@ class _Attempts:
 
     def _next_delay(self, retry_after: float | None, remaining: float) -> float:
         """Move to the next URL; pause only once every URL failed since the last pause."""
-        self._index = (self._index + 1) % len(self._router.urls)
+        self.target, count = self._router.after(self.target)
         self._failed_since_pause += 1
-        if self._failed_since_pause < len(self._router.urls):
+        if self._failed_since_pause < count:
             return 0.0
         self._failed_since_pause = 0
         rng = self._core._rng
@@ -748,6 +783,8 @@ class _Core:
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         protocol: str = "remote-reward",
+        resolver: Resolver | None = None,
+        resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
     ) -> None:
         if protocol not in protocols.PROTOCOLS:
             raise ValueError(
@@ -765,7 +802,7 @@ class _Core:
         if max_retries is not None:
             policy = dataclasses.replace(policy, max_retries=max_retries)
         self.retry_policy = policy
-        self.base_urls = _normalise_urls(base_urls)
+        self.base_urls = normalise_urls(base_urls)
         self.timeout = httpx.Timeout(timeout)
         self.max_concurrency = max_concurrency
         self.on_retry = on_retry
@@ -776,11 +813,15 @@ class _Core:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._clock = clock
         # A URL that just failed like a dead server is avoided for new requests this long.
-        self._router = _Router(self.base_urls, max(policy.backoff_max, 1.0), clock)
+        pool = EndpointPool(
+            self.base_urls, resolver=resolver, resolve_interval=resolve_interval, clock=clock
+        )
+        self._router = _Router(pool, max(policy.backoff_max, 1.0), clock)
         self._rng = random.Random(seed)
         # How each face executes an action; its methods of these names do the I/O.
         self._handlers: dict[type, Callable[[Any], Any]] = {
             _Send: self._send,
+            _Resolve: self._resolve,
             _Sleep: self._pause,
             _Gather: self._gather,
         }
@@ -793,23 +834,36 @@ class _Core:
     def _limits(self) -> httpx.Limits:
         """Connection limits of an HTTP client this client creates itself."""
         n = self.max_concurrency * len(self.base_urls)
+        if self._router.pool.dynamic:
+            # As many servers as DNS names: no cap on connections (the calls' own
+            # concurrency limits them), keep-alive for a few replicas per name.
+            return httpx.Limits(max_connections=None, max_keepalive_connections=4 * n)
         return httpx.Limits(max_connections=n, max_keepalive_connections=n)
 
     def _request_args(self, send: _Send) -> dict[str, Any]:
         """Keyword arguments of ``httpx.Client.request`` for one attempt."""
-        return {
+        args = {
             "method": send.method,
             "url": send.url,
             "json": send.body,
             "headers": self._headers,
             "timeout": self.timeout,
         }
+        target = send.target
+        if target is not None and target.host is not None:  # an address found through DNS
+            args["headers"] = {**self._headers, "Host": target.host}
+            if target.server_name is not None:
+                args["extensions"] = {"sni_hostname": target.server_name}
+        return args
 
     def _act(self, action: _Action) -> Any:
         """Execute an action: its outcome (sync face) or an awaitable of it (async face)."""
         return self._handlers[type(action)](action)
 
     def _send(self, send: _Send) -> Any:
+        raise NotImplementedError
+
+    def _resolve(self, resolve: _Resolve) -> Any:
         raise NotImplementedError
 
     def _pause(self, sleep: _Sleep) -> Any:
@@ -822,14 +876,18 @@ class _Core:
 
     def _request(self, method: str, path: str, body: object | None = None) -> Flow[tuple[Any, str]]:
         """One logical request with failover and retries: the decoded JSON and who answered."""
+        if self._router.pool.due():
+            yield _Resolve()
         attempts = _Attempts(self, method, path)
         while True:
             url = attempts.sent()
-            step = attempts.settle((yield _Send(method, url, body)))
+            step = attempts.settle((yield _Send(method, url, body, attempts.target)))
             if not isinstance(step, _Retry):
                 return step, url
             if step.delay > 0:
                 yield _Sleep(step.delay)
+            if self._router.pool.due():  # soon after a failure: the server may be gone
+                yield _Resolve()
 
     def _info(self) -> Flow[dict[str, Any]]:
         """The server's ``GET /info`` answer."""
@@ -1082,6 +1140,9 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
         except httpx.TransportError as exc:
             return exc
 
+    def _resolve(self, resolve: _Resolve) -> None:
+        self._router.pool.refresh()
+
     def _pause(self, sleep: _Sleep) -> None:
         self._sleep(sleep.seconds)
 
@@ -1155,6 +1216,10 @@ class AsyncRewardClient(
             return await self._http.request(**self._request_args(send))
         except httpx.TransportError as exc:
             return exc
+
+    async def _resolve(self, resolve: _Resolve) -> None:
+        # getaddrinfo blocks: off the event loop.
+        await asyncio.to_thread(self._router.pool.refresh)
 
     async def _pause(self, sleep: _Sleep) -> None:
         await self._sleep(sleep.seconds)

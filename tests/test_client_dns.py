@@ -1,0 +1,460 @@
+"""``dns+http://`` base URLs: the client follows the addresses of a name as replicas come and go.
+
+The pool's decisions with a fake clock and a stub resolver; the Host header and TLS name on
+a mock transport; then real servers on 127.0.0.x loopback addresses behind a stub resolver
+that returns 2, then 3, then 1 of them under concurrent load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from math import inf
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from server_proc import ServerProcess, free_port, start_server
+
+from ppo_client.client import AsyncRewardClient, RewardClient
+from ppo_client.config import PPOConfig
+from ppo_client.endpoints import MIN_RESOLVE_GAP, EndpointPool, Target, normalise_urls
+from ppo_client.reward import default_reward_fn
+from ppo_client.trl import RemoteReward
+from tiny_models import make_corpus
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class StubResolver:
+    """Answers from ``answers[host]`` (a list it may change), counting the calls."""
+
+    def __init__(self, **answers: Sequence[str]) -> None:
+        self.answers = {host.replace("_", "."): list(a) for host, a in answers.items()}
+        self.calls: list[tuple[str, int]] = []
+        self.error: OSError | None = None
+        self.lock = threading.Lock()
+
+    def set(self, host: str, addresses: Sequence[str]) -> None:
+        with self.lock:
+            self.answers[host] = list(addresses)
+
+    def __call__(self, host: str, port: int) -> list[str]:
+        with self.lock:
+            self.calls.append((host, port))
+            if self.error is not None:
+                raise self.error
+            return list(self.answers.get(host, []))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def urls(pool: EndpointPool) -> list[str]:
+    return [t.url for t in pool.targets()]
+
+
+# --- the pool ---------------------------------------------------------------------------------
+
+
+def test_normalise_urls_accepts_dns_schemes_and_rejects_others() -> None:
+    assert normalise_urls(["dns+http://rm:8000/", " http://a:1 "]) == [
+        "dns+http://rm:8000",
+        "http://a:1",
+    ]
+    with pytest.raises(ValueError, match="dns\\+http://"):
+        normalise_urls("dns://rm:8000")
+    with pytest.raises(ValueError, match="no host name"):
+        normalise_urls("dns+http://:8000")
+    with pytest.raises(ValueError, match="bad port"):
+        normalise_urls("dns+http://rm:99999")
+
+
+def test_pool_resolves_before_first_use_then_every_interval() -> None:
+    clock, resolver = FakeClock(), StubResolver(rm=["10.0.0.1", "10.0.0.2"])
+    pool = EndpointPool(
+        ["dns+http://rm:8000", "http://fixed:9"], resolver=resolver, resolve_interval=5, clock=clock
+    )
+    assert pool.dynamic and pool.due()
+    assert urls(pool) == ["http://rm:8000", "http://fixed:9"]  # unresolved: the name itself
+    pool.refresh()
+    assert urls(pool) == ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://fixed:9"]
+    assert resolver.calls == [("rm", 8000)]
+    clock.now += 4.9
+    assert not pool.due()
+    pool.refresh()  # not due: nothing asked
+    assert len(resolver.calls) == 1
+    clock.now += 0.1
+    assert pool.due()
+    # A new address is appended, one that left is dropped, the order of the rest is kept
+    # whatever order DNS answers in.
+    resolver.set("rm", ["10.0.0.3", "10.0.0.2"])
+    pool.refresh()
+    assert urls(pool) == ["http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://fixed:9"]
+
+
+def test_pool_keeps_last_addresses_when_resolution_fails_or_is_empty() -> None:
+    clock, resolver = FakeClock(), StubResolver(rm=["10.0.0.1"])
+    pool = EndpointPool(["dns+http://rm:80"], resolver=resolver, resolve_interval=1, clock=clock)
+    pool.refresh()
+    resolver.error = OSError("Temporary failure in name resolution")
+    clock.now += 1
+    pool.refresh()
+    assert urls(pool) == ["http://10.0.0.1:80"]
+    assert not pool.due()  # tried: the next try waits for the interval
+    resolver.error = None
+    resolver.set("rm", [])
+    clock.now += 1
+    pool.refresh()
+    assert urls(pool) == ["http://10.0.0.1:80"]
+
+
+def test_failure_brings_the_next_resolution_forward() -> None:
+    clock, resolver = FakeClock(), StubResolver(rm=["10.0.0.1", "10.0.0.2"])
+    pool = EndpointPool(["dns+http://rm:80"], resolver=resolver, resolve_interval=30, clock=clock)
+    pool.refresh()
+    pool.failed(Target("http://fixed:1"))  # a fixed URL: nothing to resolve
+    clock.now += MIN_RESOLVE_GAP
+    assert not pool.due()
+    pool.failed(pool.targets()[0])
+    assert pool.due()  # at most MIN_RESOLVE_GAP after the last resolution
+
+
+def test_targets_carry_host_and_tls_name() -> None:
+    resolver = StubResolver(rm=["10.0.0.1", "fd00::7"])
+    pool = EndpointPool(["dns+https://rm/prefix", "dns+http://rm:8080"], resolver=resolver)
+    pool.refresh()
+    assert pool.targets() == [
+        Target("https://10.0.0.1:443/prefix", "rm", "rm"),
+        Target("https://[fd00::7]:443/prefix", "rm", "rm"),
+        Target("http://10.0.0.1:8080", "rm:8080", None),
+        Target("http://[fd00::7]:8080", "rm:8080", None),
+    ]
+
+
+# --- the clients on a mock transport ----------------------------------------------------------
+
+
+def _answer(request: httpx.Request) -> httpx.Response:
+    """A well-formed /info or /score answer (every score 1.0)."""
+    if request.url.path == "/info":
+        return httpx.Response(200, json={"max_client_batch": 2})
+    body = json.loads(request.content)
+    n = len(body.get("texts") or body.get("queries") or body["conversations"])
+    return httpx.Response(
+        200, json={"scores": [1.0] * n, "tokens": [1] * n, "truncated": [False] * n}
+    )
+
+
+def test_sync_client_sends_to_addresses_with_the_name_as_host() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return _answer(request)
+
+    resolver = StubResolver(rm=["10.0.0.1", "10.0.0.2"])
+    with RewardClient(
+        "dns+https://rm:8443",
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
+        resolver=resolver,
+    ) as client:
+        assert client.score(texts=["a", "b", "c", "d", "e", "f"]) == [1.0] * 6
+    assert {r.url.host for r in seen} == {"10.0.0.1", "10.0.0.2"}
+    assert {r.headers["host"] for r in seen} == {"rm:8443"}
+    assert {r.extensions.get("sni_hostname") for r in seen} == {"rm"}
+    assert resolver.calls == [("rm", 8443)]  # once for the whole call
+
+
+def test_async_client_and_remote_reward_follow_dns() -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.url.host} {request.headers['host']}")
+        return _answer(request)
+
+    resolver = StubResolver(rm=["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+
+    async def main() -> None:
+        transport = httpx.MockTransport(handler)
+        async with AsyncRewardClient(
+            "dns+http://rm:8000",
+            http_client=httpx.AsyncClient(transport=transport),
+            resolver=resolver,
+        ) as client:
+            assert await client.score(texts=["x"] * 6) == [1.0] * 6
+        reward = RemoteReward(
+            "dns+http://rm:8000",
+            http_client=httpx.AsyncClient(transport=transport),
+            resolver=resolver,
+        )
+        assert await reward(prompts=["p"] * 2, completions=["c"] * 2) == [1.0] * 2
+
+    asyncio.run(main())
+    assert {s.split()[0] for s in seen} == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    assert {s.split()[1] for s in seen} == {"rm:8000"}
+
+
+def test_trainer_reward_url_takes_dns_urls() -> None:
+    client = default_reward_fn(PPOConfig(reward_url="dns+http://rm.ns.svc:8000,http://b:1"))
+    assert isinstance(client, RewardClient)
+    assert client.base_urls == ["dns+http://rm.ns.svc:8000", "http://b:1"]
+    client.close()
+
+
+def _self_signed(name: str, folder: Path) -> tuple[Path, Path]:
+    """A certificate for DNS name ``name`` only (no IP address) and its key, as files."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_https_checks_the_certificate_against_the_name(tmp_path: Path) -> None:
+    cert, key = _self_signed("rm.test", tmp_path)
+    hosts: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """A TLS reward server that scores 1.0 and records the Host header."""
+        if scope["type"] != "http":
+            return
+        hosts.append(dict(scope["headers"])[b"host"].decode())
+        request = httpx.Request("POST", "/", content=(await receive())["body"])
+        response = _answer(request)
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": response.content})
+
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.2",
+        port=port,
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        log_level="warning",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 30)
+        trusted = ssl.create_default_context(cafile=str(cert))
+        # The address alone fails the certificate check: it names rm.test, not 127.0.0.2 ...
+        with pytest.raises(httpx.ConnectError, match="certificate"):
+            httpx.get(f"https://127.0.0.2:{port}/", verify=trusted)
+        # ... so the client, which connects to the address, must present and check the name.
+        with (
+            httpx.Client(verify=trusted) as http,
+            RewardClient(
+                f"dns+https://rm.test:{port}",
+                http_client=http,
+                resolver=StubResolver(rm_test=["127.0.0.2"]),
+                max_client_batch=2,
+                retry_timeout=0,
+            ) as client,
+        ):
+            assert client.score(texts=["a", "b", "c"]) == [1.0] * 3
+        assert hosts == [f"rm.test:{port}"] * 2
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+# --- real servers on loopback addresses -------------------------------------------------------
+
+#: Short for the test; the default is DEFAULT_RESOLVE_INTERVAL.
+RESOLVE_INTERVAL = 1.0
+#: Beyond the interval: the first request that finds the resolution due, on a busy machine.
+SLACK = 1.0
+ADDRESSES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+SCORED = 'reward_server_requests_total{endpoint="/score",status="200"}'
+
+
+@pytest.fixture(scope="module")
+def replicas(bert_rm: Path) -> Iterator[tuple[int, dict[str, ServerProcess]]]:
+    """Three real servers of one model, one per loopback address, all on one port."""
+    port = free_port()
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for address in ADDRESSES:
+            server = start_server(bert_rm, "--host", address, port=port)  # the last --host wins
+            server.url = f"http://{address}:{port}"
+            servers[address] = server
+        for server in servers.values():
+            server.wait_ready(180)
+        yield port, servers
+    finally:
+        for server in servers.values():
+            server.stop()
+            server.log_path.unlink(missing_ok=True)
+
+
+def scored(server: ServerProcess) -> int:
+    """The server's count of answered /score requests (from its /metrics)."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(SCORED + " "):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+class SendLog:
+    """When the client sent each /score request, and to which address (an httpx hook)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> None:
+        if request.url.path == "/score":
+            with self.lock:
+                self.sent.append((time.monotonic(), request.url.host))
+
+    def since(self, start: float, end: float = float("inf")) -> dict[str, int]:
+        """Requests per address sent in [start, end)."""
+        with self.lock:
+            hosts = [host for t, host in self.sent if start <= t < end]
+        return {address: hosts.count(address) for address in ADDRESSES}
+
+    def first(self, address: str, after: float) -> float:
+        """When the first request to ``address`` after ``after`` was sent (inf: none)."""
+        with self.lock:
+            return min((t for t, host in self.sent if host == address and t >= after), default=inf)
+
+    def last(self, address: str) -> float:
+        with self.lock:
+            return max((t for t, host in self.sent if host == address), default=-inf)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> None:
+    """Poll ``condition()`` until true (fails the test after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+class Load:
+    """Threads that score through one client until stopped, checking every answer."""
+
+    def __init__(self, client: RewardClient, texts: list[str], expected: list[float]) -> None:
+        self.client, self.texts, self.expected = client, texts, expected
+        self.stop = threading.Event()
+        self.calls = 0
+        self.errors: list[BaseException] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(3)]
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                scores = self.client.score(texts=self.texts)
+                assert scores == pytest.approx(self.expected, abs=1e-6)
+            except BaseException as exc:
+                with self.lock:
+                    self.errors.append(exc)
+                return
+            with self.lock:
+                self.calls += 1
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=120)
+
+
+def test_client_follows_replicas_as_dns_changes(
+    replicas: tuple[int, dict[str, ServerProcess]],
+) -> None:
+    port, servers = replicas
+    a, b, c = ADDRESSES
+    texts = make_corpus(6, seed=3)
+    answer = httpx.post(f"{servers[a].url}/score", json={"texts": texts}, timeout=60)
+    expected = answer.json()["scores"]
+    served_before = {address: scored(server) for address, server in servers.items()}
+    resolver, log = StubResolver(rm_test=[a, b]), SendLog()
+    http = httpx.Client(timeout=60, event_hooks={"request": [log]})
+    client = RewardClient(
+        f"dns+http://rm.test:{port}",
+        http_client=http,
+        resolver=resolver,
+        resolve_interval=RESOLVE_INTERVAL,
+        max_client_batch=2,  # three requests per call
+        max_concurrency=3,
+        retry_timeout=120,
+    )
+    with http, client, Load(client, texts, expected) as load:
+        # Two addresses: the load is spread over both, the third server gets nothing.
+        start = time.monotonic()
+        wait_for(lambda: all(log.since(start)[x] >= 10 for x in (a, b)), 60)
+        # Scale up: the new replica gets requests within the re-resolve period, then its share.
+        up = time.monotonic()
+        resolver.set("rm.test", ADDRESSES)
+        wait_for(lambda: log.since(up)[c] >= 10, 60)
+        picked_up = log.first(c, after=up) - up
+        spread = log.since(log.first(c, after=up))
+        # Scale down to one: the others get nothing once the period is over ...
+        down = time.monotonic()
+        resolver.set("rm.test", [b])
+        wait_for(lambda: log.since(down + RESOLVE_INTERVAL + SLACK)[b] >= 10, 60)
+        # Each answered every request it was sent (none failed on the way) ...
+        for gone in (a, c):
+            assert scored(servers[gone]) - served_before[gone] == log.since(0)[gone]
+        # ... and can go away as a scale-down stops it, without a failed request.
+        servers[a].stop()
+        servers[c].stop()
+        calls = load.calls
+        wait_for(lambda: load.calls >= calls + 5, 60)
+    assert not load.errors, load.errors[:3]
+    assert log.since(0)[c] == log.since(up)[c] > 0  # nothing to c before it was in DNS
+    assert picked_up <= RESOLVE_INTERVAL + SLACK
+    assert min(spread.values()) >= max(spread.values()) / 3, spread  # round-robin, roughly
+    for gone in (a, c):
+        assert log.last(gone) <= down + RESOLVE_INTERVAL + SLACK
+    assert scored(servers[b]) - served_before[b] == log.since(0)[b]
+    assert resolver.calls and all(call == ("rm.test", port) for call in resolver.calls)
