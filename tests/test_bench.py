@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import report, run
+from bench import engines, report, run
 from bench.common import parse_prometheus, percentile, summary
 from bench.models import make_texts
 
@@ -79,6 +79,7 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--ppo-rounds", "1",
             "--ppo-batch", "4",
             "--ppo-response-length", "6",
+            "--skip-engines",
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
@@ -126,3 +127,92 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
     # A second run replaces the generated block instead of appending another one.
     report.update_markdown(md, report.render(results))
     assert md.read_text().count(report.BEGIN) == 1
+
+
+def test_engine_workloads_share_prompts_within_groups_only(bert_rm: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bert_rm)
+    cfg = engines.EngineBenchConfig(
+        str(bert_rm), groups=2, group_size=3, prompt_tokens=20, completion_tokens=(3, 6),
+        distinct_texts=4, distinct_tokens=(5, 9), rounds=2,
+    )  # fmt: skip
+    work = engines.make_workloads(tok, cfg)
+    prompts = set()
+    for rnd in (-1, 0, 1):
+        (batch,) = work.calls("grpo", rnd, "batch")
+        groups = work.calls("grpo", rnd, "group")
+        assert [t for g in groups for t in g] == batch
+        assert [len(g) for g in groups] == ([3] if rnd == -1 else [3, 3])  # -1: the warm-up
+        for group in groups:
+            heads = {" ".join(t.split()[:15]) for t in group}
+            assert len(heads) == 1  # one prompt per group
+            prompts |= heads
+        assert len(work.calls("distinct", rnd, "batch")[0]) == 4
+    assert len(prompts) == 5  # fresh prompts every round: nothing comes out of a prefix cache
+
+
+def test_precision_cost() -> None:
+    cost = engines.precision_cost([1.0, 2.5, 3.0], [1.0, 2.0, 3.0])
+    assert cost["max_abs"] == 0.5 and cost["mean_abs"] == pytest.approx(0.5 / 3)
+    assert cost["max_rel_std"] == pytest.approx(0.5 / cost["score_std"])
+
+
+#: The engines the quick engine run compares (vLLM's start dominates its time).
+QUICK_VARIANTS = "transformers,vllm"
+
+
+def test_engine_part_runs_alone_at_a_tiny_size(bert_rm: Path, tmp_path: Path) -> None:
+    from bench.models import LLAMA_QUICK_SIZES, prepare_llama_reward_model
+
+    llama = prepare_llama_reward_model(
+        tmp_path / "models", sizes=LLAMA_QUICK_SIZES, vocab_size=512, max_length=256
+    )
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text(
+        f"# Benchmarks\n\n{report.BEGIN}\n\nother figures\n\n{report.END}\n", encoding="utf-8"
+    )
+    results, out = run.run(
+        [
+            "--only", "engines",
+            "--engines-quick",
+            "--model", str(bert_rm),
+            "--engine-model", str(llama),
+            "--engine-variants", QUICK_VARIANTS,
+            "--threads", "1",
+            "--results-dir", str(tmp_path / "results"),
+            "--markdown", str(md),
+        ]
+    )  # fmt: skip
+    assert out.name.endswith("-engines.json") and set(results) == {
+        "meta",
+        "engines",
+        "trainer_pattern",
+    }
+    eng = results["engines"]
+    variants = QUICK_VARIANTS.split(",")
+    for dtype in ("float32", "bfloat16"):
+        for variant in variants:
+            for workload in ("grpo", "distinct"):
+                assert _is_summary(eng["texts_per_s"][dtype][variant][workload])
+        for workload in ("grpo", "distinct"):
+            assert _is_summary(eng["ratios"][f"{workload} {dtype} vllm/transformers"])
+        assert eng["engine_gap"][f"{dtype} vllm"] < (1e-3 if dtype == "float32" else 1.0)
+    assert eng["texts"]["grpo"]["n"] == 8 and eng["texts"]["distinct"]["n"] == 6
+    for variant in variants:  # bf16 against fp32, same engine, same texts
+        cost = eng["bf16_cost"][variant]
+        assert cost["n"] == 14 and 0 <= cost["mean_abs"] <= cost["max_abs"] < 1.0
+    names = [t["name"] for t in eng["targets"]]
+    assert "GRPO float32: vLLM (prefix cache) / transformers" in names
+
+    tr = results["trainer_pattern"]
+    assert set(tr["texts_per_s"]) == {"L4", "1 client x 4", "1 request", "2 clients x 4"}
+    assert all(_is_summary(v) for v in tr["texts_per_s"].values())
+    assert all(_is_summary(v) for v in tr["ratios"].values())
+    assert tr["targets"][0]["name"].startswith("trainer pattern")
+
+    text = md.read_text()
+    assert "other figures" in text  # the rest of the generated block stays
+    assert text.count(report.ENGINES_BEGIN) == 1 and "GRPO / transformers" in text
+    report.update_engines_block(md, report.render_engines(results, with_meta=True))
+    assert md.read_text().count(report.ENGINES_BEGIN) == 1
