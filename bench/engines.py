@@ -136,12 +136,12 @@ def make_workloads(tokenizer: Any, cfg: EngineBenchConfig) -> Workloads:
 # ------------------------------------------------------------------------------ servers
 
 
-@contextlib.contextmanager
 def variants_of(cfg: EngineBenchConfig, dtype: str) -> list[str]:
     """The variants measured in ``dtype`` (the no-prefix reference only in some)."""
     return [v for v in cfg.variants if v != "vllm-no-prefix" or dtype in cfg.reference_dtypes]
 
 
+@contextlib.contextmanager
 def engine_servers(cfg: EngineBenchConfig, dtype: str) -> Iterator[dict[str, ServerProcess]]:
     """One server per variant in ``dtype``, started one after the other, all stopped at exit."""
     env = {

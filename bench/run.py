@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra flag for the vLLM servers only (repeatable), e.g. --vllm-arg=--engine-arg",
     )
     g.add_argument("--trainer-texts", type=int, default=256)
-    g.add_argument("--trainer-rounds", type=int, default=3)
+    g.add_argument("--trainer-rounds", type=int, default=3, help="0 skips the trainer pattern")
     g.add_argument(
         "--engines-quick",
         action="store_true",
@@ -163,7 +163,9 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     if "ppo" in parts:
         results["ppo"] = _run_ppo(args, model_path)
     if "engines" in parts:
-        results["engines"], results["trainer_pattern"] = _run_engines(args, model_path)
+        results["engines"], trainer = _run_engines(args, model_path)
+        if trainer:
+            results["trainer_pattern"] = trainer
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -260,6 +262,8 @@ def _run_engines(
             rounds=args.engine_rounds,
         )
     engines = run_engines(cfg)
+    if not quick and args.trainer_rounds < 1:
+        return engines, {}
     trainer = run_trainer_pattern(
         TrainerPatternConfig(
             model_path=model_path,
