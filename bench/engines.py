@@ -51,7 +51,7 @@ class EngineBenchConfig:
     """What the engine comparison measures."""
 
     model_path: str
-    groups: int = 8
+    groups: int = 4
     group_size: int = 16
     prompt_tokens: int = 300
     completion_tokens: tuple[int, int] = (10, 120)
@@ -71,6 +71,10 @@ class EngineBenchConfig:
     server_args: tuple[str, ...] = ()
     #: Flags the vLLM servers get on top (vLLM-only settings).
     vllm_args: tuple[str, ...] = ()
+    #: CPUs vLLM's CPU backend keeps away from its model threads (its default is one per
+    #: worker, half of a 2-core machine; the transformers engine's threads get every core);
+    #: None leaves vLLM's default.
+    vllm_reserved_cpus: int | None = 0
     start_timeout: float = 600.0
 
 
@@ -153,11 +157,14 @@ def engine_servers(cfg: EngineBenchConfig, dtype: str) -> Iterator[dict[str, Ser
         servers: dict[str, ServerProcess] = {}
         for variant in variants_of(cfg, dtype):
             flags = [*VARIANT_FLAGS[variant], "--dtype", dtype, *cfg.server_args]
+            variant_env = dict(env)
             if variant.startswith("vllm"):
                 flags += cfg.vllm_args
+                if cfg.vllm_reserved_cpus is not None:
+                    variant_env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.vllm_reserved_cpus)
             started = time.perf_counter()
             servers[variant] = stack.enter_context(
-                running_server(cfg.model_path, *flags, env=env, timeout=cfg.start_timeout)
+                running_server(cfg.model_path, *flags, env=variant_env, timeout=cfg.start_timeout)
             )
             logger.info(
                 "engines: %s %s ready in %.0f s", variant, dtype, time.perf_counter() - started

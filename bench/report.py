@@ -136,7 +136,12 @@ def _engines(eng: dict[str, Any]) -> str:
         f"{distinct.get('min_tokens', '?')}–{distinct.get('max_tokens', '?')} tokens (mean "
         f"{distinct.get('mean_tokens', math.nan):.0f}), one call. Server flags: "
         f"`{' '.join(cfg['server_args']) or '(defaults)'}`; vLLM servers also "
-        f"`{' '.join(cfg['vllm_args']) or '(nothing)'}`."
+        f"`{' '.join(cfg['vllm_args']) or '(nothing)'}`"
+        + (
+            f" and `VLLM_CPU_NUM_OF_RESERVED_CPU={cfg['vllm_reserved_cpus']}`."
+            if cfg.get("vllm_reserved_cpus") is not None
+            else " (vLLM's default CPU reservation)."
+        )
     ]
     rows = []
     for dtype, variants in eng["texts_per_s"].items():

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--engine-variants", type=_words, default=("transformers", "vllm", "vllm-no-prefix")
     )
-    g.add_argument("--grpo-groups", type=int, default=8)
+    g.add_argument("--grpo-groups", type=int, default=4)
     g.add_argument("--grpo-group-size", type=int, default=16)
     g.add_argument("--grpo-prompt-tokens", type=int, default=300)
     g.add_argument(
@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="extra flag for the vLLM servers only (repeatable), e.g. --vllm-arg=--engine-arg",
+    )
+    g.add_argument(
+        "--vllm-reserved-cpus",
+        type=int,
+        default=0,
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU of the vLLM servers (-1: vLLM's default, one)",
     )
     g.add_argument("--trainer-texts", type=int, default=256)
     g.add_argument("--trainer-rounds", type=int, default=3, help="0 skips the trainer pattern")
@@ -246,6 +252,7 @@ def _run_engines(
         "torch_threads": args.threads,
         "server_args": tuple(args.server_arg),
         "vllm_args": (*VLLM_BENCH_ARGS, *args.vllm_arg),
+        "vllm_reserved_cpus": None if args.vllm_reserved_cpus < 0 else args.vllm_reserved_cpus,
     }
     if quick:
         sizes = {"groups": 2, "group_size": 4, "prompt_tokens": 40, "completion_tokens": (4, 12)}
