@@ -146,3 +146,74 @@ def prepare_tiny_policy(
     tiny_models.save(out, model, tokenizer)
     marker.write_text(json.dumps({"seed": seed, "n_embd": n_embd}), encoding="utf-8")
     return out
+
+
+#: The engine comparison's reward model: Llama-style, 8 layers x 768, 64-wide heads
+#: (vLLM's CPU attention kernels need at least 64), about 50M parameters, random weights.
+LLAMA_BENCH_SIZES: dict[str, int] = {
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+}
+#: The same shape at test size (2 layers of two 64-wide heads).
+LLAMA_QUICK_SIZES: dict[str, int] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}
+
+
+def prepare_llama_reward_model(
+    cache_dir: Path = CACHE_DIR,
+    *,
+    sizes: dict[str, int] | None = None,
+    seed: int = 0,
+    vocab_size: int = 2048,
+    max_length: int = 1024,
+) -> Path:
+    """A Llama-style reward model with random weights and a byte-level BPE tokenizer trained
+    on the benchmark's words, built from a config and saved once (nothing downloaded).
+
+    The score head gets weights of scale 1/sqrt(hidden), so scores spread over O(1).
+    """
+    import torch
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    import tiny_models
+
+    dims = dict(sizes or LLAMA_BENCH_SIZES)
+    tag = "-".join(str(dims[k]) for k in sorted(dims))
+    out = Path(cache_dir) / f"llama-rm-{tag}-v{vocab_size}-seed{seed}"
+    marker = out / "prepared.json"
+    if marker.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    corpus = make_prompts(4000, seed=seed + 3, min_words=4, max_words=40)
+    tok = tiny_models.byte_bpe_tokenizer(
+        corpus, vocab_size, eos="</s>", bos="<s>", model_max_length=max_length
+    )
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        max_position_embeddings=max_length,
+        num_labels=1,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        **dims,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        head = model.score.weight
+        head.copy_(torch.randn(head.shape, generator=gen) / dims["hidden_size"] ** 0.5)
+    tiny_models.save(out, model, tok)
+    params = sum(p.numel() for p in model.parameters())
+    marker.write_text(json.dumps({"seed": seed, "sizes": dims, "parameters": params}), "utf-8")
+    logger.info("saved a %.1fM-parameter Llama reward model to %s", params / 1e6, out)
+    return out

@@ -9,6 +9,9 @@ from typing import Any
 
 BEGIN = "<!-- bench:results:begin (written by `make bench`; edit outside these markers) -->"
 END = "<!-- bench:results:end -->"
+#: The engine part's own block, inside the results block (``--only engines`` rewrites it alone).
+ENGINES_BEGIN = "<!-- bench:engines:begin -->"
+ENGINES_END = "<!-- bench:engines:end -->"
 
 
 def fmt(value: Any, digits: int = 1) -> str:
@@ -71,21 +74,141 @@ def render(results: dict[str, Any]) -> str:
     targets = [*(tp or {}).get("targets", []), *(ppo or {}).get("targets", [])]
     if targets:
         out.append("#### Targets\n")
+        out.append(_targets(targets))
+    if results.get("engines"):
+        out.append(f"{ENGINES_BEGIN}\n\n{render_engines(results).strip()}\n\n{ENGINES_END}")
+    return "\n\n".join(out) + "\n"
+
+
+def _targets(targets: list[dict[str, Any]]) -> str:
+    return _table(
+        ["target", "measured: median (min–max over rounds)", "goal", "holds"],
+        [
+            [
+                t["name"],
+                fmt(t["value"], 2),
+                f"{t['op']} {t['threshold']}",
+                "yes" if t["holds"] else "**no**",
+            ]
+            for t in targets
+        ],
+    )
+
+
+def render_engines(results: dict[str, Any], *, with_meta: bool = False) -> str:
+    """The engine comparison and the trainer pattern as Markdown (``with_meta``: with the
+    run's date, command, load and wall time, for a run of this part alone)."""
+    out: list[str] = []
+    eng, trainer = results["engines"], results.get("trainer_pattern")
+    if with_meta:
+        meta = results["meta"]
+        m = meta["machine"]
         out.append(
-            _table(
-                ["target", "measured: median (min–max over rounds)", "goal", "holds"],
+            f"### Engines: run of {meta['date']}\n\n`{meta['command']}` on {m['cpu']}, "
+            f"{m['cores']} cores; load average (1/5/15 min) at the start "
+            f"{' / '.join(map(str, m['load_average']))}, at the end "
+            f"{' / '.join(map(str, meta['load_average_end']))}; commit "
+            f"{meta['versions'].get('git', '?')}; {meta['wall_s'] / 60:.1f} min."
+        )
+    out.append(_engines(eng))
+    if trainer:
+        out.append(_trainer(trainer))
+    targets = [*eng.get("targets", []), *(trainer or {}).get("targets", [])]
+    if targets:
+        out.append("#### Engine targets\n")
+        out.append(_targets(targets))
+    return "\n\n".join(out) + "\n"
+
+
+def _engines(eng: dict[str, Any]) -> str:
+    cfg, texts, model = eng["config"], eng["texts"], eng["model"]
+    params = model.get("parameters")
+    grpo, distinct = texts.get("grpo", {}), texts.get("distinct", {})
+    send = "one call per batch" if cfg["grpo_send"] == "batch" else "one call per group"
+    parts = [
+        f"#### Engines: transformers vs vLLM ({model.get('architecture', '?')}"
+        + (f", {params / 1e6:.0f}M parameters" if params else "")
+        + ", random weights)\n\n"
+        f"Through the real server and `RewardClient`, {cfg['rounds']} round(s), fresh texts each "
+        f"round. GRPO: {cfg['groups']} groups × {cfg['group_size']} completions sharing a "
+        f"{cfg['prompt_tokens']}-token prompt ({grpo.get('mean_tokens', math.nan):.0f} tokens "
+        f"per text on average), {send}. Distinct: {cfg['distinct_texts']} texts of "
+        f"{distinct.get('min_tokens', '?')}–{distinct.get('max_tokens', '?')} tokens (mean "
+        f"{distinct.get('mean_tokens', math.nan):.0f}), one call. Server flags: "
+        f"`{' '.join(cfg['server_args']) or '(defaults)'}`; vLLM servers also "
+        f"`{' '.join(cfg['vllm_args']) or '(nothing)'}`"
+        + (
+            f" and `VLLM_CPU_NUM_OF_RESERVED_CPU={cfg['vllm_reserved_cpus']}`."
+            if cfg.get("vllm_reserved_cpus") is not None
+            else " (vLLM's default CPU reservation)."
+        )
+    ]
+    rows = []
+    for dtype, variants in eng["texts_per_s"].items():
+        for variant, by_w in variants.items():
+            ratio = {w: eng["ratios"].get(f"{w} {dtype} {variant}/transformers") for w in by_w}
+            rows.append(
                 [
-                    [
-                        t["name"],
-                        fmt(t["value"], 2),
-                        f"{t['op']} {t['threshold']}",
-                        "yes" if t["holds"] else "**no**",
-                    ]
-                    for t in targets
+                    dtype,
+                    variant,
+                    fmt(by_w.get("grpo")),
+                    fmt(ratio.get("grpo"), 2) if ratio.get("grpo") else "1",
+                    fmt(by_w.get("distinct")),
+                    fmt(ratio.get("distinct"), 2) if ratio.get("distinct") else "1",
+                ]
+            )
+    parts.append(
+        _table(
+            ["dtype", "engine", "GRPO texts/s", "GRPO / transformers", "distinct texts/s",
+             "distinct / transformers"],
+            rows,
+        )
+    )  # fmt: skip
+    cost = eng.get("bf16_cost") or {}
+    if cost:
+        parts.append(
+            "What bfloat16 costs in score precision (the same texts scored in float32 and "
+            "bfloat16 by the same engine; relative to the standard deviation of the float32 "
+            "scores):\n"
+        )
+        parts.append(
+            _table(
+                ["engine", "texts", "max abs diff", "mean abs diff", "score std (fp32)",
+                 "max / std", "mean / std"],
+                [
+                    [name, str(c["n"]), f"{c['max_abs']:.3g}", f"{c['mean_abs']:.3g}",
+                     f"{c['score_std']:.3g}", f"{c['max_rel_std']:.3g}", f"{c['mean_rel_std']:.3g}"]
+                    for name, c in cost.items()
                 ],
             )
+        )  # fmt: skip
+    gap = eng.get("engine_gap") or {}
+    if gap:
+        parts.append(
+            "Largest score difference from the transformers engine on the same texts and "
+            "dtype: " + ", ".join(f"{k} {v:.2g}" for k, v in gap.items()) + "."
         )
-    return "\n\n".join(out) + "\n"
+    return "\n\n".join(parts)
+
+
+def _trainer(tr: dict[str, Any]) -> str:
+    cfg = tr["config"]
+    rows = [
+        [name, fmt(val), fmt(tr["ratios"].get(f"{name} / L{cfg['chunk']}"), 2) if name != f"L{cfg['chunk']}" else "1"]
+        for name, val in tr["texts_per_s"].items()
+    ]  # fmt: skip
+    return "\n\n".join(
+        [
+            f"#### The trainer's pattern (transformers engine)\n\n"
+            f"{tr['text_tokens']['n']} texts of the plain mix (mean "
+            f"{tr['text_tokens']['mean']:.0f} tokens) in chunks of {cfg['chunk']}, "
+            f"{cfg['rounds']} round(s). L{cfg['chunk']}: each chunk tokenized, sorted and scored "
+            f"in process in batches of {tr['best_batch_size']} (best of "
+            f"{', '.join(tr['sweep'])}); the server: one `RewardClient` sending the chunks back "
+            "to back, the same texts in one request, and two clients sending every other chunk.",
+            _table(["pattern", "texts/s", f"/ L{cfg['chunk']}"], rows),
+        ]
+    )
 
 
 def _throughput(tp: dict[str, Any]) -> str:
@@ -238,6 +361,21 @@ def _ppo(ppo: dict[str, Any]) -> str:
         )
     )
     return "\n\n".join(parts)
+
+
+def update_engines_block(path: Path, section: str) -> None:
+    """Replace only the engine block of ``path`` (added at the end of the results block, or
+    of the page, when there is none yet)."""
+    block = f"{ENGINES_BEGIN}\n\n{section.strip()}\n\n{ENGINES_END}"
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(ENGINES_BEGIN) + r".*?" + re.escape(ENGINES_END), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    elif END in text:
+        text = text.replace(END, f"{block}\n\n{END}")
+    else:
+        text = text.rstrip() + "\n\n## Engines\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")
 
 
 def update_markdown(path: Path, section: str) -> None:

@@ -1,8 +1,10 @@
-"""``make bench``: throughput/latency (L, S, N) and PPO step time, in one run.
+"""``make bench``: throughput/latency (L, S, N), PPO step time and the engines, in one run.
 
 Writes ``bench/results/<date>.json`` and the generated tables of ``BENCHMARKS.md``.
-``python -m bench.run --help`` lists the knobs; with no flags it runs the full benchmark on
-all-MiniLM-L6-v2 (about 12 minutes on 2 cores).
+``python -m bench.run --help`` lists the knobs; with no flags it runs the full benchmark:
+all-MiniLM-L6-v2 for throughput, PPO and the trainer pattern, a 50M-parameter Llama-style
+reward model for the engine comparison. ``--only engines`` runs the engine part alone and
+rewrites only its block of ``BENCHMARKS.md``; ``--engines-quick`` shrinks it to a smoke test.
 """
 
 from __future__ import annotations
@@ -28,9 +30,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 logger = logging.getLogger("bench")
 
+#: Flags the benchmark gives the vLLM servers: eager mode (torch.compile adds one to two
+#: minutes to every start here).
+VLLM_BENCH_ARGS: tuple[str, ...] = ("--engine-arg", "enforce_eager=true")
+
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+PARTS = ("throughput", "ppo", "engines")
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {sorted(unknown)}; choose {PARTS}")
+    return parts
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +81,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ppo-response-length", type=int, default=32)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-ppo", action="store_true")
+    p.add_argument("--skip-engines", action="store_true")
+    p.add_argument(
+        "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
+    )
+    g = p.add_argument_group("engines (the engine comparison and the trainer pattern)")
+    g.add_argument("--engine-model", help="Llama-style reward model folder (default: built)")
+    g.add_argument("--engine-rounds", type=int, default=1)
+    g.add_argument("--engine-dtypes", type=_words, default=("float32", "bfloat16"))
+    g.add_argument(
+        "--engine-variants", type=_words, default=("transformers", "vllm", "vllm-no-prefix")
+    )
+    g.add_argument("--grpo-groups", type=int, default=4)
+    g.add_argument("--grpo-group-size", type=int, default=16)
+    g.add_argument("--grpo-prompt-tokens", type=int, default=300)
+    g.add_argument(
+        "--grpo-send", choices=("batch", "group"), default="batch", help="one call or one per group"
+    )
+    g.add_argument("--distinct-texts", type=int, default=32)
+    g.add_argument(
+        "--reference-dtypes",
+        type=_words,
+        default=("float32",),
+        help="dtypes in which vllm-no-prefix (a reference) runs",
+    )
+    g.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        help="extra flag for the vLLM servers only (repeatable), e.g. --vllm-arg=--engine-arg",
+    )
+    g.add_argument(
+        "--vllm-reserved-cpus",
+        type=int,
+        default=0,
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU of the vLLM servers (-1: vLLM's default, one)",
+    )
+    g.add_argument("--trainer-texts", type=int, default=256)
+    g.add_argument("--trainer-rounds", type=int, default=3, help="0 skips the trainer pattern")
+    g.add_argument(
+        "--engines-quick",
+        action="store_true",
+        help="a tiny model and workload (a smoke test of the code, not a measurement)",
+    )
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -67,74 +131,159 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _selected(args: argparse.Namespace) -> tuple[str, ...]:
+    """The parts this run measures: ``--only``, else every part not skipped."""
+    if args.only:
+        return args.only
+    skipped = {"throughput": args.skip_throughput, "ppo": args.skip_ppo}
+    skipped["engines"] = args.skip_engines
+    return tuple(part for part in PARTS if not skipped[part])
+
+
 def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     """Run the benchmark; return the results and the JSON file written."""
     args = build_parser().parse_args(argv)
     from bench.common import machine_info, versions
-    from bench.models import prepare_minilm_reward_model, prepare_tiny_policy
-    from bench.report import render, update_markdown
+    from bench.models import prepare_minilm_reward_model
+    from bench.report import render, render_engines, update_engines_block, update_markdown
 
+    parts = _selected(args)
     started = time.perf_counter()
     date = dt.datetime.now().astimezone()
     meta: dict[str, Any] = {
         "date": date.isoformat(timespec="seconds"),
         "command": "make bench" if not argv else "python -m bench.run " + " ".join(argv),
+        "parts": list(parts),
         "machine": machine_info(),
         "versions": versions(),
         "threads": (
             f"torch intra-op threads: {args.threads} in L and the PPO trainer, "
-            f"OMP_NUM_THREADS={args.threads} for both servers; load generator: no torch, "
+            f"OMP_NUM_THREADS={args.threads} for the servers; load generator: no torch, "
             "OMP_NUM_THREADS=1"
         ),
     }
     model_path = args.model or str(prepare_minilm_reward_model())
     results: dict[str, Any] = {"meta": meta}
-    if not args.skip_throughput:
-        from bench.throughput import ThroughputConfig, run_throughput
-
-        cfg = ThroughputConfig(
-            model_path=model_path,
-            n_texts=args.n_texts,
-            min_tokens=args.min_tokens,
-            max_tokens=args.max_tokens,
-            batch_sizes=args.batch_sizes,
-            clients=args.clients,
-            per_request=args.per_request,
-            repeats=args.repeats,
-            warmup_s=args.warmup,
-            duration_s=args.duration,
-            torch_threads=args.threads,
-            server_args=tuple(args.server_arg),
-        )
-        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-            results["throughput"] = run_throughput(cfg, Path(tmp))
-    if not args.skip_ppo:
-        from bench.ppo_step import PPOBenchConfig, run_ppo_bench
-
-        policy = args.policy or str(prepare_tiny_policy())
-        results["ppo"] = run_ppo_bench(
-            PPOBenchConfig(
-                reward_model_path=model_path,
-                policy_path=policy,
-                per_device_train_batch_size=args.ppo_batch,
-                rollout_chunk=args.ppo_batch,
-                response_length=args.ppo_response_length,
-                steps=args.ppo_steps,
-                rounds=args.ppo_rounds,
-                torch_threads=args.threads,
-                server_args=tuple(args.server_arg),
-            )
-        )
+    if "throughput" in parts:
+        results["throughput"] = _run_throughput(args, model_path)
+    if "ppo" in parts:
+        results["ppo"] = _run_ppo(args, model_path)
+    if "engines" in parts:
+        results["engines"], trainer = _run_engines(args, model_path)
+        if trainer:
+            results["trainer_pattern"] = trainer
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / (args.name or f"{date:%Y-%m-%d}.json")
+    default_name = f"{date:%Y-%m-%d}" + ("" if args.only is None else "-" + "+".join(parts))
+    out = args.results_dir / (args.name or f"{default_name}.json")
     text = json.dumps(results, indent=2)
     out.write_text(text + "\n", encoding="utf-8")
     results = json.loads(text)  # what the file holds (tuples as lists)
     if not args.no_markdown:
-        update_markdown(args.markdown, render(results))
+        if parts == ("engines",):  # the other parts' figures stay as they are
+            update_engines_block(args.markdown, render_engines(results, with_meta=True))
+        else:
+            update_markdown(args.markdown, render(results))
     return results, out
+
+
+def _run_throughput(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
+    from bench.throughput import ThroughputConfig, run_throughput
+
+    cfg = ThroughputConfig(
+        model_path=model_path,
+        n_texts=args.n_texts,
+        min_tokens=args.min_tokens,
+        max_tokens=args.max_tokens,
+        batch_sizes=args.batch_sizes,
+        clients=args.clients,
+        per_request=args.per_request,
+        repeats=args.repeats,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        torch_threads=args.threads,
+        server_args=tuple(args.server_arg),
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        return run_throughput(cfg, Path(tmp))
+
+
+def _run_ppo(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
+    from bench.models import prepare_tiny_policy
+    from bench.ppo_step import PPOBenchConfig, run_ppo_bench
+
+    policy = args.policy or str(prepare_tiny_policy())
+    return run_ppo_bench(
+        PPOBenchConfig(
+            reward_model_path=model_path,
+            policy_path=policy,
+            per_device_train_batch_size=args.ppo_batch,
+            rollout_chunk=args.ppo_batch,
+            response_length=args.ppo_response_length,
+            steps=args.ppo_steps,
+            rounds=args.ppo_rounds,
+            torch_threads=args.threads,
+            server_args=tuple(args.server_arg),
+        )
+    )
+
+
+def _run_engines(
+    args: argparse.Namespace, model_path: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The engine comparison (Llama-style model) and the trainer pattern (``model_path``)."""
+    from bench.engines import EngineBenchConfig, run_engines
+    from bench.models import LLAMA_QUICK_SIZES, prepare_llama_reward_model
+    from bench.trainer_pattern import TrainerPatternConfig, run_trainer_pattern
+
+    quick = args.engines_quick
+    llama = args.engine_model or str(
+        prepare_llama_reward_model(sizes=LLAMA_QUICK_SIZES, vocab_size=512, max_length=256)
+        if quick
+        else prepare_llama_reward_model()
+    )
+    common = {
+        "model_path": llama,
+        "dtypes": args.engine_dtypes,
+        "variants": args.engine_variants,
+        "reference_dtypes": args.reference_dtypes,
+        "grpo_send": args.grpo_send,
+        "torch_threads": args.threads,
+        "server_args": tuple(args.server_arg),
+        "vllm_args": (*VLLM_BENCH_ARGS, *args.vllm_arg),
+        "vllm_reserved_cpus": None if args.vllm_reserved_cpus < 0 else args.vllm_reserved_cpus,
+    }
+    if quick:
+        sizes = {"groups": 2, "group_size": 4, "prompt_tokens": 40, "completion_tokens": (4, 12)}
+        cfg = EngineBenchConfig(
+            **common, **sizes, distinct_texts=6, distinct_tokens=(8, 40), rounds=1
+        )
+    else:
+        cfg = EngineBenchConfig(
+            **common,
+            groups=args.grpo_groups,
+            group_size=args.grpo_group_size,
+            prompt_tokens=args.grpo_prompt_tokens,
+            distinct_texts=args.distinct_texts,
+            rounds=args.engine_rounds,
+        )
+    engines = run_engines(cfg)
+    if not quick and args.trainer_rounds < 1:
+        return engines, {}
+    trainer = run_trainer_pattern(
+        TrainerPatternConfig(
+            model_path=model_path,
+            n_texts=16 if quick else args.trainer_texts,
+            chunk=4 if quick else 64,
+            max_tokens=40 if quick else args.max_tokens,
+            batch_sizes=(2, 4) if quick else (4, 8, 16),
+            rounds=1 if quick else args.trainer_rounds,
+            torch_threads=args.threads,
+            server_args=tuple(args.server_arg),
+        )
+    )
+    return engines, trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     results, out = run(sys.argv[1:] if argv is None else argv)
     print(f"results: {out}")
-    for section in ("throughput", "ppo"):
+    for section in ("throughput", "ppo", "engines", "trainer_pattern"):
         for t in results.get(section, {}).get("targets", []):
             med = t["value"]["median"]
             print(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import report, run
+from bench import engines, report, run
 from bench.common import parse_prometheus, percentile, summary
 from bench.models import make_texts
 
@@ -79,6 +79,7 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--ppo-rounds", "1",
             "--ppo-batch", "4",
             "--ppo-response-length", "6",
+            "--skip-engines",
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
@@ -126,3 +127,122 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
     # A second run replaces the generated block instead of appending another one.
     report.update_markdown(md, report.render(results))
     assert md.read_text().count(report.BEGIN) == 1
+
+
+def test_engine_workloads_share_prompts_within_groups_only(bert_rm: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bert_rm)
+    cfg = engines.EngineBenchConfig(
+        str(bert_rm), groups=2, group_size=3, prompt_tokens=20, completion_tokens=(3, 6),
+        distinct_texts=4, distinct_tokens=(5, 9), rounds=2,
+    )  # fmt: skip
+    work = engines.make_workloads(tok, cfg)
+    prompts = set()
+    for rnd in (-1, 0, 1):
+        (batch,) = work.calls("grpo", rnd, "batch")
+        groups = work.calls("grpo", rnd, "group")
+        assert [t for g in groups for t in g] == batch
+        assert [len(g) for g in groups] == ([3] if rnd == -1 else [3, 3])  # -1: the warm-up
+        for group in groups:  # one prompt per group, then each text's own completion
+            words = [t.split() for t in group]
+            same = [len(set(column)) == 1 for column in zip(*words, strict=False)]
+            shared = same.index(False) if False in same else len(same)
+            assert shared > 1 and all(len(w) > shared for w in words)
+            prompts.add(" ".join(words[0][:shared]))
+        assert len(work.calls("distinct", rnd, "batch")[0]) == 4
+    assert len(prompts) == 5  # fresh prompts every round: nothing comes out of a prefix cache
+
+
+def test_precision_cost() -> None:
+    cost = engines.precision_cost([1.0, 2.5, 3.0], [1.0, 2.0, 3.0])
+    assert cost["max_abs"] == 0.5 and cost["mean_abs"] == pytest.approx(0.5 / 3)
+    assert cost["max_rel_std"] == pytest.approx(0.5 / cost["score_std"])
+
+
+def test_engine_figures_and_targets() -> None:
+    """Ratios are paired by round, targets read their medians, the bf16 cost pairs texts."""
+    cfg = engines.EngineBenchConfig("m", rounds=2, variants=("transformers", "vllm"))
+    by_dtype = {}
+    for dtype, shift in (("float32", 0.0), ("bfloat16", 0.01)):
+        runs = engines._Runs()
+        runs.rates = {
+            ("transformers", "grpo"): [10.0, 20.0],
+            ("transformers", "distinct"): [10.0, 10.0],
+            ("vllm", "grpo"): [30.0, 50.0],
+            ("vllm", "distinct"): [8.0, 9.0],
+        }
+        for variant in cfg.variants:
+            runs.scores[(variant, "grpo")] = [1.0 + shift, -1.0, 0.5]
+            runs.scores[(variant, "distinct")] = [0.0, 2.0 - shift]
+        runs.tokens = {"grpo": [300, 310, 320], "distinct": [10, 20]}
+        by_dtype[dtype] = runs
+    eng = engines.assemble(cfg, by_dtype, {"architecture": "LlamaForSequenceClassification"})
+    assert eng["ratios"]["grpo float32 vllm/transformers"]["median"] == pytest.approx(2.75)
+    assert eng["ratios"]["distinct bfloat16 vllm/transformers"]["median"] == pytest.approx(0.85)
+    holds = {t["name"]: t["holds"] for t in eng["targets"]}
+    assert holds == {
+        "GRPO float32: vLLM (prefix cache) / transformers": True,
+        "distinct texts float32: vLLM / transformers": False,
+        "GRPO bfloat16: vLLM (prefix cache) / transformers": True,
+        "distinct texts bfloat16: vLLM / transformers": False,
+    }
+    cost = eng["bf16_cost"]["vllm"]
+    assert cost["n"] == 5 and cost["max_abs"] == pytest.approx(0.01)
+    assert eng["engine_gap"] == {"float32 vllm": 0.0, "bfloat16 vllm": 0.0}
+    assert eng["texts"]["grpo"]["mean_tokens"] == 310
+    text = report.render_engines({"engines": eng})
+    assert "| float32 | vllm | 40.0 (30.0–50.0) | 2.75 (2.50–3.00) |" in text
+    assert (
+        "| distinct texts float32: vLLM / transformers | 0.85 (0.80–0.90) | >= 0.9 | **no** |"
+        in text
+    )
+
+
+def test_engine_part_runs_alone_at_a_tiny_size(bert_rm: Path, tmp_path: Path) -> None:
+    """The engine part end to end with the transformers engine (a vLLM server start costs a
+    minute or more here; the vLLM engine's own tests start it, and the figures above are
+    checked on synthetic runs)."""
+    from bench.models import LLAMA_QUICK_SIZES, prepare_llama_reward_model
+
+    llama = prepare_llama_reward_model(
+        tmp_path / "models", sizes=LLAMA_QUICK_SIZES, vocab_size=512, max_length=256
+    )
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text(
+        f"# Benchmarks\n\n{report.BEGIN}\n\nother figures\n\n{report.END}\n", encoding="utf-8"
+    )
+    results, out = run.run(
+        [
+            "--only", "engines",
+            "--engines-quick",
+            "--model", str(bert_rm),
+            "--engine-model", str(llama),
+            "--engine-variants", "transformers",
+            "--threads", "1",
+            "--results-dir", str(tmp_path / "results"),
+            "--markdown", str(md),
+        ]
+    )  # fmt: skip
+    assert out.name.endswith("-engines.json")
+    assert set(results) == {"meta", "engines", "trainer_pattern"}
+    eng = results["engines"]
+    for dtype in ("float32", "bfloat16"):
+        for workload in ("grpo", "distinct"):
+            assert _is_summary(eng["texts_per_s"][dtype]["transformers"][workload])
+    assert eng["texts"]["grpo"]["n"] == 8 and eng["texts"]["distinct"]["n"] == 6
+    cost = eng["bf16_cost"]["transformers"]  # bf16 against fp32, same engine, same texts
+    assert cost["n"] == 14 and 0 <= cost["mean_abs"] <= cost["max_abs"] < 1.0
+    assert eng["model"]["parameters"] > 0
+
+    tr = results["trainer_pattern"]
+    assert set(tr["texts_per_s"]) == {"L4", "1 client x 4", "1 request", "2 clients x 4"}
+    assert all(_is_summary(v) for v in tr["texts_per_s"].values())
+    assert all(_is_summary(v) for v in tr["ratios"].values())
+    assert tr["targets"][0]["name"].startswith("trainer pattern")
+
+    text = md.read_text()
+    assert "other figures" in text  # the rest of the generated block stays
+    assert text.count(report.ENGINES_BEGIN) == 1 and "GRPO / transformers" in text
+    report.update_engines_block(md, report.render_engines(results, with_meta=True))
+    assert md.read_text().count(report.ENGINES_BEGIN) == 1
