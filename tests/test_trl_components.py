@@ -21,8 +21,7 @@ import yaml
 from counterparts import Counterpart, serving
 from datasets import Dataset
 from fastapi import FastAPI
-from server_proc import ServerProcess, running_server
-from test_reliability_load import scrape
+from server_proc import ServerProcess, metric, running_server
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -55,13 +54,12 @@ def composite_server(
 
 def score_requests(server: ServerProcess) -> float:
     """/score requests the server answered 200, from its /metrics."""
-    return scrape(server.url).get('reward_server_requests_total{endpoint="/score",status="200"}', 0)
+    return metric(server.url, "reward_server_requests_total", endpoint="/score", status="200")
 
 
 def items_by_model(server: ServerProcess) -> dict[str, float]:
     """Items each model scored so far (``reward_server_model_items_total``)."""
-    samples = scrape(server.url)
-    return {n: samples.get(f'reward_server_model_items_total{{model="{n}"}}', 0) for n in NAMES}
+    return {n: metric(server.url, "reward_server_model_items_total", model=n) for n in NAMES}
 
 
 def breakdown(server: ServerProcess, prompts: list[str], completions: list[str]) -> ScoreResult:
