@@ -22,6 +22,7 @@ __all__ = [
     "free_port",
     "metric",
     "running_server",
+    "score_requests",
     "start_server",
 ]
 
@@ -34,3 +35,8 @@ def metric(url: str, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     return 0.0
+
+
+def score_requests(url: str) -> float:
+    """/score requests the server at ``url`` answered 200 so far."""
+    return metric(url, "reward_server_requests_total", endpoint="/score", status="200")

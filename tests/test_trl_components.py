@@ -21,7 +21,7 @@ import yaml
 from counterparts import Counterpart, serving
 from datasets import Dataset
 from fastapi import FastAPI
-from server_proc import ServerProcess, metric, running_server
+from server_proc import ServerProcess, metric, running_server, score_requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -50,11 +50,6 @@ def composite_server(
     path.write_text(yaml.safe_dump(models), encoding="utf-8")
     with running_server(None, "--models", str(path), "--max-wait-ms", "1", timeout=120) as server:
         yield server
-
-
-def score_requests(server: ServerProcess) -> float:
-    """/score requests the server answered 200, from its /metrics."""
-    return metric(server.url, "reward_server_requests_total", endpoint="/score", status="200")
 
 
 def items_by_model(server: ServerProcess) -> dict[str, float]:
@@ -133,9 +128,9 @@ def test_components_share_one_request_per_batch(composite_server: ServerProcess)
         finally:
             await http.aclose()
 
-    before = score_requests(composite_server)
+    before = score_requests(composite_server.url)
     asyncio.run(run())
-    assert score_requests(composite_server) - before == 3
+    assert score_requests(composite_server.url) - before == 3
 
 
 def test_an_unknown_component_names_the_known_ones(composite_server: ServerProcess) -> None:
@@ -160,7 +155,7 @@ def test_component_names_come_from_the_server_info(composite_server: ServerProce
     assert [f.__name__ for f in funcs] == list(NAMES)
     assert reward.component_names() == list(NAMES)
     expected = breakdown(composite_server, PROMPTS, COMPLETIONS)
-    before, items = score_requests(composite_server), items_by_model(composite_server)
+    before, items = score_requests(composite_server.url), items_by_model(composite_server)
 
     async def run() -> list[list[float]]:
         try:
@@ -169,7 +164,7 @@ def test_component_names_come_from_the_server_info(composite_server: ServerProce
             await reward.aclose()
 
     outputs = asyncio.run(run())
-    assert score_requests(composite_server) == before + 1
+    assert score_requests(composite_server.url) == before + 1
     # Each model scored the batch once.
     after = items_by_model(composite_server)
     assert {n: after[n] - items[n] for n in NAMES} == {n: len(PROMPTS) for n in NAMES}
@@ -229,12 +224,12 @@ def test_grpo_trains_with_one_reward_function_per_component(
         ),
         processing_class=AutoTokenizer.from_pretrained(gpt2_policy),
     )
-    before, items = score_requests(composite_server), items_by_model(composite_server)
+    before, items = score_requests(composite_server.url), items_by_model(composite_server)
     trainer.train()
 
     # The server saw one /score request per generation batch (one batch of 4 per step),
     # each asking for the components, and each model scored every completion once.
-    assert score_requests(composite_server) - before == 2
+    assert score_requests(composite_server.url) - before == 2
     after = items_by_model(composite_server)
     assert {n: after[n] - items[n] for n in NAMES} == {n: 8 for n in NAMES}
     assert len(capture.exchanges) == 2
