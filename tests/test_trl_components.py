@@ -1,170 +1,86 @@
 """RemoteReward(...).components(): one TRL reward function per model of a composite server,
 one request per batch, trained with TRL's GRPOTrainer.
 
-The server here is a counterpart at the seam (a small FastAPI app answering the composite
-contract of issue 14: /info ``models``, ``components`` in /score). The ``composite_server``
-fixture is the only place that knows it: swap it for the real ``reward-server --models``
-(counting /score requests from its /metrics) and the tests stay as they are.
+The server is the real ``reward-server --models`` (uvicorn in a subprocess) serving two tiny
+reward models with different tokenizers: ``helpful``, a BERT WordPiece model, and ``safe``, a
+GPT-2 byte-level BPE model. Expected scores are the server's own answers; requests are
+counted from its /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from counterparts import Counterpart, responses_of, serving
+import yaml
+from counterparts import Counterpart, serving
 from datasets import Dataset
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from server_proc import ServerProcess, metric, running_server, score_requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 import tiny_models
-from ppo_client.client import RewardClientError
-from ppo_client.trl import RemoteReward
+from ppo_client.client import RewardClientError, ScoreResult
+from ppo_client.trl import RemoteReward, RewardComponent
 
 NAMES = ("helpful", "safe")
-
-
-def component_scores(response: str) -> dict[str, float]:
-    """The counterpart's models: deterministic functions of the response text."""
-    return {"helpful": len(response) / 10, "safe": -float(response.count("e"))}
-
-
-def composite_app(server: Counterpart) -> FastAPI:
-    """/info and /score of a two-model composite server (weights 1 and 1)."""
-    app = FastAPI()
-
-    @app.get("/info")
-    def info() -> dict[str, Any]:
-        models = [{"name": n, "kind": "sequence", "weight": 1.0} for n in NAMES]
-        return {"max_client_batch": 64, "models": models, "aggregate": "weighted_sum"}
-
-    @app.post("/score")
-    async def score(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        server.bodies.append(body)
-        each = [component_scores(r) for r in responses_of(body)]
-        return {
-            "scores": [sum(e.values()) for e in each],
-            "tokens": [1] * len(each),
-            "truncated": [False] * len(each),
-            "model": "+".join(NAMES),
-            "components": {n: [e[n] for e in each] for n in NAMES},
-        }
-
-    return app
-
-
-@pytest.fixture(scope="module")
-def composite_server() -> Iterator[Counterpart]:
-    """A composite server of the models NAMES (here the counterpart, in a thread)."""
-    server = Counterpart()
-    with serving(composite_app(server), server):
-        yield server
-
-
-# ------------------------------------------------------------------- without TRL
-
-
-class Recorder:
-    """Mock transport answering /score like the counterpart, recording bodies."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        self.bodies.append(body)
-        each = [component_scores(r) for r in body["responses"]]
-        return httpx.Response(
-            200,
-            json={
-                "scores": [sum(e.values()) for e in each],
-                "tokens": [1] * len(each),
-                "truncated": [False] * len(each),
-                "components": {n: [e[n] for e in each] for n in NAMES},
-            },
-        )
-
-
-def mocked(recorder: Recorder) -> RemoteReward:
-    http = httpx.AsyncClient(transport=httpx.MockTransport(recorder))
-    return RemoteReward("http://rm:8000", http_client=http, max_client_batch=64)
-
-
 PROMPTS = ["p1", "p2", "p3"]
 COMPLETIONS = [" nice one", " eh", " three e's"]
 
 
-def test_components_share_one_request_per_batch() -> None:
-    recorder = Recorder()
-    funcs = mocked(recorder).components(names=NAMES)
-    assert [f.__name__ for f in funcs] == list(NAMES)
-
-    async def batch(completions: list[str]) -> list[list[float]]:
-        # TRL awaits its async reward functions together with asyncio.gather.
-        return list(await asyncio.gather(*(f(PROMPTS, completions) for f in funcs)))
-
-    async def run() -> None:
-        helpful, safe = await batch(COMPLETIONS)
-        assert helpful == [component_scores(c)["helpful"] for c in COMPLETIONS]
-        assert safe == [component_scores(c)["safe"] for c in COMPLETIONS]
-        assert len(recorder.bodies) == 1
-        assert recorder.bodies[0]["components"] is True
-        # The next batch is a new request; one component called after the other too.
-        await batch([c + "!" for c in COMPLETIONS])
-        assert len(recorder.bodies) == 2
-        for f in funcs:
-            await f(PROMPTS, COMPLETIONS)
-        assert len(recorder.bodies) == 3
-
-    asyncio.run(run())
+@pytest.fixture(scope="module")
+def composite_server(
+    bert_rm: Path, gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """``reward-server --models`` with ``helpful`` (BERT) and ``safe`` (GPT-2, weight 0.5)."""
+    models = {
+        "aggregate": "weighted_sum",
+        "models": [
+            {"name": "helpful", "model": str(bert_rm)},
+            {"name": "safe", "model": str(gpt2_rm), "weight": 0.5},
+        ],
+    }
+    path = tmp_path_factory.mktemp("composite") / "models.yaml"
+    path.write_text(yaml.safe_dump(models), encoding="utf-8")
+    with running_server(None, "--models", str(path), "--max-wait-ms", "1", timeout=120) as server:
+        yield server
 
 
-def test_an_unknown_component_names_the_known_ones() -> None:
-    (func,) = mocked(Recorder()).components(names=["honest"])
-    with pytest.raises(RewardClientError, match=r"no component 'honest' \(components: helpful"):
-        asyncio.run(func(PROMPTS, COMPLETIONS))
+def items_by_model(server: ServerProcess) -> dict[str, float]:
+    """Items each model scored so far (``reward_server_model_items_total``)."""
+    return {n: metric(server.url, "reward_server_model_items_total", model=n) for n in NAMES}
 
 
-def test_component_names_come_from_the_server_info(composite_server: Counterpart) -> None:
-    reward = RemoteReward(composite_server.url)
-    funcs = reward.components()
-    assert [f.__name__ for f in funcs] == list(NAMES)
-    assert reward.component_names() == list(NAMES)
-    before = composite_server.score_requests()
+def breakdown(server: ServerProcess, prompts: list[str], completions: list[str]) -> ScoreResult:
+    """The server's own answer with components, asked directly."""
 
-    async def run() -> list[list[float]]:
+    async def ask() -> ScoreResult:
+        reward = RemoteReward(server.url)
         try:
-            return list(await asyncio.gather(*(f(PROMPTS, COMPLETIONS) for f in funcs)))
+            return await reward.score_detailed(prompts, completions, components=True)
         finally:
             await reward.aclose()
 
-    outputs = asyncio.run(run())
-    assert composite_server.score_requests() == before + 1
-    assert outputs[0] == [component_scores(c)["helpful"] for c in COMPLETIONS]
+    return asyncio.run(ask())
 
 
-def test_a_server_without_a_models_list_asks_for_names() -> None:
-    app = FastAPI()
-
-    @app.get("/info")
-    def info() -> dict[str, Any]:
-        return {"max_client_batch": 8}  # a server from before composite rewards
-
-    server = Counterpart()
-    no_names = pytest.raises(RewardClientError, match=r"lists no models .* pass names=")
-    with serving(app, server), no_names:
-        RemoteReward(server.url).components()
-    assert [f.__name__ for f in RemoteReward(server.url).components(names=["a"])] == ["a"]
+def columns(answer: ScoreResult) -> list[Any]:
+    """The answer's component columns in NAMES order, to compare within 1e-5."""
+    assert answer.components is not None
+    return [pytest.approx(answer.components[n], abs=1e-5) for n in NAMES]
 
 
-# ----------------------------------------------------------------------- with TRL
+async def call_together(
+    funcs: Sequence[RewardComponent], prompts: list[str], completions: list[str]
+) -> list[list[float]]:
+    """Await the component functions together, as TRL does with async reward functions."""
+    return list(await asyncio.gather(*(f(prompts, completions) for f in funcs)))
 
 
 class Capture:
@@ -179,15 +95,111 @@ class Capture:
             self.exchanges.append((json.loads(response.request.content), response.json()))
 
 
+# ------------------------------------------------------------------- without TRL
+
+
+def test_components_share_one_request_per_batch(composite_server: ServerProcess) -> None:
+    second = [c + "!" for c in COMPLETIONS]
+    expected = [breakdown(composite_server, PROMPTS, c) for c in (COMPLETIONS, second)]
+    for answer in expected:
+        assert answer.components is not None and set(answer.components) == set(NAMES)
+        # The server's aggregate is its weighted sum; the components are each model's own.
+        helpful, safe = (answer.components[n] for n in NAMES)
+        combined = [h + 0.5 * s for h, s in zip(helpful, safe, strict=True)]
+        assert answer.scores == pytest.approx(combined, abs=1e-5)
+    capture = Capture()
+    http = httpx.AsyncClient(timeout=60, event_hooks={"response": [capture.on_response]})
+    funcs = RemoteReward(composite_server.url, http_client=http).components(names=NAMES)
+    assert [f.__name__ for f in funcs] == list(NAMES)
+
+    async def run() -> None:
+        try:
+            first = await call_together(funcs, PROMPTS, COMPLETIONS)
+            assert first == columns(expected[0])
+            assert len(capture.exchanges) == 1
+            assert capture.exchanges[0][0]["components"] is True
+            # The next batch is a new request; one component called after the other too.
+            again = await call_together(funcs, PROMPTS, second)
+            assert again == columns(expected[1])
+            assert len(capture.exchanges) == 2
+            for f in funcs:
+                await f(PROMPTS, COMPLETIONS)
+            assert len(capture.exchanges) == 3
+        finally:
+            await http.aclose()
+
+    before = score_requests(composite_server.url)
+    asyncio.run(run())
+    assert score_requests(composite_server.url) - before == 3
+
+
+def test_an_unknown_component_names_the_known_ones(composite_server: ServerProcess) -> None:
+    reward = RemoteReward(composite_server.url)
+    (func,) = reward.components(names=["honest"])
+
+    async def run() -> list[float]:
+        try:
+            return await func(PROMPTS, COMPLETIONS)
+        finally:
+            await reward.aclose()
+
+    with pytest.raises(
+        RewardClientError, match=r"no component 'honest' \(components: helpful, safe\)"
+    ):
+        asyncio.run(run())
+
+
+def test_component_names_come_from_the_server_info(composite_server: ServerProcess) -> None:
+    reward = RemoteReward(composite_server.url)
+    funcs = reward.components()
+    assert [f.__name__ for f in funcs] == list(NAMES)
+    assert reward.component_names() == list(NAMES)
+    expected = breakdown(composite_server, PROMPTS, COMPLETIONS)
+    before, items = score_requests(composite_server.url), items_by_model(composite_server)
+
+    async def run() -> list[list[float]]:
+        try:
+            return await call_together(funcs, PROMPTS, COMPLETIONS)
+        finally:
+            await reward.aclose()
+
+    outputs = asyncio.run(run())
+    assert score_requests(composite_server.url) == before + 1
+    # Each model scored the batch once.
+    after = items_by_model(composite_server)
+    assert {n: after[n] - items[n] for n in NAMES} == {n: len(PROMPTS) for n in NAMES}
+    assert outputs == columns(expected)
+
+
+def test_a_server_without_a_models_list_asks_for_names() -> None:
+    # A server from before composite rewards: its /info has no "models" (the real server
+    # always lists them, so this one is a stand-in).
+    app = FastAPI()
+
+    @app.get("/info")
+    def info() -> dict[str, Any]:
+        return {"max_client_batch": 8}
+
+    server = Counterpart()
+    no_names = pytest.raises(RewardClientError, match=r"lists no models .* pass names=")
+    with serving(app, server), no_names:
+        RemoteReward(server.url).components()
+    assert [f.__name__ for f in RemoteReward(server.url).components(names=["a"])] == ["a"]
+
+
+# ----------------------------------------------------------------------- with TRL
+
+
 def test_grpo_trains_with_one_reward_function_per_component(
-    gpt2_policy: Path, composite_server: Counterpart, tmp_path: Path
+    gpt2_policy: Path, composite_server: ServerProcess, tmp_path: Path
 ) -> None:
     capture = Capture()
     http = httpx.AsyncClient(timeout=60, event_hooks={"response": [capture.on_response]})
     funcs = RemoteReward(composite_server.url, http_client=http).components()
     names = [f.__name__ for f in funcs]
-    assert len(names) >= 2
-    weights = [1.0, 0.5, 0.25][: len(names)]
+    assert names == list(NAMES)
+    # TRL's own weights, not the server's (helpful 1.0, safe 0.5): TRL gets raw components.
+    weights = [1.0, 0.25]
     config = GRPOConfig(
         output_dir=str(tmp_path),
         max_steps=2,
@@ -212,12 +224,14 @@ def test_grpo_trains_with_one_reward_function_per_component(
         ),
         processing_class=AutoTokenizer.from_pretrained(gpt2_policy),
     )
-    before = composite_server.score_requests()
+    before, items = score_requests(composite_server.url), items_by_model(composite_server)
     trainer.train()
 
-    # The server saw one /score request per generation batch (one batch per step), each
-    # asking for the components.
-    assert composite_server.score_requests() - before == 2
+    # The server saw one /score request per generation batch (one batch of 4 per step),
+    # each asking for the components, and each model scored every completion once.
+    assert score_requests(composite_server.url) - before == 2
+    after = items_by_model(composite_server)
+    assert {n: after[n] - items[n] for n in NAMES} == {n: 8 for n in NAMES}
     assert len(capture.exchanges) == 2
     assert all(body["components"] is True for body, _ in capture.exchanges)
     # TRL logged each component under its name, as the server scored that step's batch,
