@@ -1,10 +1,11 @@
 """PPO with dense rewards from a process reward model (``reward_mode: process``) and running
 reward normalisation, in process and end to end through ``ppo-client train``.
 
-The reward server here is the counterpart of tests/counterparts.py (a process model ``prm``
-whose steps are split on spaces, and a sequence model ``rm``), reached through the
-``prm_server`` fixture only: switching to the real ``reward-server --models`` with a tiny PRM
-(``step_separator: " "``) is a fixture change; the checks read the trainer's own outputs.
+The reward server is the real ``reward-server --models`` serving a tiny process reward model
+``prm`` (a GPT-2 token classifier, two labels, steps split on spaces and read at the step
+tag) and a tiny sequence model ``rm`` (BERT), so that answers carry ``outcome_scores``. What
+the trainer did is checked against the server's own answer for each logged sample: its
+``step_ends`` placed on the policy's tokens by decoding prefixes of the response's ids.
 """
 
 from __future__ import annotations
@@ -16,51 +17,103 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from counterparts import Counterpart, prm_app, serving, split_steps, step_score
+import yaml
+from server_proc import ServerProcess, running_server, score_requests
 from test_ppo_e2e import PPO_CLIENT, _env
 from test_trainer import PROMPTS, dataset, make_config, read_jsonl, space_reward
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+import tiny_models
 from ppo_client import PPOTrainer, RewardClient
 from ppo_client.config import ConfigError
 
 SEPARATOR = " "
+ATOL = 1e-5
+
+
+def serve(models: list[dict[str, Any]], folder: Path) -> Any:
+    """``reward-server --models`` over ``models`` (a context manager)."""
+    path = folder / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
+    return running_server(None, "--models", str(path), "--max-wait-ms", "1", timeout=120)
 
 
 @pytest.fixture(scope="module")
-def prm_server() -> Iterator[Counterpart]:
+def prm_server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A reward server with a process model (steps split on SEPARATOR) and a sequence one."""
-    server = Counterpart()
-    with serving(prm_app(server, SEPARATOR), server):
+    folder = tmp_path_factory.mktemp("prm_server")
+    prm = tiny_models.save_process_reward_model(folder / "prm", seed=3)
+    models = [
+        {
+            "name": "prm",
+            "model": str(prm),
+            "kind": "process",
+            "step_separator": SEPARATOR,
+            "step_tag": tiny_models.STEP_TAG,
+            "step_aggregate": "mean",
+        },
+        {"name": "rm", "model": str(bert_rm)},
+    ]
+    with serve(models, folder) as server:
         yield server
 
 
-def check_placement(tokenizer: PreTrainedTokenizerBase, sample: dict[str, Any]) -> None:
-    """Each step's score sits on the policy token whose decoded prefix first covers the
-    step's last character, as the server split the response the trainer sent it."""
-    ids, text = sample["response_ids"], sample["response"]
-    assert tokenizer.decode(ids, skip_special_tokens=True) == text
-    ends = split_steps(text, SEPARATOR)
-    assert len(sample["step_tokens"]) == len(ends) == len(sample["step_scores"])
-    starts = [0, *ends[:-1]]
-    for start, end, token, score in zip(
-        starts, ends, sample["step_tokens"], sample["step_scores"], strict=True
-    ):
-        assert score == pytest.approx(step_score(text[start:end]))
-        if end == 0:  # an empty response: its one step on the last (stop) token
-            assert token == len(ids) - 1
-            continue
+def server_answers(server: ServerProcess, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The server's own answer for each sample's query and response, item by item."""
+    with RewardClient(server.url) as client:
+        result = client.score_detailed(
+            queries=[s["query"] for s in samples],
+            responses=[s["response"] for s in samples],
+        )
+    assert result.step_scores is not None and result.step_ends is not None
+    assert result.outcome_scores is not None and result.steps_dropped is not None
+    return [
+        {
+            "step_scores": result.step_scores[i],
+            "step_ends": result.step_ends[i],
+            "steps_dropped": result.steps_dropped[i],
+            "outcome": result.outcome_scores[i],
+        }
+        for i in range(len(samples))
+    ]
 
-        def covers(n: int, end: int = end) -> bool:
-            return tokenizer.decode(ids[:n], skip_special_tokens=True).startswith(text[:end])
 
-        assert covers(token + 1) and not covers(token), (text, end, token)
+def expected_token(tokenizer: PreTrainedTokenizerBase, ids: list[int], text: str, end: int) -> int:
+    """The policy token a step ending at ``end`` goes on: the first whose prefix of the
+    response decodes to a text covering ``text[:end]`` (an empty step: the last token)."""
+    if end == 0:
+        return len(ids) - 1
+    for n in range(1, len(ids) + 1):
+        if tokenizer.decode(ids[:n], skip_special_tokens=True).startswith(text[:end]):
+            return n - 1
+    raise AssertionError(f"no prefix of {ids} covers {text[:end]!r}")
+
+
+def check_samples(
+    tokenizer: PreTrainedTokenizerBase,
+    server: ServerProcess,
+    samples: list[dict[str, Any]],
+) -> None:
+    """Each sample's step scores are the server's, each on the token its step ends in, and
+    its outcome score the sequence model's."""
+    for sample, answer in zip(samples, server_answers(server, samples), strict=True):
+        ids, text = sample["response_ids"], sample["response"]
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+        ends = answer["step_ends"]
+        assert answer["steps_dropped"] == 0
+        # The server's steps: split where the separator ends, the last at the text's end.
+        assert ends == sorted(ends) and ends[-1] == len(text)
+        assert all(text[:end].endswith(SEPARATOR) for end in ends[:-1]), (text, ends)
+        assert sample["step_scores"] == pytest.approx(answer["step_scores"], abs=ATOL)
+        expected = [expected_token(tokenizer, ids, text, end) for end in ends]
+        assert sample["step_tokens"] == expected, (text, ends)
+        # The outcome (sequence) model's score is the score at the last token.
+        assert sample["score"] == pytest.approx(answer["outcome"], abs=ATOL)
 
 
 def test_process_mode_places_step_rewards_and_normalises_outcomes(
-    gpt2_policy: Path, prm_server: Counterpart, tmp_path: Path
+    gpt2_policy: Path, prm_server: ServerProcess, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
     cfg = make_config(
@@ -80,34 +133,34 @@ def test_process_mode_places_step_rewards_and_normalises_outcomes(
         history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=client).train()
     assert [h["step"] for h in history] == [1, 2]
     for row in history:
-        assert math.isfinite(row["objective/step_scores_mean"])
-        assert 0.0 <= row["objective/step_scores_mean"] < 1.0
+        # Two labels: each step score is a probability.
+        assert 0.0 <= row["objective/step_scores_mean"] <= 1.0
         assert row["objective/steps_per_response"] >= 1.0
-    tokenizer = AutoTokenizer.from_pretrained(gpt2_policy)
     samples = read_jsonl(out / "samples.jsonl")
     assert len(samples) == 16
     assert any(len(s["step_tokens"]) > 1 for s in samples)  # responses of several steps
-    for sample in samples:
-        check_placement(tokenizer, sample)
-        # The outcome model's score is the score at the last token.
-        assert sample["score"] == pytest.approx(len(sample["response"]) / 10, abs=1e-5)
+    check_samples(AutoTokenizer.from_pretrained(gpt2_policy), prm_server, samples)
     # The running window holds the last 6 of the 16 outcome scores seen.
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert len(state["reward_window"]) == 6
 
 
 def test_process_mode_fails_at_start_up_without_a_process_model(
-    gpt2_policy: Path, tmp_path: Path
+    gpt2_policy: Path, bert_rm: Path, gpt2_rm: Path, tmp_path: Path
 ) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/info"
-        models = [{"name": "helpful", "kind": "sequence"}, {"name": "safe", "kind": "sequence"}]
-        return httpx.Response(200, json={"max_client_batch": 8, "models": models})
-
-    http = httpx.Client(transport=httpx.MockTransport(handler))
-    client = RewardClient("http://rm:8000", http_client=http)
+    models = [
+        {"name": "helpful", "model": str(bert_rm)},
+        {"name": "safe", "model": str(gpt2_rm)},
+    ]
     cfg = make_config(gpt2_policy, tmp_path, reward_mode="process")
-    with pytest.raises(ConfigError, match=r"serves no kind: process model \(it serves: helpful"):
+    no_process = pytest.raises(
+        ConfigError, match=r"serves no kind: process model \(it serves: helpful"
+    )
+    with (
+        serve(models, tmp_path) as server,
+        RewardClient(server.url) as client,
+        no_process,
+    ):
         PPOTrainer(cfg, train_dataset=dataset(), reward_fn=client)
 
 
@@ -121,7 +174,7 @@ def test_process_mode_with_a_plain_reward_function_fails_at_the_first_call(
 
 
 def test_ppo_client_train_in_process_mode(
-    gpt2_policy: Path, prm_server: Counterpart, tmp_path: Path
+    gpt2_policy: Path, prm_server: ServerProcess, tmp_path: Path
 ) -> None:
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:16]))
@@ -143,7 +196,7 @@ def test_ppo_client_train_in_process_mode(
         "num_samples_to_log: 4\n"
         "disable_tqdm: true\n"
     )
-    before = prm_server.score_requests()
+    before = score_requests(prm_server.url)
     proc = subprocess.run(
         [str(PPO_CLIENT), "train", "--config", str(config)],
         capture_output=True,
@@ -153,14 +206,12 @@ def test_ppo_client_train_in_process_mode(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "done: 3 steps" in proc.stdout
-    assert prm_server.score_requests() - before == 3  # one chunk of 4 per step
+    assert score_requests(prm_server.url) - before == 3  # one chunk of 4 per step
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert math.isfinite(row["objective/step_scores_mean"])
         assert row["objective/steps_per_response"] >= 1.0
-    tokenizer = AutoTokenizer.from_pretrained(gpt2_policy)
     samples = read_jsonl(out / "samples.jsonl")
     assert len(samples) == 12
-    for sample in samples:
-        check_placement(tokenizer, sample)
+    check_samples(AutoTokenizer.from_pretrained(gpt2_policy), prm_server, samples)
