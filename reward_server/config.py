@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reward_server.models_file import ModelsFile, ModelsFileError, read_models_file
@@ -214,6 +214,13 @@ class ServerSettings(BaseSettings):
 
     _models_file: ModelsFile | None = PrivateAttr(default=None)
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _empty_model_is_unset(cls, value: object) -> object:
+        """An empty REWARD_SERVER_MODEL means none: how a container whose image sets a
+        default model is switched to --models (REWARD_SERVER_MODEL= REWARD_SERVER_MODELS=...)."""
+        return None if value == "" else value
+
     @model_validator(mode="after")
     def _one_model_source(self) -> ServerSettings:
         """Exactly one of --model and --models; the models file read and checked now."""
@@ -224,7 +231,10 @@ class ServerSettings(BaseSettings):
                 )
             return self
         if self.model is not None:
-            raise ValueError("give --model or --models, not both")
+            raise ValueError(
+                f"give --model or --models, not both (in a container, set {ENV_PREFIX}MODEL= "
+                "empty to use a models file)"
+            )
         if self.adapter is not None:
             raise ValueError("--adapter does not apply to --models: give each model's adapter")
         try:

@@ -144,3 +144,17 @@ def test_bad_models_settings_are_usage_errors(
     err = capsys.readouterr().err
     assert needle in err
     assert len([ln for ln in err.splitlines() if "error:" in ln]) == 1
+
+
+def test_an_empty_model_variable_gives_way_to_a_models_file(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The image sets REWARD_SERVER_MODEL; emptying it is how a container takes --models."""
+    path = write(tmp_path, GOOD)
+    clean_env.setenv("REWARD_SERVER_MODEL", "/models/reward")
+    with pytest.raises(SystemExit):
+        parse_settings(["--models", str(path)])
+    assert "set REWARD_SERVER_MODEL= empty" in capsys.readouterr().err
+    clean_env.setenv("REWARD_SERVER_MODEL", "")
+    settings = parse_settings(["--models", str(path)])
+    assert settings.model is None and settings.served == "helpful+safety.v2"
