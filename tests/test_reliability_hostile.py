@@ -492,15 +492,23 @@ def test_no_request_can_name_a_model_or_a_file(server: ServerProcess) -> None:
         "responses",
         "conversations",
         "truncate",
+        "model",  # selects one of the served models by name, nothing else
+        "components",
     }
     assert schema["ScoreRequest"]["additionalProperties"] is False
     assert set(schema["GetRewardRequest"]["properties"]) == {"query", "prompts", "labels"}
     assert set(schema["Message"]["properties"]) == {"role", "content"}
-    for extra in ("model", "adapter", "model_name_or_path", "path", "chat_template", "file"):
+    for extra in ("adapter", "model_name_or_path", "path", "chat_template", "file"):
         body = {"texts": ["a"], extra: "/etc/passwd"}
         r = httpx.post(f"{server.url}/score", json=body, headers=AUTH)
         assert_json_4xx(r, 422, "invalid_request")
         assert extra in r.json()["error"]
+    # "model" is a name among the served ones: a path is an unknown name, never loaded.
+    r = httpx.post(
+        f"{server.url}/score", json={"texts": ["a"], "model": "/etc/passwd"}, headers=AUTH
+    )
+    assert_json_4xx(r, 422, "unknown_model")
+    assert "/etc/passwd" in r.json()["error"]
     info = httpx.get(f"{server.url}/info", headers=AUTH).json()
     # OpenRLHF's protocol may carry extra keys: they are ignored, never used.
     plain = httpx.post(f"{server.url}/get_reward", json={"query": ["/etc/passwd"]}, headers=AUTH)
