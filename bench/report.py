@@ -368,7 +368,11 @@ def update_engines_block(path: Path, section: str) -> None:
     of the page, when there is none yet)."""
     block = f"{ENGINES_BEGIN}\n\n{section.strip()}\n\n{ENGINES_END}"
     text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(ENGINES_BEGIN) + r".*?" + re.escape(ENGINES_END), re.DOTALL)
+    # The markers count only as whole lines: prose may quote them (BENCHMARKS.md does).
+    pattern = re.compile(
+        "^" + re.escape(ENGINES_BEGIN) + r"$.*?^" + re.escape(ENGINES_END) + "$",
+        re.DOTALL | re.MULTILINE,
+    )
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
     elif END in text:

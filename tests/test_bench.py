@@ -246,3 +246,16 @@ def test_engine_part_runs_alone_at_a_tiny_size(bert_rm: Path, tmp_path: Path) ->
     assert text.count(report.ENGINES_BEGIN) == 1 and "GRPO / transformers" in text
     report.update_engines_block(md, report.render_engines(results, with_meta=True))
     assert md.read_text().count(report.ENGINES_BEGIN) == 1
+
+
+def test_the_engine_block_ignores_markers_quoted_in_prose(tmp_path: Path) -> None:
+    """Only whole-line markers delimit the block; prose that quotes one stays untouched."""
+    from bench.report import ENGINES_BEGIN, ENGINES_END, update_engines_block
+
+    page = tmp_path / "BENCHMARKS.md"
+    prose = f"Run `--only engines`: it rewrites `{ENGINES_BEGIN}` and its end marker.\n"
+    page.write_text(f"{prose}\nkept\n\n{ENGINES_BEGIN}\n\nold\n\n{ENGINES_END}\n", encoding="utf-8")
+    update_engines_block(page, "new")
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith(prose) and "kept" in text
+    assert "new" in text and "old" not in text
