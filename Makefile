@@ -32,9 +32,10 @@ format: setup
 	$(BIN)/ruff check --fix .
 
 # REWARD_SERVER_TEST_VLLM=1: the vLLM engine tests fail instead of skipping without vLLM;
-# REWARD_SERVER_TEST_KUBECTL=1: the Kubernetes manifest tests likewise without kubectl.
+# REWARD_SERVER_TEST_KUBECTL=1: the Kubernetes manifest tests likewise without kubectl;
+# REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray.
 test: setup lint
-	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 $(BIN)/python -m pytest
+	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 $(BIN)/python -m pytest
 
 demo: setup
 	$(BIN)/python -m examples.demo

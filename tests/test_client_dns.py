@@ -217,7 +217,7 @@ def test_trainer_reward_url_takes_dns_urls() -> None:
 
 def _self_signed(name: str, folder: Path) -> tuple[Path, Path]:
     """A certificate for DNS name ``name`` only (no IP address) and its key, as files."""
-    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID

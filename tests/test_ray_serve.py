@@ -24,10 +24,16 @@ from reward_server.app import create_app
 from reward_server.config import ServerSettings
 from tiny_models import make_corpus
 
-ray = pytest.importorskip("ray", reason="Ray Serve is the optional extra remote-reward[ray]")
-serve = pytest.importorskip("ray.serve")
+# make test installs the ray extra and sets REWARD_SERVER_TEST_RAY=1: there a missing Ray
+# fails the test instead of skipping it, so CI never passes without running it.
+if os.environ.get("REWARD_SERVER_TEST_RAY") == "1":
+    import ray
+    from ray import serve
+else:
+    ray = pytest.importorskip("ray", reason="Ray Serve is the optional extra remote-reward[ray]")
+    serve = pytest.importorskip("ray.serve")
 
-from reward_server.ray_serve import (  # noqa: E402 - needs Ray, skipped above without it
+from reward_server.ray_serve import (  # needs Ray: imported or skipped above
     DEPLOYMENT_NAME,
     ServeOptions,
     app,
