@@ -10,7 +10,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from reward_server.batcher import Batcher, BatcherClosedError, BatchStats, QueueFullError
+import reward_server.batcher as batcher_module
+from reward_server.batcher import (
+    MAX_RETRY_AFTER,
+    MIN_RETRY_AFTER,
+    Batcher,
+    BatcherClosedError,
+    BatchStats,
+    QueueFullError,
+)
 
 T = TypeVar("T")
 FAIL = -1  # a row holding this token makes the fake scorer raise
@@ -298,7 +306,7 @@ def test_queue_full_is_all_or_nothing() -> None:
         await until(lambda: batcher.queued == 3)
         with pytest.raises(QueueFullError) as err:
             await batcher.submit([[5], [6]])
-        assert 0.1 <= err.value.retry_after <= 30
+        assert err.value.retry_after == 1.0  # no pass measured yet: one second
         assert batcher.queued == 3  # nothing of the refused request was admitted
         last = asyncio.create_task(batcher.submit([[7]]))  # exactly fills the queue
         await until(lambda: batcher.queued == 4)
@@ -422,27 +430,74 @@ def test_observer_exception_breaks_nothing() -> None:
     assert len(observer.calls) == 5
 
 
-def test_retry_after_follows_throughput() -> None:
-    scorer = FakeScorer()
+class Clock:
+    """The batcher's clock (``reward_server.batcher.time``): it moves only when a pass runs."""
 
-    async def main() -> None:
-        batcher = make(scorer, max_queue=2, max_wait_ms=0)
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class TimedScorer(FakeScorer):
+    """A FakeScorer whose passes take ``seconds_per_row`` of the batcher's clock per row."""
+
+    def __init__(self, clock: Clock, seconds_per_row: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.seconds_per_row = seconds_per_row
+
+    def __call__(self, batch: list[Sequence[int]]) -> list[float]:
+        out = super().__call__(batch)
+        self.clock.now += self.seconds_per_row * len(batch)
+        return out
+
+
+def refused_retry_after(
+    monkeypatch: pytest.MonkeyPatch, seconds_per_row: list[float], excess: int
+) -> float:
+    """Retry-After of a submit refused by ``excess`` items, after one measured pass of 4 rows
+    per entry of ``seconds_per_row`` (each that fast), with a full queue of 4 waiting."""
+    clock = Clock()
+    monkeypatch.setattr(batcher_module, "time", clock)
+    scorer = TimedScorer(clock, seconds_per_row[0])
+
+    async def main() -> float:
+        batcher = make(scorer, max_queue=4, max_wait_ms=0)
         await batcher.start()
-        await batcher.submit([[1]])  # one measured batch
+        for speed in seconds_per_row:  # the measured passes
+            scorer.seconds_per_row = speed
+            assert await batcher.submit([[1], [2], [3], [4]]) == [
+                expected([k]) for k in (1, 2, 3, 4)
+            ]
         scorer.hold()
         first = asyncio.create_task(batcher.submit([[1]]))
         await scorer.wait_entered()
-        rest = asyncio.create_task(batcher.submit([[2], [3]]))
-        await until(lambda: batcher.queued == 2)
+        rest = asyncio.create_task(batcher.submit([[2], [3], [4], [5]]))
+        await until(lambda: batcher.queued == 4)
         with pytest.raises(QueueFullError) as err:
-            await batcher.submit([[4]])
-        assert 0.1 <= err.value.retry_after <= 30
+            await batcher.submit([[9]] * excess)  # refused by exactly `excess` items
         assert "retry after" in str(err.value)
         scorer.release()
         await asyncio.gather(first, rest)
         await batcher.stop()
+        return err.value.retry_after
 
-    run(main())
+    return run(main())
+
+
+def test_retry_after_follows_throughput(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Retry-After = items over the limit / measured rows per second.
+    assert refused_retry_after(monkeypatch, [0.5], excess=1) == pytest.approx(0.5)
+    assert refused_retry_after(monkeypatch, [0.5], excess=3) == pytest.approx(1.5)
+    # A ten times slower scorer asks for ten times the wait, for the same queue.
+    assert refused_retry_after(monkeypatch, [0.05], excess=3) == pytest.approx(0.15)
+    # The rate is a moving average of the passes: 2 rows/s, then 20 rows/s -> 0.8*2 + 0.2*20.
+    assert refused_retry_after(monkeypatch, [0.5, 0.05], excess=3) == pytest.approx(3 / 5.6)
+    # Clamped to what a client can act on.
+    assert refused_retry_after(monkeypatch, [100.0], excess=3) == MAX_RETRY_AFTER
+    assert refused_retry_after(monkeypatch, [1e-4], excess=1) == MIN_RETRY_AFTER
 
 
 def test_empty_row_is_refused_at_submit() -> None:
