@@ -5,7 +5,11 @@ it too); this module keeps the tests' import path short, and reads what a runnin
 counted from its /metrics.
 """
 
+import json
 import os
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -21,12 +25,15 @@ from reward_server.launcher import (
 
 __all__ = [
     "REWARD_SERVER",
+    "HeldRequest",
     "ServerProcess",
     "free_port",
     "metric",
+    "requests_in_progress",
     "running_server",
     "score_requests",
     "start_server",
+    "wait_until",
 ]
 
 
@@ -53,3 +60,82 @@ def require_counterpart(present: bool, env: str, what: str) -> None:
     if os.environ.get(env) == "1":
         pytest.fail(f"{what} is not installed: run `make setup`", pytrace=False)
     pytest.skip(f"{what} is not installed", allow_module_level=True)
+
+
+def requests_in_progress(url: str, endpoint: str = "/score") -> float:
+    """Requests to ``endpoint`` the server at ``url`` is handling now (started, not answered)."""
+    return metric(url, "reward_server_requests_in_progress", endpoint=endpoint)
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds.
+
+    The deadline only bounds a hang: a test waits on an observable state (a metric, a log
+    line), never on the passing of time."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class HeldRequest:
+    """A JSON POST, sent from a thread, whose body stops half-way until :meth:`release`.
+
+    The server has started handling it (its handler is reading the body) and cannot answer
+    it before the test says so: a request that is certainly in flight, for as long as a test
+    needs one (to send SIGTERM, to fill a batch at a chosen moment), without any sleep.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        body: object,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        data = json.dumps(body).encode()
+        cut = len(data) // 2
+        self._released = threading.Event()
+        self._response: httpx.Response | None = None
+        self._error: BaseException | None = None
+
+        def chunks() -> Iterator[bytes]:
+            yield data[:cut]
+            if not self._released.wait(timeout):
+                raise TimeoutError("the held request was never released")
+            yield data[cut:]
+
+        def send() -> None:
+            try:
+                self._response = httpx.post(
+                    url,
+                    content=chunks(),
+                    headers={"content-type": "application/json", **(headers or {})},
+                    timeout=timeout,
+                )
+            except BaseException as exc:  # handed to result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=send, name="held-request", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """Send the rest of the body."""
+        self._released.set()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float = 120.0) -> httpx.Response:
+        """The answer (releasing the body first if the test has not)."""
+        self.release()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"no answer to the held request within {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._response is not None
+        return self._response
