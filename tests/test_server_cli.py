@@ -1,23 +1,21 @@
-"""The ``reward-server`` command line: flags, environment, load failures, errors, SIGTERM."""
+"""The ``reward-server`` command line: flags, environment, load failures, a configured server.
+
+SIGTERM's drain is tested in tests/test_reliability_faults.py (every input form, one server)."""
 
 from __future__ import annotations
 
 import json
-import re
-import signal
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from server_proc import REWARD_SERVER, running_server
 
+from reward_server import cli
 from reward_server.cli import build_parser, parse_settings
 from reward_server.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ServerSettings
-from tiny_models import make_corpus
 
 
 @pytest.fixture
@@ -123,41 +121,69 @@ def _custom_code_model(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("case", ["not a model", "bad adapter", "needs its own code"])
-def test_model_load_failure_is_one_line_and_nonzero(
-    case: str, tmp_path: Path, gpt2_rm: Path
-) -> None:
-    args = {
+LOAD_FAILURES = ["not a model", "bad adapter", "needs its own code"]
+
+
+def _load_failure_args(case: str, tmp_path: Path, gpt2_rm: Path) -> list[str]:
+    if case == "needs its own code":
+        _custom_code_model(tmp_path / "custom")
+    return {
         "not a model": ["--model", str(tmp_path)],
         "bad adapter": ["--model", str(gpt2_rm), "--adapter", str(tmp_path / "no-adapter")],
         "needs its own code": ["--model", str(tmp_path / "custom")],
     }[case]
-    if case == "needs its own code":
-        _custom_code_model(tmp_path / "custom")
+
+
+def _assert_one_error_line(stderr: str, case: str, model: str) -> None:
+    assert "Traceback" not in stderr
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("reward-server: error:")]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"reward-server: error: could not load model {model}: ")
+    assert len(lines[0]) > len("reward-server: error: could not load model : ") + len(model)
+    # transformers asks for trust_remote_code=True; the line names the flag that does it
+    assert ("--trust-remote-code" in lines[0]) is (case == "needs its own code")
+
+
+@pytest.mark.parametrize("case", LOAD_FAILURES)
+def test_model_load_failure_is_one_line_and_exit_1(
+    case: str,
+    tmp_path: Path,
+    gpt2_rm: Path,
+    clean_env: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI's main() in process (the console script runs it; see the test below)."""
+    clean_env.setattr(cli, "_configure_logging", lambda level: None)  # pytest owns logging
+    args = _load_failure_args(case, tmp_path, gpt2_rm)
+    assert cli.main([*args, "--port", "1", "--log-level", "warning"]) == 1
+    _assert_one_error_line(capsys.readouterr().err, case, args[1])
+
+
+def test_console_script_load_failure_exits_nonzero_without_traceback(
+    tmp_path: Path, gpt2_rm: Path
+) -> None:
+    """One real process: the console script's exit status and stderr."""
+    args = _load_failure_args("bad adapter", tmp_path, gpt2_rm)
     out = subprocess.run(
         [str(REWARD_SERVER), *args, "--port", "1", "--log-level", "warning"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert out.returncode != 0
-    assert "Traceback" not in out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("reward-server: error:")]
-    assert len(lines) == 1, out.stderr
-    assert lines[0].startswith(f"reward-server: error: could not load model {args[1]}: ")
-    assert len(lines[0]) > len("reward-server: error: could not load model : ") + len(args[1])
-    # transformers asks for trust_remote_code=True; the line names the flag that does it
-    assert ("--trust-remote-code" in lines[0]) is (case == "needs its own code")
+    assert out.returncode == 1
+    _assert_one_error_line(out.stderr, "bad adapter", args[1])
 
 
 # --------------------------------------------------------------------------- a configured server
 
 KEY = "test-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-@pytest.fixture(scope="module")
-def strict_server(gpt2_rm: Path):
-    """A GPT-2 server configured only through REWARD_SERVER_* variables."""
+def test_environment_configures_a_real_server(gpt2_rm: Path) -> None:
+    """A server configured only through REWARD_SERVER_* variables, over a real socket: each
+    limit set there takes effect (every error case is tested in process in test_server_api.py
+    and against a real server in test_reliability_hostile.py)."""
     env = {
         "REWARD_SERVER_API_KEY": KEY,
         "REWARD_SERVER_MAX_CLIENT_BATCH": "4",
@@ -167,133 +193,39 @@ def strict_server(gpt2_rm: Path):
         "REWARD_SERVER_LOG_LEVEL": "debug",
     }
     with running_server(gpt2_rm, env=env) as server:
-        yield server
+        url = server.url
 
+        def score(**kwargs: object) -> httpx.Response:
+            return httpx.post(f"{url}/score", headers=AUTH, timeout=60, **kwargs)  # type: ignore[arg-type]
 
-AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def test_environment_configures_the_server(strict_server) -> None:
-    info = httpx.get(f"{strict_server.url}/info", headers=AUTH)
-    assert info.status_code == 200, info.text
-    body = info.json()
-    assert body["max_client_batch"] == 4
-    assert body["max_length"] == 16
-    assert body["truncate"] is False
-    assert body["max_body_bytes"] == 4096
-    assert body["auth"] is True
-    assert KEY not in info.text
-
-
-def test_auth_over_http(strict_server) -> None:
-    url = strict_server.url
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
-        r = httpx.post(f"{url}/score", json={"texts": ["a"]}, headers=headers)
-        assert r.status_code == 401 and r.json()["type"] == "unauthorized"
-        assert httpx.get(f"{url}/info", headers=headers).status_code == 401
-    assert httpx.get(f"{url}/health").status_code == 200
-    assert httpx.get(f"{url}/metrics").status_code == 200
-    assert httpx.post(f"{url}/score", json={"texts": ["a"]}, headers=AUTH).status_code == 200
-    assert KEY not in strict_server.log()
-
-
-ERROR_CASES = [
-    ("not exactly one form", {"json": {"texts": ["a"], "conversations": [[]]}}, 422, "invalid_request"),
-    ("no form", {"json": {}}, 422, "invalid_request"),
-    ("unequal lengths", {"json": {"queries": ["a", "b"], "responses": ["c"]}}, 422, "invalid_request"),
-    ("empty list", {"json": {"texts": []}}, 422, "invalid_request"),
-    ("non-string", {"json": {"texts": [1.5]}}, 422, "invalid_request"),
-    ("bad message", {"json": {"conversations": [[{"role": 1, "content": "x"}]]}}, 422, "invalid_request"),
-    ("no chat template", {"json": {"conversations": [[{"role": "user", "content": "x"}]]}}, 422, "chat_template"),
-    ("invalid json", {"content": b"{", "headers": {"content-type": "application/json"}}, 422, "invalid_request"),
-    ("invalid utf-8", {"content": b'{"texts":["\xc3\x28"]}', "headers": {"content-type": "application/json"}}, 422, "invalid_request"),
-    ("too many items", {"json": {"texts": ["a"] * 5}}, 413, "too_many_items"),
-    ("text too long", {"json": {"texts": ["ok", "word " * 40]}}, 413, "text_too_long"),
-    ("body too large", {"json": {"texts": ["a" * 5000]}}, 413, "body_too_large"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("case", "request_kwargs", "status", "kind"), ERROR_CASES, ids=[c[0] for c in ERROR_CASES]
-)
-def test_error_cases_over_http(strict_server, case, request_kwargs, status, kind) -> None:  # type: ignore[no-untyped-def]
-    headers = {**AUTH, **request_kwargs.pop("headers", {})}
-    r = httpx.post(f"{strict_server.url}/score", headers=headers, **request_kwargs)
-    assert r.status_code == status, r.text
-    assert r.json().keys() == {"error", "type"} and r.json()["type"] == kind
-    if kind == "text_too_long":
-        assert "item 1" in r.json()["error"]
-    ok = httpx.post(f"{strict_server.url}/score", json={"texts": ["still up"]}, headers=AUTH)
-    assert ok.status_code == 200
-
-
-def test_streamed_body_over_the_limit_is_413(strict_server) -> None:
-    def chunks():  # no Content-Length: the server must count what streams in
-        yield b'{"texts": ["'
-        for _ in range(100):
-            yield b"a" * 100
-        yield b'"]}'
-
-    r = httpx.post(
-        f"{strict_server.url}/score",
-        content=chunks(),
-        headers={**AUTH, "content-type": "application/json"},
-    )
-    assert r.status_code == 413 and r.json()["type"] == "body_too_large"
-    assert (
-        httpx.post(f"{strict_server.url}/score", json={"texts": ["x"]}, headers=AUTH).status_code
-        == 200
-    )
-
-
-def test_404_405_are_json(strict_server) -> None:
-    r = httpx.get(f"{strict_server.url}/nowhere")
-    assert r.status_code == 404 and r.json()["type"] == "not_found"
-    r = httpx.put(f"{strict_server.url}/score", headers=AUTH)
-    assert r.status_code == 405 and r.json()["type"] == "method_not_allowed"
-
-
-# --------------------------------------------------------------------------- SIGTERM
-
-
-def _in_progress(url: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    match = re.search(
-        r'^reward_server_requests_in_progress\{endpoint="/score"\} (\S+)$', text, re.M
-    )
-    return float(match.group(1)) if match else 0.0
-
-
-def test_sigterm_finishes_requests_in_flight_and_exits_zero(gpt2_rm: Path) -> None:
-    n_requests = 6
-    corpus = make_corpus(n_requests * 5, seed=3, min_words=20, max_words=60)
-    chunks = [corpus[i * 5 : (i + 1) * 5] for i in range(n_requests)]
-    # The batch is never full (30 rows < 64, and far under the token budget), so the batcher
-    # holds every item until --max-wait-ms after the first one arrived: the requests are
-    # certainly in flight when SIGTERM comes, and finish only afterwards.
-    args = ("--max-batch-size", "64", "--max-batch-tokens", "65536", "--max-wait-ms", "2500")
-    with running_server(gpt2_rm, *args) as server:
-        done_at: list[float] = []
-
-        def post(texts: list[str]) -> httpx.Response:
-            with httpx.Client(timeout=120) as http:
-                r = http.post(f"{server.url}/score", json={"texts": texts})
-            done_at.append(time.monotonic())
-            return r
-
-        with ThreadPoolExecutor(n_requests) as pool:
-            futures = [pool.submit(post, chunk) for chunk in chunks]
-            while _in_progress(server.url) < n_requests:
-                assert not any(f.done() for f in futures), [
-                    f.result().text for f in futures if f.done()
-                ]
-            sigterm_at = time.monotonic()
-            code = server.stop(signal.SIGTERM, timeout=120)
-            answers = [f.result() for f in futures]
+        info = httpx.get(f"{url}/info", headers=AUTH)
+        assert info.status_code == 200, info.text
+        body = info.json()
+        assert body["max_client_batch"] == 4
+        assert body["max_length"] == 16
+        assert body["truncate"] is False
+        assert body["max_body_bytes"] == 4096
+        assert body["auth"] is True
+        assert KEY not in info.text
+        # The key: required on scoring and /info, not on health and metrics.
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(f"{url}/score", json={"texts": ["a"]}, headers=headers)
+            assert r.status_code == 401 and r.json()["type"] == "unauthorized"
+            assert httpx.get(f"{url}/info", headers=headers).status_code == 401
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.get(f"{url}/metrics").status_code == 200
+        # The limits from the environment, each a JSON error of its kind.
+        cases = [
+            (score(json={"texts": []}), 422, "invalid_request"),
+            (score(json={"texts": ["a"] * 5}), 413, "too_many_items"),
+            (score(json={"texts": ["ok", "word " * 40]}), 413, "text_too_long"),
+            (score(json={"texts": ["a" * 5000]}), 413, "body_too_large"),
+            (httpx.get(f"{url}/nowhere"), 404, "not_found"),
+        ]
+        for r, status, kind in cases:
+            assert r.status_code == status, r.text
+            assert r.json().keys() == {"error", "type"} and r.json()["type"] == kind
+        ok = score(json={"texts": ["still up"]})
+        assert ok.status_code == 200 and len(ok.json()["scores"]) == 1
         log = server.log()
-    assert code == 0, log
-    assert min(done_at) > sigterm_at  # every request was in flight at SIGTERM
-    for texts, r in zip(chunks, answers, strict=True):
-        assert r.status_code == 200, r.text
-        assert len(r.json()["scores"]) == len(texts)
-    assert "draining" in log
+    assert KEY not in log
