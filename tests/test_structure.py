@@ -8,6 +8,7 @@ classes and repeated code (torch-free imports: test_server_structure.py).
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -62,8 +63,13 @@ def test_no_long_functions_or_classes() -> None:
     assert not too_long, "\n".join(too_long)
 
 
-@pytest.mark.skipif(shutil.which("duplicates") is None, reason="the duplicates tool is absent")
 def test_no_repeated_code_inside_the_packages() -> None:
+    # /usr/local/bin/duplicates on the developers' machines and CI, where `make test` sets
+    # the gate: a missing tool fails there, and is skipped only on a user's machine.
+    if shutil.which("duplicates") is None:
+        if os.environ.get("REWARD_SERVER_TEST_DUPLICATES") == "1":
+            pytest.fail("the duplicates tool is not on PATH", pytrace=False)
+        pytest.skip("the duplicates tool is not on PATH")
     for package in PACKAGES:
         out = subprocess.run(
             ["duplicates", "--repo", str(ROOT / package), "--seconds", "60"],
