@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -112,12 +113,31 @@ def rewards_from_returns(returns: torch.Tensor) -> torch.Tensor:
     return returns - following
 
 
-def test_outcome_mode_is_unchanged_without_steps_or_normalisation() -> None:
-    r, p = rollout(), params(whiten_rewards=True)
-    plain = ppo.compute_advantages(r, p)  # type: ignore[arg-type]
-    same = ppo.compute_advantages(r, p, scores=None, step_rewards=None)  # type: ignore[arg-type]
-    for x, y in zip(plain, same, strict=True):
-        assert torch.equal(x, y)
+def test_outcome_mode_without_steps_or_normalisation_is_whitened_gae_by_hand() -> None:
+    """Classic PPO (TRL's): the raw score on the last real token, rewards whitened keeping
+    their mean, returns the rewards to go (gamma = lam = 1, values 0), advantages whitened.
+    The expected values are computed here with plain floats, token by token."""
+    a = ppo.compute_advantages(rollout(), params(whiten_rewards=True))  # type: ignore[arg-type]
+    lengths = [3, 4]  # real tokens of each response (last indices 2 and 3)
+    # policy == reference: no KL, so the per-token rewards are the scores 1 and 2 alone.
+    raw = [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 2.0]]
+    flat = [x for row in raw for x in row]
+    mean, std = statistics.mean(flat), statistics.stdev(flat)  # Bessel-corrected
+    rewards = [[(x - mean) / std + mean for x in row] for row in raw]
+    returns = [[sum(row[i:]) for i in range(len(row))] for row in rewards]
+    flat = [x for row in returns for x in row]
+    mean, std = statistics.mean(flat), statistics.stdev(flat)
+    advantages = [[(x - mean) / std for x in row] for row in returns]
+
+    def padded(rows: list[list[float]]) -> torch.Tensor:
+        return t(*(row + [0.0] * (4 - len(row)) for row in rows))
+
+    assert a.scores.tolist() == [1.0, 2.0] and a.has_eos.tolist() == [True, False]
+    assert a.mask.tolist() == [[n > i for i in range(4)] for n in lengths]
+    assert not a.kl.any() and not a.non_score_reward.any()
+    torch.testing.assert_close(rewards_from_returns(a.returns), padded(rewards))
+    torch.testing.assert_close(a.returns, padded(returns))
+    torch.testing.assert_close(a.advantages, padded(advantages))
 
 
 def test_step_rewards_land_on_their_tokens_scaled_and_the_outcome_stays_last() -> None:
