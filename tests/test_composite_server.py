@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,11 @@ import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from server_proc import REWARD_SERVER, running_server
+from server_proc import running_server
 from test_server_api import POISON, FakeModel, assert_error, fake_score, fake_score_ids
 
 import tiny_models
+from reward_server import cli
 from reward_server.app import create_app
 from reward_server.config import ServerSettings
 from reward_server.engines.transformers import RewardModel
@@ -336,7 +336,7 @@ def test_a_failing_batch_of_one_model_fails_only_its_request(
 
 
 def test_reward_server_serves_a_models_file(
-    tmp_path: Path, bert_rm: Path, gpt2_rm: Path, single: dict[str, Any]
+    tmp_path: Path, bert_rm: Path, gpt2_rm: Path, single: dict[str, dict[str, dict[str, Any]]]
 ) -> None:
     path = write_models(
         tmp_path,
@@ -346,24 +346,33 @@ def test_reward_server_serves_a_models_file(
         ],
         "mean",
     )
+    # The expected answer comes from single-model apps in process, not from the response:
+    # gpt2 alone with its own max_length 4 (its texts over 4 tokens cut on the left).
+    bert = single["bert"]["texts"]["scores"]
+    gpt2_cut = single_answers(gpt2_rm, max_length=4)["texts"]
+    assert gpt2_cut["scores"] != pytest.approx(single["gpt2"]["texts"]["scores"], abs=ATOL)
     with running_server(None, "--models", str(path), "--max-wait-ms", "1") as server:
         r = httpx.post(f"{server.url}/score", json={"texts": TEXTS}, timeout=30)
         info = httpx.get(f"{server.url}/info", timeout=30).json()
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["components"]["bert"] == pytest.approx(single["bert"]["texts"]["scores"], abs=ATOL)
-    # gpt2's own max_length: its texts over 4 tokens are truncated (left), bert's are not
+    assert body["components"]["bert"] == pytest.approx(bert, abs=ATOL)
+    assert body["components"]["gpt2"] == pytest.approx(gpt2_cut["scores"], abs=ATOL)
     assert [m["max_length"] for m in info["models"]] == [info["max_length"], 4]
     assert body["truncated"] == [n > 4 for n in single["gpt2"]["texts"]["tokens"]]
-    assert body["scores"] == pytest.approx(
-        [
-            (a + 2 * b) / 2
-            for a, b in zip(body["components"]["bert"], body["components"]["gpt2"], strict=True)
-        ]
-    )
+    assert any(body["truncated"]) and not all(body["truncated"])
+    # aggregate "mean" of bert (weight 1) and gpt2 (weight 2)
+    want = [(a + 2 * b) / 2 for a, b in zip(bert, gpt2_cut["scores"], strict=True)]
+    assert body["scores"] == pytest.approx(want, abs=ATOL)
 
 
-def test_a_model_that_does_not_load_is_one_line(tmp_path: Path, bert_rm: Path) -> None:
+def test_a_model_that_does_not_load_is_one_line(
+    tmp_path: Path,
+    bert_rm: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI's main() in process; test_server_cli.py runs the console script itself."""
     path = write_models(
         tmp_path,
         [
@@ -371,14 +380,10 @@ def test_a_model_that_does_not_load_is_one_line(tmp_path: Path, bert_rm: Path) -
             {"name": "gone", "model": str(tmp_path / "nope")},
         ],
     )
-    out = subprocess.run(
-        [str(REWARD_SERVER), "--models", str(path), "--port", "1", "--log-level", "warning"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 1
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("reward-server: error:")]
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    monkeypatch.setattr(cli, "_configure_logging", lambda level: None)  # pytest owns logging
+    assert cli.main(["--models", str(path), "--port", "1", "--log-level", "warning"]) == 1
+    stderr = capsys.readouterr().err
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("reward-server: error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
     assert lines[0].startswith(f"reward-server: error: could not load models of {path}: ")
     assert "model 'gone'" in lines[0] and "not found" in lines[0]
