@@ -84,8 +84,10 @@ class PPOConfig(BaseModel):
     """Policy tokenizer; default: the policy checkpoint."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """dtype the models are loaded in."""
-    bf16: bool = False
-    """bf16 mixed precision (accelerate's autocast); models keep their loaded dtype."""
+    bf16: bool | Literal["auto"] = False
+    """bf16 mixed precision (accelerate's autocast); models keep their loaded dtype. auto:
+    bf16 on a GPU that supports it and on a CPU with native bfloat16 (AVX512-BF16 or AMX),
+    else float32; false: accelerate's own setting (``accelerate launch --mixed_precision``)."""
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy and value forward passes."""

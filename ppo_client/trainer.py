@@ -58,6 +58,7 @@ from ppo_client.models import (
     load_tokenizer,
 )
 from ppo_client.normalization import RunningNormalizer
+from ppo_client.precision import use_bf16
 from ppo_client.reporting import RunReport, available_trackers, step_metrics
 from ppo_client.reward import (
     RewardFn,
@@ -372,6 +373,27 @@ def _launched_on_cpu() -> bool:
     return not has_accelerator
 
 
+def _mixed_precision(config: PPOConfig) -> str | None:
+    """``"bf16"`` when the run trains in bf16 (``bf16: auto`` resolved for the device the
+    accelerator will pick), else None."""
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if config.bf16 == "auto" and launcher != "no":  # accelerate launch --mixed_precision X
+        logger.info("bf16: auto: accelerate launch's --mixed_precision %s applies", launcher)
+        return None
+    return "bf16" if use_bf16(_training_device(), config.bf16, what="PPO training") else None
+
+
+def _training_device() -> str:
+    """The device type accelerate will train on (it takes the accelerator when there is one)."""
+    if _launched_on_cpu():
+        return "cpu"
+    accel = getattr(torch, "accelerator", None)
+    if accel is None:  # torch before 2.6
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    current = accel.current_accelerator()
+    return "cpu" if current is None else str(current.type)
+
+
 def _make_accelerator(config: PPOConfig) -> Accelerator:
     return Accelerator(
         cpu=_launched_on_cpu(),
@@ -380,7 +402,7 @@ def _make_accelerator(config: PPOConfig) -> Accelerator:
             num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False
         ),
         # None: accelerate's own setting (``accelerate launch --mixed_precision``) applies.
-        mixed_precision="bf16" if config.bf16 else None,
+        mixed_precision=_mixed_precision(config),
         log_with=available_trackers(config.report_to) or None,
         project_dir=config.output_dir,
     )
