@@ -31,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from examples import demo_data, demo_models
+from ppo_client.precision import Bf16Setting
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -52,9 +53,9 @@ FULL = Sizes()
 QUICK = Sizes(rm_pairs=400, policy_sentences=2000, policy_steps=250, ppo_episodes=768, ppo_batch=32)
 
 
-def stage(n: int, title: str, text: str) -> None:
-    """Print a stage header and a short explanation."""
-    print(f"\n=== [{n}/4] {title} ===")
+def stage(n: int, title: str, text: str, started: float) -> None:
+    """Print a stage header (with the seconds since the demo ``started``) and a short explanation."""
+    print(f"\n=== [{n}/4] {title} === ({time.monotonic() - started:.0f} s in)")
     for line in text.strip().splitlines():
         print(f"    {line.strip()}")
     sys.stdout.flush()
@@ -142,10 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smaller run (used by the tests)")
     parser.add_argument("--fresh", action="store_true", help="retrain the cached models too")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--bf16",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="bf16 autocast when training the two models; auto: where the CPU has it natively",
+    )
     args = parser.parse_args(argv)
+    bf16: Bf16Setting = {"true": True, "false": False}.get(args.bf16, "auto")
     # A SIGTERM (e.g. from a supervisor) unwinds like Ctrl-C, so the server is stopped.
     signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("ppo_client.precision").setLevel(logging.INFO)  # say what bf16 gave
     sizes = QUICK if args.quick else FULL
     out: Path = args.out
     started = time.monotonic()
@@ -163,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         trained with TRL's RewardTrainer on preference pairs: chosen = a positive review
         sentence, rejected = the same sentence made negative. Loss: -log sigmoid(r_c - r_r).
     """,
+        started,
     )
     if rm_meta.exists():
         accuracy = json.loads(rm_meta.read_text())["heldout_accuracy"]
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             demo_data.preference_pairs(sizes.rm_pairs, seed=args.seed + 1),
             demo_data.preference_pairs(200, seed=args.seed + 2),
             seed=args.seed,
+            bf16=bf16,
         )
         rm_meta.write_text(json.dumps({"heldout_accuracy": accuracy}))
     print(f"    held-out pairwise accuracy: {accuracy:.1%} (200 pairs never seen in training)")
@@ -187,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         the demo corpus) learns to write review sentences of BOTH sentiments, half and half.
         Its token ids mean nothing to the reward model: only text crosses over.
     """,
+        started,
     )
     if (policy_dir / "config.json").exists():
         print(f"    cached in {policy_dir}")
@@ -196,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             [r.text for r in demo_data.corpus(sizes.policy_sentences, seed=args.seed + 3)],
             steps=sizes.policy_steps,
             seed=args.seed,
+            bf16=bf16,
         )
         print(f"    final language-model loss: {loss:.3f}")
     with (out / "prompts.jsonl").open("w") as f:
@@ -212,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         reward-server --model {rm_dir} on 127.0.0.1: it tokenizes every text with the
         reward model's own WordPiece tokenizer and batches requests dynamically.
     """,
+        started,
     )
     with running_server(
         rm_dir, "--max-wait-ms", "2", env=ONE_THREAD, log_path=out / "reward_server.log"
@@ -228,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             ppo-client train: sample from the policy, decode to text, POST /score, then
             KL-penalised rewards, GAE, clipped policy and value losses (TRL's PPO maths).
         """,
+            started,
         )
         ppo_out = out / "ppo"
         if ppo_out.exists():

@@ -15,9 +15,15 @@ import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
+
+from ppo_client.precision import Bf16Setting, use_bf16
+
+if TYPE_CHECKING:
+    from trl import RewardConfig
 
 logger = logging.getLogger(__name__)
 
@@ -50,25 +56,25 @@ def pairwise_accuracy(
     return wins / len(pairs)
 
 
-def train_reward_model(
+def reward_training_args(
     out_dir: Path,
-    train_pairs: Sequence[dict[str, str]],
-    eval_pairs: Sequence[dict[str, str]],
     *,
     epochs: float = 1.0,
     batch_size: int = 16,
     learning_rate: float = 5e-5,
     seed: int = 0,
-) -> float:
-    """Train MiniLM + a score head on the pairs, save it to ``out_dir``; return held-out accuracy."""
-    from datasets import Dataset
-    from trl import RewardConfig, RewardTrainer
+    bf16: Bf16Setting = "auto",
+) -> RewardConfig:
+    """TRL's ``RewardConfig`` for the demo's reward model, trained on the CPU.
 
-    import tiny_models
+    RewardConfig turns bf16 on by default, which on a CPU without native bfloat16 is
+    emulated and about 10x slower: the choice is :func:`use_bf16`'s.
+    """
+    from trl import RewardConfig
 
-    model, tokenizer = tiny_models.minilm_reward_model(seed=seed, needed_by="the demo")
-    args = RewardConfig(
+    return RewardConfig(
         output_dir=str(out_dir / "_trainer"),
+        bf16=use_bf16("cpu", bf16, what="reward-model training"),
         num_train_epochs=epochs,
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,
@@ -81,6 +87,34 @@ def train_reward_model(
         seed=seed,
         max_length=128,
         disable_tqdm=False,
+    )
+
+
+def train_reward_model(
+    out_dir: Path,
+    train_pairs: Sequence[dict[str, str]],
+    eval_pairs: Sequence[dict[str, str]],
+    *,
+    epochs: float = 1.0,
+    batch_size: int = 16,
+    learning_rate: float = 5e-5,
+    seed: int = 0,
+    bf16: Bf16Setting = "auto",
+) -> float:
+    """Train MiniLM + a score head on the pairs, save it to ``out_dir``; return held-out accuracy."""
+    from datasets import Dataset
+    from trl import RewardTrainer
+
+    import tiny_models
+
+    model, tokenizer = tiny_models.minilm_reward_model(seed=seed, needed_by="the demo")
+    args = reward_training_args(
+        out_dir,
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+        bf16=bf16,
     )
     trainer = RewardTrainer(
         model=model,
@@ -102,9 +136,13 @@ def train_policy(
     batch_size: int = 64,
     learning_rate: float = 3e-3,
     seed: int = 0,
+    bf16: Bf16Setting = "auto",
 ) -> float:
     """Train a small GPT-2 and its BPE tokenizer on ``sentences``; save; return the final loss."""
     import tiny_models
+
+    # bf16 autocast, as accelerate's CPU mixed precision: weights and optimiser stay float32.
+    autocast = use_bf16("cpu", bf16, what="policy pre-training")
 
     rng = random.Random(seed)
     tokenizer = tiny_models.byte_bpe_tokenizer(sentences, 600, model_max_length=64)
@@ -130,7 +168,8 @@ def train_policy(
                 ids[row, : len(seq)] = torch.tensor(seq)
                 mask[row, : len(seq)] = 1
             labels = ids.masked_fill(mask == 0, -100)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
