@@ -1,8 +1,10 @@
-"""vLLM's and TEI's shapes on this server: same numbers as /score, vLLM 0.32's bodies field
-for field, activation rules, errors in each protocol's shape, verl's request."""
+"""vLLM's and TEI's shapes on this server: same numbers as /score, vLLM's bodies field for
+field (checked against the installed vLLM's own response models), activation rules, errors in
+each protocol's shape, verl's request."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +12,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
+from server_proc import require_counterpart
 
 import tiny_models
 from reward_server.app import create_app
@@ -18,47 +22,42 @@ from reward_server.config import ServerSettings
 TEXTS = ["The answer is 4.", "hello there, general", "a b c d e f g", "x"]
 ATOL = 1e-6
 
-#: A /classify answer as vLLM 0.32 sends it (ClassificationResponse.model_dump(): the
-#: fields of vllm/entrypoints/pooling/classify/protocol.py and UsageInfo of
-#: vllm/entrypoints/serve/engine/protocol.py), for a one-label reward model.
-VLLM_CLASSIFY_0_32: dict[str, Any] = {
-    "id": "classify-6f1f2a0c3b7d4e0e9a3c1b2d4e5f6a7b",
-    "object": "list",
-    "created": 1767225600,
-    "model": "RM",
-    "data": [{"index": 0, "label": "LABEL_0", "probs": [0.5312], "num_classes": 1}],
-    "usage": {
-        "prompt_tokens": 7,
-        "total_tokens": 7,
-        "completion_tokens": 0,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    },
-}
-#: A /pooling answer of vLLM 0.32 (PoolingResponse.model_dump()).
-VLLM_POOLING_0_32: dict[str, Any] = {
-    "id": "pool-6f1f2a0c3b7d4e0e9a3c1b2d4e5f6a7b",
-    "object": "list",
-    "created": 1767225600,
-    "model": "RM",
-    "data": [{"index": 0, "object": "pooling", "data": [0.5312]}],
-    "usage": VLLM_CLASSIFY_0_32["usage"],
-}
-#: vLLM's error answer (ErrorResponse of serve/engine/protocol.py).
-VLLM_ERROR = {"error": {"message": "m", "type": "NotFoundError", "param": "model", "code": 404}}
+#: The keys of vLLM's ErrorResponse.error (checked against vLLM's own model below).
+VLLM_ERROR_KEYS = {"message", "type", "param", "code"}
 
 
-def shape(value: Any) -> Any:
-    """Key sets and JSON types of a body, recursively (lists by their first element)."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [shape(value[0])] if value else []
-    if isinstance(value, bool) or value is None:
-        return value if value is None else "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    return type(value).__name__
+def vllm_protocol() -> Any:
+    """vLLM's own response models (pydantic), from the installed vLLM; a skip without vLLM
+    unless ``REWARD_SERVER_TEST_VLLM=1`` (``make test``) makes its absence a failure."""
+    require_counterpart(
+        importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM"
+    )
+    from vllm.entrypoints.pooling.classify.protocol import ClassificationResponse
+    from vllm.entrypoints.pooling.pooling.protocol import PoolingResponse
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    return ClassificationResponse, PoolingResponse, ErrorResponse
+
+
+def assert_vllm_body(body: Any, model_cls: type[BaseModel]) -> None:
+    """``body`` is what vLLM's ``model_cls`` sends: it validates, every object has exactly
+    the model's fields (vLLM's models allow extra keys, so validation alone would not say),
+    and dumping the parsed model gives the body back (same values and JSON types)."""
+    parsed = model_cls.model_validate(body)
+    same_fields(body, parsed)
+    assert parsed.model_dump(mode="json") == body
+
+
+def same_fields(body: Any, parsed: Any, where: str = "body") -> None:
+    if isinstance(parsed, BaseModel):
+        assert isinstance(body, dict), where
+        assert set(body) == set(type(parsed).model_fields), (where, sorted(body))
+        assert not parsed.model_extra, (where, parsed.model_extra)
+        for name, value in body.items():
+            same_fields(value, getattr(parsed, name), f"{where}.{name}")
+    elif isinstance(parsed, list) and isinstance(body, list):
+        for i, (b, p) in enumerate(zip(body, parsed, strict=True)):
+            same_fields(b, p, f"{where}[{i}]")
 
 
 @pytest.fixture(scope="module")
@@ -141,18 +140,19 @@ def test_verl_request_reads_the_raw_logit(client: TestClient) -> None:
     assert answer["data"][-1]["probs"][-1] == pytest.approx(score, abs=ATOL)
 
 
-def test_bodies_have_vllm_0_32_keys_and_types(client: TestClient) -> None:
-    classify = post(client, "/classify", {"input": TEXTS[:1]})
-    assert shape(classify) == shape(VLLM_CLASSIFY_0_32)
+def test_bodies_are_vllms_own_response_models(client: TestClient) -> None:
+    classification, pooling_response, error_response = vllm_protocol()
+    classify = post(client, "/classify", {"input": TEXTS[:2]})
+    assert_vllm_body(classify, classification)
     assert classify["object"] == "list" and classify["id"].startswith("classify-")
-    pooling = post(client, "/pooling", {"input": TEXTS[:1]})
-    assert shape(pooling) == shape(VLLM_POOLING_0_32)
+    pooling = post(client, "/pooling", {"input": TEXTS[:2]})
+    assert_vllm_body(pooling, pooling_response)
     assert pooling["data"][0]["object"] == "pooling" and pooling["id"].startswith("pool-")
-    tokens = post(client, "/score", {"texts": TEXTS[:1]})["tokens"]
-    assert classify["usage"]["prompt_tokens"] == classify["usage"]["total_tokens"] == tokens[0]
+    tokens = post(client, "/score", {"texts": TEXTS[:2]})["tokens"]
+    assert classify["usage"]["prompt_tokens"] == classify["usage"]["total_tokens"] == sum(tokens)
     missing = client.post("/classify", json={"model": "not-served", "input": "a"})
     assert missing.status_code == 404
-    assert shape(missing.json()) == shape(VLLM_ERROR)
+    assert_vllm_body(missing.json(), error_response)
     assert missing.json()["error"]["param"] == "model"
 
 
@@ -208,7 +208,7 @@ def test_malformed_requests_answer_in_the_protocols_shape(
     if path == "/predict":
         assert set(answer) == {"error", "error_type"} and answer["error_type"] == "Validation"
     else:
-        assert set(answer) == {"error"} and set(answer["error"]) == set(VLLM_ERROR["error"])
+        assert set(answer) == {"error"} and set(answer["error"]) == VLLM_ERROR_KEYS
         assert answer["error"]["code"] == status and answer["error"]["message"]
         assert answer["error"]["type"] == "UnprocessableEntityError"
 
