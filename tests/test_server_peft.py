@@ -1,4 +1,8 @@
-"""A LoRA adapter on the tiny GPT-2 reward model, served unmerged and merged."""
+"""A LoRA adapter on the tiny GPT-2 reward model, served by the real ``reward-server``.
+
+One real process (unmerged, the default); merged and unmerged adapters are scored in process
+by tests/test_model.py::test_peft_adapter_matches_in_process, and ``--merge-adapter`` reaching
+the settings by tests/test_server_cli.py::test_flags_override_environment."""
 
 from __future__ import annotations
 
@@ -64,12 +68,10 @@ def reference(gpt2_rm: Path, adapter: Path) -> list[float]:
     return scores
 
 
-@pytest.mark.parametrize("merge", [False, True], ids=["unmerged", "merged"])
 def test_adapter_scores_match_peft_in_process(
-    gpt2_rm: Path, adapter: Path, reference: list[float], merge: bool
+    gpt2_rm: Path, adapter: Path, reference: list[float]
 ) -> None:
-    args = ["--adapter", str(adapter)] + (["--merge-adapter"] if merge else [])
-    with running_server(gpt2_rm, *args) as server:
+    with running_server(gpt2_rm, "--adapter", str(adapter)) as server:
         r = httpx.post(f"{server.url}/score", json={"texts": TEXTS}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["scores"] == pytest.approx(reference, abs=1e-4)
