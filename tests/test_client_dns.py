@@ -14,7 +14,6 @@ import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -303,10 +302,8 @@ def test_https_checks_the_certificate_against_the_name(tmp_path: Path) -> None:
 
 # --- real servers on loopback addresses -------------------------------------------------------
 
-#: Short for the test; the default is DEFAULT_RESOLVE_INTERVAL.
-RESOLVE_INTERVAL = 1.0
-#: Beyond the interval: the first request that finds the resolution due, on a busy machine.
-SLACK = 1.0
+#: The client's re-resolve period, on its fake clock (the default is DEFAULT_RESOLVE_INTERVAL).
+RESOLVE_INTERVAL = 30.0
 ADDRESSES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 SCORED = 'reward_server_requests_total{endpoint="/score",status="200"}'
 
@@ -339,31 +336,24 @@ def scored(server: ServerProcess) -> int:
 
 
 class SendLog:
-    """When the client sent each /score request, and to which address (an httpx hook)."""
+    """Which address each /score request was sent to, in which phase of the test (an httpx
+    hook); the test moves to the next phase while no request is in flight."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[float, str]] = []
+        self.phase = 0
+        self.sent: list[tuple[int, str]] = []
         self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> None:
         if request.url.path == "/score":
             with self.lock:
-                self.sent.append((time.monotonic(), request.url.host))
+                self.sent.append((self.phase, request.url.host))
 
-    def since(self, start: float, end: float = float("inf")) -> dict[str, int]:
-        """Requests per address sent in [start, end)."""
+    def counts(self, phase: int | None = None) -> dict[str, int]:
+        """Requests per address sent in ``phase`` (None: in all)."""
         with self.lock:
-            hosts = [host for t, host in self.sent if start <= t < end]
+            hosts = [host for p, host in self.sent if phase is None or p == phase]
         return {address: hosts.count(address) for address in ADDRESSES}
-
-    def first(self, address: str, after: float) -> float:
-        """When the first request to ``address`` after ``after`` was sent (inf: none)."""
-        with self.lock:
-            return min((t for t, host in self.sent if host == address and t >= after), default=inf)
-
-    def last(self, address: str) -> float:
-        with self.lock:
-            return max((t for t, host in self.sent if host == address), default=-inf)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float) -> None:
@@ -374,87 +364,87 @@ def wait_for(condition: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.1)
 
 
-class Load:
-    """Threads that score through one client until stopped, checking every answer."""
+def load(client: RewardClient, texts: list[str], expected: list[float], calls: int = 4) -> None:
+    """Three threads that each make ``calls`` scoring calls through ``client`` at once, every
+    answer checked; returns when all are done (nothing is in flight then)."""
+    errors: list[BaseException] = []
 
-    def __init__(self, client: RewardClient, texts: list[str], expected: list[float]) -> None:
-        self.client, self.texts, self.expected = client, texts, expected
-        self.stop = threading.Event()
-        self.calls = 0
-        self.errors: list[BaseException] = []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(3)]
+    def run() -> None:
+        try:
+            for _ in range(calls):
+                assert client.score(texts=texts) == pytest.approx(expected, abs=1e-6)
+        except BaseException as exc:
+            errors.append(exc)
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                scores = self.client.score(texts=self.texts)
-                assert scores == pytest.approx(self.expected, abs=1e-6)
-            except BaseException as exc:
-                with self.lock:
-                    self.errors.append(exc)
-                return
-            with self.lock:
-                self.calls += 1
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=120)
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads), "a scoring call hung"
+    assert not errors, errors[:3]
 
 
 def test_client_follows_replicas_as_dns_changes(
     replicas: tuple[int, dict[str, ServerProcess]],
 ) -> None:
+    """Concurrent load while the name resolves to 2, then 3, then 1 of the servers; the
+    client's clock is fake, so which requests see which answer depends on no timing."""
     port, servers = replicas
     a, b, c = ADDRESSES
     texts = make_corpus(6, seed=3)
     answer = httpx.post(f"{servers[a].url}/score", json={"texts": texts}, timeout=60)
     expected = answer.json()["scores"]
     served_before = {address: scored(server) for address, server in servers.items()}
-    resolver, log = StubResolver(rm_test=[a, b]), SendLog()
+    resolver, log, clock = StubResolver(rm_test=[a, b]), SendLog(), FakeClock()
+
+    def sleep(seconds: float) -> None:  # a retry (none is expected) spends fake time only
+        clock.now += seconds
+
     http = httpx.Client(timeout=60, event_hooks={"request": [log]})
     client = RewardClient(
         f"dns+http://rm.test:{port}",
         http_client=http,
         resolver=resolver,
         resolve_interval=RESOLVE_INTERVAL,
-        max_client_batch=2,  # three requests per call
+        clock=clock,
+        sleep=sleep,
+        max_client_batch=2,  # three requests per call, sent concurrently
         max_concurrency=3,
         retry_timeout=120,
     )
-    with http, client, Load(client, texts, expected) as load:
-        # Two addresses: the load is spread over both, the third server gets nothing.
-        start = time.monotonic()
-        wait_for(lambda: all(log.since(start)[x] >= 10 for x in (a, b)), 60)
-        # Scale up: the new replica gets requests within the re-resolve period, then its share.
-        up = time.monotonic()
+    with http, client:
+        # Phase 0, two addresses: round-robin over both (36 requests), none to the third.
+        load(client, texts, expected)
+        assert log.counts(0) == {a: 18, b: 18, c: 0}
+        # Phase 1, a third replica in DNS, within the re-resolve period: not asked yet.
+        log.phase = 1
         resolver.set("rm.test", ADDRESSES)
-        wait_for(lambda: log.since(up)[c] >= 10, 60)
-        picked_up = log.first(c, after=up) - up
-        spread = log.since(log.first(c, after=up))
-        # Scale down to one: the others get nothing once the period is over ...
-        down = time.monotonic()
+        clock.now += RESOLVE_INTERVAL - 1
+        load(client, texts, expected)
+        assert log.counts(1) == {a: 18, b: 18, c: 0}
+        assert len(resolver.calls) == 1
+        # Phase 2, the period over: resolved once more, and the new one gets its equal share.
+        log.phase = 2
+        clock.now += 1
+        load(client, texts, expected)
+        assert log.counts(2) == {a: 12, b: 12, c: 12}
+        assert len(resolver.calls) == 2
+        # Phase 3, scaled down to one: the others get nothing from the next resolution on ...
+        log.phase = 3
         resolver.set("rm.test", [b])
-        wait_for(lambda: log.since(down + RESOLVE_INTERVAL + SLACK)[b] >= 10, 60)
-        # Each answered every request it was sent (none failed on the way) ...
+        clock.now += RESOLVE_INTERVAL
+        load(client, texts, expected)
+        assert log.counts(3) == {a: 0, b: 36, c: 0}
+        # ... each answered every request it was sent (none failed on the way) ...
         for gone in (a, c):
-            assert scored(servers[gone]) - served_before[gone] == log.since(0)[gone]
-        # ... and can go away as a scale-down stops it, without a failed request.
+            assert scored(servers[gone]) - served_before[gone] == log.counts()[gone]
+        # ... and they can go away as a scale-down stops them, without a failed request.
         servers[a].stop()
         servers[c].stop()
-        calls = load.calls
-        wait_for(lambda: load.calls >= calls + 5, 60)
-    assert not load.errors, load.errors[:3]
-    assert log.since(0)[c] == log.since(up)[c] > 0  # nothing to c before it was in DNS
-    assert picked_up <= RESOLVE_INTERVAL + SLACK
-    assert min(spread.values()) >= max(spread.values()) / 3, spread  # round-robin, roughly
-    for gone in (a, c):
-        assert log.last(gone) <= down + RESOLVE_INTERVAL + SLACK
-    assert scored(servers[b]) - served_before[b] == log.since(0)[b]
-    assert resolver.calls and all(call == ("rm.test", port) for call in resolver.calls)
+        log.phase = 4
+        clock.now += RESOLVE_INTERVAL
+        load(client, texts, expected)
+        assert log.counts(4) == {a: 0, b: 36, c: 0}
+    assert scored(servers[b]) - served_before[b] == log.counts()[b]
+    assert len(resolver.calls) == 4 and set(resolver.calls) == {("rm.test", port)}
