@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 import pytest
 
 from reward_server.cli import parse_settings
 from reward_server.engines import LoadOptions
 from reward_server.engines import vllm as vllm_engine
-from reward_server.engines.vllm import bind_cpu_workers, engine_args
+from reward_server.engines.vllm import bind_cpu_workers, engine_args, reserve_scheduler_cpus
 from reward_server.exceptions import ModelLoadError
 
 
@@ -59,3 +61,64 @@ def test_cpu_workers_share_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
         bind_cpu_workers(6)
     monkeypatch.setattr(vllm_engine, "numa_nodes", lambda: 2)
     assert bind_cpu_workers(2) is None  # a node each: vLLM binds by itself
+
+
+@pytest.fixture
+def reserve_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+
+
+@pytest.mark.usefixtures("reserve_unset")
+def test_a_small_machine_reserves_no_cpu_for_vllms_scheduler(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    with caplog.at_level(logging.INFO, logger="reward_server"):
+        assert reserve_scheduler_cpus(1) == "0"
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert [r.getMessage() for r in caplog.records] == [
+        "vLLM reserves no CPU for its scheduler: 2 CPU(s) for 1 worker(s) "
+        "(VLLM_CPU_NUM_OF_RESERVED_CPU=0; set it to keep vLLM's default of one per worker)"
+    ]
+
+
+@pytest.mark.usefixtures("reserve_unset")
+@pytest.mark.parametrize(("cpus", "ranks", "expected"), [
+    (3, 1, "0"), (4, 1, None), (64, 1, None), (4, 2, "0"), (7, 2, "0"), (8, 2, None),
+])  # fmt: skip
+def test_vllms_default_stays_where_it_costs_a_quarter_or_less(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, ranks: int, expected: str | None
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)))
+    assert reserve_scheduler_cpus(ranks) == expected
+    assert os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == expected
+
+
+def test_the_users_reservation_is_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    with caplog.at_level(logging.INFO, logger="reward_server"):
+        assert reserve_scheduler_cpus(1) is None
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    assert not caplog.records
+
+
+@pytest.mark.usefixtures("reserve_unset")
+def test_the_reservation_is_set_before_vllm_starts(
+    monkeypatch: pytest.MonkeyPatch, llama_rm: Path
+) -> None:
+    """The engine's own start-up path on CPU, up to the call that would start vLLM."""
+    seen: dict[str, str | None] = {}
+
+    def start_engine(args: object) -> object:
+        seen["reserved"] = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
+        raise ModelLoadError("stopped before vLLM starts")
+
+    monkeypatch.setattr(vllm_engine, "_platform_device", lambda: "cpu")
+    monkeypatch.setattr(vllm_engine, "_start_engine", start_engine)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    with pytest.raises(ModelLoadError, match="stopped before vLLM starts"):
+        vllm_engine.VllmRewardModel.from_options(LoadOptions(model=str(llama_rm)))
+    assert seen == {"reserved": "0"}
