@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from server_proc import ServerProcess, running_server
+from server_proc import ServerProcess, start_server
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from reward_server.config import CPU_BATCH_TOKENS
@@ -61,13 +60,20 @@ def texts_of_lengths(path: Path, lengths: Sequence[int], seed: int = 0) -> list[
 def servers(
     bert_rm: Path, gpt2_rm: Path, llama_rm: Path
 ) -> Iterator[dict[str, tuple[Path, ServerProcess]]]:
-    """One real server per tiny model, shared by the module."""
+    """One real server per tiny model, shared by the module; the three start side by side
+    (each start is mostly imports, which overlap)."""
     paths = {"bert": bert_rm, "gpt2": gpt2_rm, "llama": llama_rm}
-    with ExitStack() as stack:
-        yield {
-            name: (path, stack.enter_context(running_server(path, "--max-wait-ms", "5")))
-            for name, path in paths.items()
-        }
+    started: dict[str, ServerProcess] = {}
+    try:
+        for name, path in paths.items():
+            started[name] = start_server(path, "--max-wait-ms", "5")
+        for server in started.values():
+            server.wait_ready(180)
+        yield {name: (paths[name], server) for name, server in started.items()}
+    finally:
+        for server in started.values():
+            server.stop()
+            server.log_path.unlink(missing_ok=True)
 
 
 def score(server: ServerProcess, texts: Sequence[str], **extra: object) -> list[float]:
