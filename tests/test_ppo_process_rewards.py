@@ -11,7 +11,6 @@ the trainer did is checked against the server's own answer for each logged sampl
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from server_proc import ServerProcess, running_server, score_requests
 from test_ppo_e2e import PPO_CLIENT, _env
 from test_trainer import PROMPTS, dataset, make_config, read_jsonl, space_reward
@@ -27,6 +27,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 import tiny_models
 from ppo_client import PPOTrainer, RewardClient
 from ppo_client.config import ConfigError
+from reward_server.app import create_app
+from reward_server.config import ServerSettings
+from reward_server.engines import LoadOptions
+from reward_server.engines._process import load
+from reward_server.steps import StepOptions
 
 SEPARATOR = " "
 ATOL = 1e-5
@@ -39,23 +44,32 @@ def serve(models: list[dict[str, Any]], folder: Path) -> Any:
     return running_server(None, "--models", str(path), "--max-wait-ms", "1", timeout=120)
 
 
+#: How the server splits and reads the process model's steps.
+STEPS = StepOptions(separator=SEPARATOR, tag=tiny_models.STEP_TAG, aggregate="mean")
+
+
 @pytest.fixture(scope="module")
-def prm_server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def prm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny process reward model (a GPT-2 token classifier, two labels)."""
+    return tiny_models.save_process_reward_model(tmp_path_factory.mktemp("prm"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def prm_server(
+    bert_rm: Path, prm_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     """A reward server with a process model (steps split on SEPARATOR) and a sequence one."""
-    folder = tmp_path_factory.mktemp("prm_server")
-    prm = tiny_models.save_process_reward_model(folder / "prm", seed=3)
-    models = [
-        {
-            "name": "prm",
-            "model": str(prm),
-            "kind": "process",
-            "step_separator": SEPARATOR,
-            "step_tag": tiny_models.STEP_TAG,
-            "step_aggregate": "mean",
-        },
-        {"name": "rm", "model": str(bert_rm)},
-    ]
-    with serve(models, folder) as server:
+    prm = {
+        "name": "prm",
+        "model": str(prm_path),
+        "kind": "process",
+        "step_separator": STEPS.separator,
+        "step_tag": STEPS.tag,
+        "step_aggregate": STEPS.aggregate,
+    }
+    with serve(
+        [prm, {"name": "rm", "model": str(bert_rm)}], tmp_path_factory.mktemp("models")
+    ) as server:
         yield server
 
 
@@ -156,9 +170,14 @@ def test_process_mode_fails_at_start_up_without_a_process_model(
     no_process = pytest.raises(
         ConfigError, match=r"serves no kind: process model \(it serves: helpful"
     )
+    # The app in process through the client's http_client seam: a second server process
+    # would add nothing to what the module's real server shows.
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
+    app = create_app(ServerSettings(models=str(path), max_wait_ms=1.0))
     with (
-        serve(models, tmp_path) as server,
-        RewardClient(server.url) as client,
+        TestClient(app) as http,
+        RewardClient("http://testserver", http_client=http) as client,
         no_process,
     ):
         PPOTrainer(cfg, train_dataset=dataset(), reward_fn=client)
@@ -174,8 +193,12 @@ def test_process_mode_with_a_plain_reward_function_fails_at_the_first_call(
 
 
 def test_ppo_client_train_in_process_mode(
-    gpt2_policy: Path, prm_server: ServerProcess, tmp_path: Path
+    gpt2_policy: Path, prm_server: ServerProcess, prm_path: Path, tmp_path: Path
 ) -> None:
+    """``ppo-client train`` with ``reward_mode: process`` against ``reward-server --models``
+    (the one end-to-end PRM run): it completes, each step's score is the server's and the
+    process model's run here for the pair the trainer sent, on the policy token of its last
+    character."""
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:16]))
     out = tmp_path / "out"
@@ -210,8 +233,16 @@ def test_ppo_client_train_in_process_mode(
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
-        assert math.isfinite(row["objective/step_scores_mean"])
+        # Two labels: each step score is a probability.
+        assert 0.0 <= row["objective/step_scores_mean"] <= 1.0
         assert row["objective/steps_per_response"] >= 1.0
     samples = read_jsonl(out / "samples.jsonl")
     assert len(samples) == 12
     check_samples(AutoTokenizer.from_pretrained(gpt2_policy), prm_server, samples)
+    # And the step scores are the process model's own, run here in one pass.
+    model = load(LoadOptions(model=str(prm_path), device="cpu"), STEPS)
+    items = model.rendering.encode_pairs(
+        [s["query"] for s in samples], [s["response"] for s in samples], truncate=True
+    )
+    for sample, expected in zip(samples, model.score_steps(items), strict=True):
+        assert sample["step_scores"] == pytest.approx(expected.step_scores, abs=ATOL)

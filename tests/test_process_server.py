@@ -3,9 +3,7 @@ alone and beside a sequence model, its answers equal to the model run in process
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,11 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from server_proc import running_server
-from test_ppo_e2e import PPO_CLIENT, _env
 from test_server_api import assert_error
-from test_trainer import PROMPTS, read_jsonl
-from transformers import AutoTokenizer
 
 import tiny_models
 from reward_server.app import create_app
@@ -187,59 +181,3 @@ def test_conversations_through_the_chat_template(tmp_path: Path, chat_prm_path: 
     assert_steps(convs, in_process(chat_prm_path))
     assert convs == pairs
     assert "must be the assistant's" in assert_error(user_last, 422, "response_not_found")["error"]
-
-
-def test_ppo_client_train_against_a_real_prm_server(
-    tmp_path: Path, prm_path: Path, gpt2_rm: Path, gpt2_policy: Path
-) -> None:
-    """``ppo-client train`` with ``reward_mode: process`` against ``reward-server --models``
-    (a tiny PRM whose steps are words, and a sequence model): it completes, each step's
-    score is the PRM's for the pair the trainer sent, on the policy token of its last
-    character."""
-    models = tmp_path / "models.yaml"
-    prm = {"name": "prm", "model": str(prm_path), "kind": "process", "step_separator": " "}
-    models.write_text(yaml.safe_dump({"models": [prm, {"name": "rm", "model": str(gpt2_rm)}]}))
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:8]))
-    out = tmp_path / "out"
-    config = tmp_path / "ppo.yaml"
-    with running_server(None, "--models", str(models), "--max-wait-ms", "1") as server:
-        config.write_text(
-            f"model_name_or_path: {gpt2_policy}\nreward_url: {server.url}\n"
-            f"dataset_name: {data}\noutput_dir: {out}\nreward_mode: process\n"
-            "per_device_train_batch_size: 4\nlocal_rollout_forward_batch_size: 4\n"
-            "total_episodes: 8\nresponse_length: 8\nnum_ppo_epochs: 1\nstop_token: eos\n"
-            "num_sample_generations: 2\nnum_samples_to_log: 4\ndisable_tqdm: true\n"
-        )
-        proc = subprocess.run(
-            [str(PPO_CLIENT), "train", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            env=_env(),
-            timeout=300,
-        )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "done: 2 steps" in proc.stdout
-    for row in read_jsonl(out / "metrics.jsonl"):
-        assert 0.0 <= row["objective/step_scores_mean"] <= 1.0
-        assert row["objective/steps_per_response"] >= 1.0
-    model = load(LoadOptions(model=str(prm_path), device="cpu"), StepOptions(separator=" "))
-    tokenizer = AutoTokenizer.from_pretrained(gpt2_policy)
-    samples = read_jsonl(out / "samples.jsonl")
-    assert len(samples) == 8
-    for sample in samples:
-        query, response, ids = sample["query"], sample["response"], sample["response_ids"]
-        item = model.rendering.encode_pairs([query], [response], truncate=True)[0]
-        (expected,) = model.score_steps([item])
-        assert sample["step_scores"] == pytest.approx(expected.step_scores, abs=ATOL)
-        assert tokenizer.decode(ids, skip_special_tokens=True) == response
-        for end, token in zip(expected.step_ends, sample["step_tokens"], strict=True):
-            if end == 0:  # an empty response: its one step on the last token
-                assert token == len(ids) - 1
-                continue
-            decoded = [
-                tokenizer.decode(ids[:n], skip_special_tokens=True) for n in (token, token + 1)
-            ]
-            assert decoded[1].startswith(response[:end]) and not decoded[0].startswith(
-                response[:end]
-            )
