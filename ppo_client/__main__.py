@@ -1,5 +1,5 @@
 """``python -m ppo_client`` (also ``accelerate launch -m ppo_client train ...``)."""
 
-from ppo_client.cli import main
+from ppo_client.cli import run
 
-raise SystemExit(main())
+run()

@@ -5,6 +5,11 @@ reference passes, the reward call, which may wait minutes for a restarting serve
 weights are still those of the last completed update, so a signal stops the run at once. Once
 the PPO epochs have begun, the weights are half-updated: the signal is noted and the run
 stops when that update ends. A second Ctrl-C stops at once, whatever the phase.
+
+Before the run (loading models, reading data) there is nothing to save: ``ppo-client train``
+installs :func:`stop_at_once` first thing, so a signal then raises :class:`TrainingStopped`
+where the process is. The signal is also remembered, so that a library which swallows the
+exception cannot let the run start anyway: the run's :class:`StopSignals` sees it on entry.
 """
 
 from __future__ import annotations
@@ -17,15 +22,22 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["StopSignals", "TrainingStopped"]
+__all__ = ["StopSignals", "TrainingStopped", "stop_at_once"]
 
 logger = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+#: The first signal that came before a run's StopSignals took over (see stop_at_once).
+_received_early: int | None = None
 
-class TrainingStopped(Exception):
-    """The run was stopped by a signal; ``exit_code`` is the shell's 128 + signal number."""
+
+class TrainingStopped(BaseException):
+    """The run was stopped by a signal; ``exit_code`` is the shell's 128 + signal number.
+
+    A BaseException, like KeyboardInterrupt: it is raised wherever the signal lands, and code
+    that catches ``Exception`` (a retry loop, a library's import fallback) must let it pass.
+    """
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
@@ -34,6 +46,21 @@ class TrainingStopped(Exception):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def _raise_at_once(signum: int, _frame: types.FrameType | None) -> None:
+    global _received_early
+    if _received_early is None:
+        _received_early = signum
+    raise TrainingStopped(signum)
+
+
+def stop_at_once() -> None:
+    """Make SIGINT and SIGTERM raise TrainingStopped wherever they land (from the main thread
+    only; elsewhere a no-op). For the start of a run, before :class:`StopSignals` takes over."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            signal.signal(sig, _raise_at_once)
 
 
 class StopSignals:
@@ -53,6 +80,9 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in _SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+        if self.requested is None:
+            # A signal during start-up whose TrainingStopped something swallowed.
+            self.requested = _received_early
         return self
 
     def __exit__(self, *exc_info: object) -> None:
