@@ -1108,6 +1108,7 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
         self._sleep = sleep
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._closed = threading.Event()
 
     def __enter__(self) -> RewardClient:
         return self
@@ -1116,7 +1117,12 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
         self.close()
 
     def close(self) -> None:
-        """Stop the worker threads and close the HTTP client if this client created it."""
+        """Stop the worker threads and close the HTTP client if this client created it.
+
+        A call still waiting to retry, on any thread, wakes up and raises RewardClientError
+        at once, so that no retry outlives the client (a trainer stopped by Ctrl-C closes
+        its client while a reward call may be waiting for a server that is gone)."""
+        self._closed.set()
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
@@ -1131,8 +1137,13 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
             while not done:
                 if stop is not None and stop.is_set():
                     raise CancelledError  # a sibling chunk failed: the call is lost anyway
+                self._check_open()
                 done, value = _advance(flow, self._act(value))
             return value
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise RewardClientError("the reward client was closed")
 
     def _send(self, send: _Send) -> httpx.Response | httpx.TransportError:
         try:
@@ -1144,7 +1155,11 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
         self._router.pool.refresh()
 
     def _pause(self, sleep: _Sleep) -> None:
-        self._sleep(sleep.seconds)
+        if self._sleep is time.sleep:
+            self._closed.wait(sleep.seconds)  # close() ends the pause
+        else:
+            self._sleep(sleep.seconds)
+        self._check_open()
 
     def _gather(self, gather: _Gather) -> list[Any]:
         if len(gather.flows) == 1:
