@@ -15,6 +15,7 @@ Run `python -m examples.demo --help` for the options.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from examples import demo_data, demo_models
 from ppo_client.precision import Bf16Setting
+from reward_server.launcher import deferred_signals, running_server
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -132,6 +134,45 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def run_trainer(config_path: Path) -> int:
+    """Run ``ppo-client train`` to its end; on Ctrl-C (or SIGTERM) stop it before returning.
+
+    The terminal's Ctrl-C reaches the trainer too, and it stops by itself within a second or
+    two (at the end of an update that has begun). A signal sent to this process only, or one
+    that landed while the trainer was being started, does not reach it: after a grace period
+    it gets a SIGTERM (the trainer's clean stop), then SIGKILL.
+    """
+    trainer: subprocess.Popen[bytes] | None = None
+    try:
+        with deferred_signals():  # a signal cannot lose the handle between fork and return
+            # One torch thread each: the trainer and the server share this machine's cores.
+            trainer = subprocess.Popen(
+                [str(PPO_CLIENT), "train", "--config", str(config_path)], env=ONE_THREAD
+            )
+        return trainer.wait()
+    except KeyboardInterrupt:
+        if trainer is not None:
+            report_stop("trainer", trainer, stop_trainer(trainer))
+        raise
+
+
+def stop_trainer(trainer: subprocess.Popen[bytes], grace: float = 5.0) -> int:
+    """Wait ``grace`` s for a trainer that got the Ctrl-C, then SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            return trainer.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                trainer.send_signal(sig)
+            grace = 20.0  # a clean stop saves a checkpoint first
+    return trainer.wait()
+
+
+def report_stop(name: str, proc: subprocess.Popen[bytes], code: int) -> None:
+    """One line per stopped child, in the order they were stopped."""
+    print(f"    stopped the {name} (pid {proc.pid}, exit code {code})", file=sys.stderr)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -220,8 +261,6 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
 
     # --- 3. reward server -----------------------------------------------------------
-    from reward_server.launcher import running_server
-
     stage(
         3,
         "reward server",
@@ -259,13 +298,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             + "\n"
         )
-        # One torch thread each: the trainer and the server share this machine's cores.
-        done = subprocess.run(
-            [str(PPO_CLIENT), "train", "--config", str(config_path)], env=ONE_THREAD, check=False
-        )
-        if done.returncode != 0:
-            print(f"ppo-client train failed (exit {done.returncode})", file=sys.stderr)
-            return done.returncode
+        try:
+            code = run_trainer(config_path)
+        except KeyboardInterrupt:
+            # The trainer is stopped (run_trainer); the server goes second: a trainer
+            # that outlived it would only wait for it.
+            report_stop("reward server", server.proc, server.stop())
+            raise
+        if code != 0:
+            print(f"ppo-client train failed (exit {code})", file=sys.stderr)
+            return code
         after = sample_and_score(ppo_out, server.url, args.seed)
         print_samples("samples AFTER PPO:", after)
 
@@ -293,7 +335,7 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        # The server and the trainer were stopped while unwinding (running_server's exit,
-        # subprocess.run's kill on interrupt): nothing is left running.
-        print("\ninterrupted: the reward server and the trainer were stopped", file=sys.stderr)
+        # The trainer, then the server, were stopped while unwinding (run_trainer, the PPO
+        # stage, running_server's exit): nothing is left running.
+        print("\ninterrupted: the trainer and the reward server were stopped", file=sys.stderr)
         sys.exit(130)

@@ -13,14 +13,62 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 #: The console script installed next to the running interpreter.
 REWARD_SERVER = Path(sys.executable).parent / "reward-server"
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs, then act on them as usual.
+
+    A Ctrl-C that lands inside ``subprocess.Popen`` raises after the child exists but before
+    the caller gets its handle back: the child runs on, orphaned, and (if it was forked after
+    the signal went to the process group) never saw the signal. So start children inside
+    this block and keep the handle in a variable the caller's ``finally`` stops::
+
+        proc = None
+        try:
+            with deferred_signals():
+                proc = subprocess.Popen(cmd)
+            proc.wait()
+        finally:
+            if proc is not None:
+                stop(proc)  # it may have missed the signal: send it one
+
+    On leaving, the first signal that came is handled by the handler that was in place
+    (KeyboardInterrupt for SIGINT by default). Outside the main thread, a plain block.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        _handle_now(caught[0], previous[caught[0]])
+
+
+def _handle_now(signum: int, handler: Any) -> None:
+    """Act on ``signum`` as ``handler`` (what ``signal.signal`` returned) would have."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)  # the default action: the process ends
 
 
 def free_port() -> int:
@@ -117,22 +165,24 @@ def running_server(
     """
     keep_log = log_path is not None
     server: ServerProcess | None = None
-    for attempt in range(3):
-        server = start_server(model_path, *args, env=env, log_path=log_path)
-        try:
-            server.wait_ready(timeout)
-            break
-        except BaseException:
-            server.stop(signal.SIGKILL)
-            in_use = "address already in use" in server.log().lower()
-            if not keep_log:
-                server.log_path.unlink(missing_ok=True)
-            if not in_use or attempt == 2:
-                raise
-    assert server is not None
     try:
+        for attempt in range(3):
+            with deferred_signals():
+                server = start_server(model_path, *args, env=env, log_path=log_path)
+            try:
+                server.wait_ready(timeout)
+                break
+            except BaseException:
+                server.stop(signal.SIGKILL)
+                in_use = "address already in use" in server.log().lower()
+                if not keep_log:
+                    server.log_path.unlink(missing_ok=True)
+                if not in_use or attempt == 2:
+                    raise
+        assert server is not None
         yield server
     finally:
-        server.stop()
-        if not keep_log:
-            server.log_path.unlink(missing_ok=True)
+        if server is not None:
+            server.stop()
+            if not keep_log:
+                server.log_path.unlink(missing_ok=True)
