@@ -531,49 +531,54 @@ def test_real_connection_refused_async() -> None:
 
 
 def test_a_call_outlasts_a_server_restart_on_the_same_port(
-    mode: str, bert_rm: Path, caplog: pytest.LogCaptureFixture
+    bert_rm: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Each face in turn: its server is killed, the call's first failed attempt brings it
+    back on the same port, and the restarted server answers the call."""
     texts = make_corpus(6, seed=2)
-    first = start_server(bert_rm)
-    later: list[ServerProcess] = []
+    servers = [start_server(bert_rm)]
+    port = servers[0].port
+    url = servers[0].url
     events: list[RetryEvent] = []
-    restarting = threading.Event()
+    restarts: list[threading.Thread] = []
 
     def on_retry(event: RetryEvent) -> None:
-        """The first failed attempt (the server is down) brings it back on the same port."""
         events.append(event)
-        if not restarting.is_set():
-            restarting.set()
-            threading.Thread(
-                target=lambda: later.append(start_server(bert_rm, port=first.port))
-            ).start()
+        if len(restarts) < len(answered) + 1:  # the first failure of this face's call
+            restarts.append(
+                threading.Thread(target=lambda: servers.append(start_server(bert_rm, port=port)))
+            )
+            restarts[-1].start()
 
+    answered: list[float | None] = []
     try:
-        first.wait_ready(90)
-        with RewardClient(first.url) as client:
+        servers[0].wait_ready(90)
+        with RewardClient(url) as client:
             reference = client.score(texts=texts)
-        first.stop(signal.SIGKILL)
-        with caplog.at_level(logging.WARNING, logger="ppo_client.client"):
-            # A budget of a minute: the restart takes ~10 s here, more on a busy machine.
-            scores = score_once(mode, first.url, texts, retry_timeout=60, on_retry=on_retry)
+        for mode in ("async", "sync"):
+            servers[-1].stop(signal.SIGKILL)
+            events.clear()
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="ppo_client.client"):
+                # A budget of a minute: the restart takes ~10 s here, more on a busy machine.
+                scores = score_once(mode, url, texts, retry_timeout=60, on_retry=on_retry)
+            restarts[-1].join(timeout=120)
+            answered.append(answered_by(servers[-1]))  # /score requests of the new server
+            assert scores == pytest.approx(reference, abs=1e-5), mode
+            # The call failed while the server was down, then the restarted one answered it.
+            assert answered[-1] == 1, mode
+            assert events and all(e.error.startswith("ConnectError") for e in events)
+            assert all(e.url in (f"{url}/info", f"{url}/score") for e in events)
+            waits = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
+            assert len(waits) == len(events) and all(f"{url}/" in w for w in waits)
+            assert all("ConnectError" in w and "of the 60 s retry budget" in w for w in waits)
+            assert all("next try in" in w for w in waits)
     finally:
-        if restarting.is_set():  # the restart runs in its thread: wait for its process
-            deadline = time.monotonic() + 120
-            while not later and time.monotonic() < deadline:
-                time.sleep(0.1)
-        # How many calls the restarted server answered (read before it stops).
-        answered = [answered_by(s) for s in later]
-        for server in [first, *later]:
+        for thread in restarts:  # a restart runs in its thread: wait for its process
+            thread.join(timeout=120)
+        for server in servers:
             server.stop()
-    assert scores == pytest.approx(reference, abs=1e-5)
-    # The call failed while the server was down, and the restarted server answered it.
-    assert answered == [1]
-    assert events and all(e.error.startswith("ConnectError") for e in events)
-    assert all(e.url in (f"{first.url}/info", f"{first.url}/score") for e in events)
-    waits = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
-    assert len(waits) == len(events) and all(f"{first.url}/" in w for w in waits)
-    assert all("ConnectError" in w and "of the 60 s retry budget" in w for w in waits)
-    assert all("next try in" in w for w in waits)
+    assert len(servers) == 3 and answered == [1, 1]
 
 
 def answered_by(server: ServerProcess) -> float | None:
