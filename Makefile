@@ -59,8 +59,11 @@ format: setup
 # REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
 # REWARD_SERVER_TEST_VERL=1: the runs of verl's own reward managers likewise without verl;
 # REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`.
+# --durations: the slowest tests in every run's log, to keep the suite's time in view.
 test: setup lint
-	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 $(BIN)/python -m pytest
+	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
+		REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 \
+		$(BIN)/python -m pytest --durations=25
 
 demo: setup
 	$(BIN)/python -m examples.demo
