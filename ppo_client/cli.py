@@ -156,15 +156,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "train":
-        stop_at_once()  # from here on a signal ends the run cleanly, whatever it is doing
-        logging.basicConfig(
-            level=args.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-        # One line per reward request would drown the progress bar; retries and failures
-        # are logged by the reward client itself.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-        return _train(args, rest)
+        # From here on a signal ends the run cleanly, whatever it is doing.
+        with stop_at_once():
+            logging.basicConfig(
+                level=args.log_level.upper(),
+                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            )
+            # One line per reward request would drown the progress bar; retries and failures
+            # are logged by the reward client itself.
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+            return _train(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return _score(args)

@@ -55,12 +55,23 @@ def _raise_at_once(signum: int, _frame: types.FrameType | None) -> None:
     raise TrainingStopped(signum)
 
 
-def stop_at_once() -> None:
-    """Make SIGINT and SIGTERM raise TrainingStopped wherever they land (from the main thread
-    only; elsewhere a no-op). For the start of a run, before :class:`StopSignals` takes over."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in _SIGNALS:
-            signal.signal(sig, _raise_at_once)
+@contextlib.contextmanager
+def stop_at_once() -> Iterator[None]:
+    """Within the block SIGINT and SIGTERM raise TrainingStopped wherever they land (from the
+    main thread only; elsewhere a plain block). For a whole run, start-up included; the
+    run's :class:`StopSignals` takes over inside it. The previous handlers come back after."""
+    global _received_early
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _received_early = None
+    previous = {sig: signal.signal(sig, _raise_at_once) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _received_early = None
 
 
 class StopSignals:

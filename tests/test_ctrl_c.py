@@ -182,15 +182,10 @@ def test_a_signal_at_any_point_of_the_start_up_ends_the_trainer(
     assert not problems, "\n\n".join(problems)
 
 
-def test_a_swallowed_start_up_signal_still_stops_the_run(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_swallowed_start_up_signal_still_stops_the_run() -> None:
     """A TrainingStopped raised during start-up and swallowed by some library's code is
     remembered: the run's StopSignals refuses to start the rollout."""
-    monkeypatch.setattr(stopping, "_received_early", None)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        stopping.stop_at_once()
+    with stopping.stop_at_once():
         # What a careless `except BaseException: pass` somewhere in start-up would do:
         with contextlib.suppress(stopping.TrainingStopped):
             signal.raise_signal(signal.SIGTERM)
@@ -198,9 +193,21 @@ def test_a_swallowed_start_up_signal_still_stops_the_run(
         with stop, pytest.raises(stopping.TrainingStopped) as info, stop.interruptible():
             pytest.fail("the rollout began after a signal")
         assert info.value.exit_code == 128 + signal.SIGTERM
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    # The run is over: nothing is remembered for the next run of this process.
+    with stopping.stop_at_once(), stopping.StopSignals() as stop:
+        assert stop.requested is None
+
+
+def test_an_in_process_train_command_gives_the_signal_handlers_back(tmp_path: Path) -> None:
+    """``main(["train", ...])`` called from a program (a notebook, a test) leaves SIGINT and
+    SIGTERM as it found them: later Ctrl-Cs and runs behave as before."""
+    from ppo_client.cli import main
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    config = tmp_path / "ppo.yaml"
+    config.write_text("no_such_key: 1\n")
+    assert main(["train", "--config", str(config)]) == 2
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 def test_training_stopped_passes_through_except_exception() -> None:
@@ -243,7 +250,11 @@ def test_deferred_signals_hand_the_signal_over_after_the_block() -> None:
     assignment of the started child) is done, and the caller's finally can stop the child."""
     child: subprocess.Popen[bytes] | None = None
     reached_end = False
-    with pytest.raises(KeyboardInterrupt):
+    # Python's own Ctrl-C handler, whatever the test runner installed (pytest-xdist's workers
+    # ignore SIGINT).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    with contextlib.ExitStack() as restore, pytest.raises(KeyboardInterrupt):
+        restore.callback(signal.signal, signal.SIGINT, previous)
         try:
             with deferred_signals():
                 signal.raise_signal(signal.SIGINT)
@@ -254,4 +265,3 @@ def test_deferred_signals_hand_the_signal_over_after_the_block() -> None:
                 child.kill()
                 child.wait()
     assert reached_end and child is not None and child.returncode == -signal.SIGKILL
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
