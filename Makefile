@@ -59,11 +59,13 @@ format: setup
 # REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
 # REWARD_SERVER_TEST_VERL=1: the runs of verl's own reward managers likewise without verl;
 # REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`.
-# --durations: the slowest tests in every run's log, to keep the suite's time in view.
+# -n 2 --dist loadfile: two pytest workers (most tests wait on servers they start), each
+# taking whole test files, so a module's shared server and fixtures stay in one process;
+# 9.6 min instead of 12.6 on the 2-core machine. --durations: the slowest tests in the log.
 test: setup lint
 	REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
 		REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 \
-		$(BIN)/python -m pytest --durations=25
+		$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25
 
 demo: setup
 	$(BIN)/python -m examples.demo
