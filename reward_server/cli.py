@@ -22,11 +22,11 @@ from pydantic.fields import FieldInfo
 
 from reward_server import __version__
 from reward_server.config import ENV_PREFIX, ServerSettings, field_help
-from reward_server.exceptions import ModelLoadError
+from reward_server.errors import ModelLoadError
 
 if typing.TYPE_CHECKING:
     from reward_server.engines import Scorer
-    from reward_server.service import Service
+    from reward_server.scoring.service import Service
 
 logger = logging.getLogger("reward_server")
 
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, load the model, serve until SIGTERM/SIGINT; return the exit code."""
     settings = parse_settings(argv)
     _configure_logging(settings.log_level)
-    from reward_server.app import create_app
+    from reward_server.http.app import create_app
 
     app = create_app(settings)
     service: Service = app.state.service

@@ -1,138 +1,113 @@
-"""Every failure's HTTP answer: the one table from exception to status and ``type``, the
-readable message, the JSON error body and the handlers that send it (no torch)."""
+"""The exception types the server's layers raise (no dependencies: rendering, engines and the
+batcher raise them without knowing HTTP; :mod:`reward_server.http.errors` maps them to answers)."""
 
 from __future__ import annotations
 
-import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from reward_server.exceptions import (
-    BatcherClosedError,
-    ChatTemplateError,
-    ClientDisconnectedError,
-    EmptyTextError,
-    ModelNotFoundError,
-    NotReadyError,
-    PolicyTemplateError,
-    QueueFullError,
-    ResponseNotFoundError,
-    ScoringError,
-    StepsTruncatedError,
-    TextTooLongError,
-    TooManyItemsError,
-    UnauthorizedError,
-    UnknownModelError,
-)
-from reward_server.schemas import ErrorResponse
-
-if TYPE_CHECKING:
-    from reward_server.metrics import Metrics
-
-logger = logging.getLogger("reward_server")
+import contextlib
+from collections.abc import Iterator, Sequence
 
 __all__ = [
-    "ERRORS",
-    "ERROR_DOCS",
-    "KNOWN_ERRORS",
-    "BodyTooLargeError",
-    "ErrorBody",
-    "answer_error",
-    "classify",
-    "default_error_body",
-    "describe_validation",
-    "error_response",
+    "BatcherClosedError",
+    "ChatTemplateError",
+    "ClientDisconnectedError",
+    "EmptyTextError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NotReadyError",
+    "QueueFullError",
+    "ResponseNotFoundError",
+    "ScoringError",
+    "StepsTruncatedError",
+    "TextTooLongError",
+    "TooManyItemsError",
+    "UnauthorizedError",
+    "UnknownModelError",
     "field_path",
-    "install_error_handlers",
+    "load_errors",
+    "one_line",
 ]
 
 
-class BodyTooLargeError(StarletteHTTPException):
-    """A request body over ``max_body_bytes`` (raised from the body reader).
-
-    An HTTPException, so that FastAPI's body parsing passes it on instead of turning it
-    into a generic 400.
-    """
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body exceeds the limit of {limit} bytes")
+class ModelLoadError(RuntimeError):
+    """The model, tokenizer or adapter could not be loaded; ``str(e)`` is a one-line reason."""
 
 
-#: Error ``type`` of each exception kind, by HTTP status.
-_KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
-    401: {UnauthorizedError: "unauthorized"},
-    404: {ModelNotFoundError: "model_not_found"},
-    413: {
-        TooManyItemsError: "too_many_items",
-        TextTooLongError: "text_too_long",
-        BodyTooLargeError: "body_too_large",
-        StepsTruncatedError: "steps_truncated",
-    },
-    422: {
-        RequestValidationError: "invalid_request",
-        ChatTemplateError: "chat_template",
-        PolicyTemplateError: "policy_template",
-        EmptyTextError: "empty_text",
-        ResponseNotFoundError: "response_not_found",
-        UnknownModelError: "unknown_model",
-    },
-    429: {QueueFullError: "queue_full"},
-    # nginx's "client closed request": nobody reads it, but metrics count it.
-    499: {ClientDisconnectedError: "client_disconnected"},
-    500: {ScoringError: "model_error"},
-    503: {NotReadyError: "not_ready", BatcherClosedError: "shutting_down"},
-}
-
-#: The one table from exception kinds to HTTP status and error ``type``.
-ERRORS: dict[type[BaseException], tuple[int, str]] = {
-    exc: (status, kind) for status, kinds in _KINDS_BY_STATUS.items() for exc, kind in kinds.items()
-}
-
-#: The exceptions that answer through the table (anything else is a bug: 500).
-KNOWN_ERRORS = tuple(ERRORS)
-
-#: 5xx kinds whose message is safe to send (it names no internal detail).
-_SAFE_5XX = (ScoringError, NotReadyError, BatcherClosedError)
-
-#: Kinds of plain HTTP errors raised by the framework itself (routing, body parsing).
-_HTTP_KINDS = {
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "body_too_large",
-}
-
-#: The error answers of the scoring routes, for the OpenAPI document.
-ERROR_DOCS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": kind}
-    for status, kind in (
-        (401, "Missing or wrong API key"),
-        (413, "Too many items, a text too long with truncation off, or a body too large"),
-        (422, "Malformed input"),
-        (429, "Queue full; retry after the Retry-After header"),
-        (500, "The model failed on this request"),
-        (503, "Not ready or shutting down"),
-    )
-}
+class ChatTemplateError(ValueError):
+    """A pair or conversation needs a chat template that is missing or fails to render."""
 
 
-def classify(exc: BaseException) -> tuple[int, str]:
-    """Status and error type of an exception, looked up along its class hierarchy."""
-    for cls in type(exc).__mro__:
-        if cls in ERRORS:
-            return ERRORS[cls]
-    if isinstance(exc, StarletteHTTPException):
-        if exc.status_code == 400:
-            # FastAPI raises a bare 400 only when the body cannot be decoded as JSON at all
-            # (invalid UTF-8, nesting too deep): malformed input, like invalid JSON.
-            return 422, "invalid_request"
-        return exc.status_code, _HTTP_KINDS.get(exc.status_code, "http_error")
-    return 500, "internal_error"
+class PolicyTemplateError(ValueError):
+    """A text is not in the policy's chat template; ``str(e)`` says what did not match."""
+
+
+class TextTooLongError(ValueError):
+    """A text is longer than ``max_length`` while truncation is off."""
+
+    def __init__(self, index: int, num_tokens: int, max_length: int) -> None:
+        super().__init__(
+            f"text {index} has {num_tokens} tokens, more than max_length {max_length} "
+            "(truncation is off)"
+        )
+        self.index = index
+        self.num_tokens = num_tokens
+        self.max_length = max_length
+
+
+class ResponseNotFoundError(ValueError):
+    """A process reward model cannot find an item's response: texts (no response to split),
+    a conversation that does not end with the assistant, a chat template that changes it."""
+
+
+class StepsTruncatedError(ValueError):
+    """Truncation cut every step of an item's response: no step is left to score."""
+
+
+class QueueFullError(RuntimeError):
+    """The queue cannot admit the request now; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float, message: str | None = None) -> None:
+        super().__init__(message or f"queue full, retry after {retry_after:.2f}s")
+        self.retry_after = retry_after
+
+
+class BatcherClosedError(RuntimeError):
+    """The batcher is not running (not started, or stopping)."""
+
+
+class TooManyItemsError(ValueError):
+    """A request carries more items than the server accepts at once."""
+
+
+class EmptyTextError(ValueError):
+    """An item tokenizes to nothing, so there is no token to read a score from."""
+
+
+class UnauthorizedError(PermissionError):
+    """Missing or wrong API key."""
+
+
+class ModelNotFoundError(LookupError):
+    """A request names a model this server does not serve (``param``: the field)."""
+
+    param = "model"
+
+
+class UnknownModelError(LookupError):
+    """A /score request names a model this server does not serve (the message lists them)."""
+
+    param = "model"
+
+
+class NotReadyError(RuntimeError):
+    """The model is still loading (the lifespan has not finished starting)."""
+
+
+class ScoringError(RuntimeError):
+    """The model failed on a request (details are logged, never sent)."""
+
+
+class ClientDisconnectedError(ConnectionError):
+    """The client went away before its scores were ready; its queued work was dropped."""
 
 
 def field_path(parts: Sequence[int | str]) -> str:
@@ -146,117 +121,23 @@ def field_path(parts: Sequence[int | str]) -> str:
     return out
 
 
-#: Validation error types meaning "the body is not a JSON object".
-_NOT_AN_OBJECT = frozenset({"model_attributes_type", "model_type", "dict_type"})
+def one_line(exc: BaseException) -> str:
+    """An exception as a single line of at most 300 characters (plus the flag to use when
+    transformers asks for ``trust_remote_code=True``, a Python argument the CLI spells
+    differently)."""
+    full = " ".join(str(exc).split()) or type(exc).__name__
+    text = full if len(full) <= 300 else full[:297] + "..."
+    if "trust_remote_code" in full:
+        text += " [the model needs its own code: pass --trust-remote-code if you trust it]"
+    return text
 
 
-def describe_validation(exc: RequestValidationError) -> str:
-    """One readable line naming the offending fields of a validation error."""
-    errors = list(exc.errors())
-    messages = []
-    for err in errors[:3]:
-        if err.get("type") == "json_invalid":
-            detail = (err.get("ctx") or {}).get("error", "")
-            pos = err["loc"][-1] if err.get("loc") else "?"
-            return f"request body is not valid JSON: {detail} (at character {pos})"
-        raw_loc = tuple(err.get("loc", ()))
-        loc = list(raw_loc[1:]) if raw_loc[:1] == ("body",) else list(raw_loc)
-        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-        if not loc and err.get("type") == "missing":
-            msg = "a JSON request body is required"
-        elif not loc and err.get("type") in _NOT_AN_OBJECT:
-            msg = "the request body must be a JSON object (Content-Type: application/json)"
-        messages.append(f"{field_path(loc)}: {msg}" if loc else msg)
-    more = f" (and {len(errors) - 3} more errors)" if len(errors) > 3 else ""
-    return "; ".join(messages) + more
-
-
-def _message(exc: BaseException, status: int) -> str:
-    """The ``error`` text of an answer: readable, and never an internal detail on 5xx."""
-    if isinstance(exc, RequestValidationError):
-        return describe_validation(exc)
-    if isinstance(exc, TextTooLongError):
-        return (
-            f"item {exc.index} has {exc.num_tokens} tokens, over the limit of "
-            f"{exc.max_length}, and truncation is off"
-        )
-    if isinstance(exc, QueueFullError):
-        return f"the scoring queue is full; retry in {_retry_after(exc)} s"
-    if isinstance(exc, BatcherClosedError):
-        return "the server is shutting down"
-    if isinstance(exc, StarletteHTTPException):
-        if exc.status_code == 400:
-            return "request body is not valid JSON (it must be UTF-8 and not nested too deeply)"
-        return str(exc.detail)
-    if status >= 500 and not isinstance(exc, (ScoringError, NotReadyError)):
-        return "internal server error"
-    return str(exc) or type(exc).__name__
-
-
-def _retry_after(exc: BaseException) -> str:
-    """Whole seconds for the Retry-After header, at least 1."""
-    seconds = float(getattr(exc, "retry_after", 1.0) or 1.0)
-    return str(max(1, math.ceil(seconds)))
-
-
-def _headers(exc: BaseException) -> dict[str, str]:
-    """Extra headers of an error answer (Retry-After, WWW-Authenticate, the exception's)."""
-    headers: dict[str, str] = {}
-    if isinstance(exc, StarletteHTTPException) and exc.headers:
-        headers.update(exc.headers)
-    if isinstance(exc, QueueFullError):
-        headers["Retry-After"] = _retry_after(exc)
-    if isinstance(exc, UnauthorizedError):
-        headers["WWW-Authenticate"] = "Bearer"
-    return headers
-
-
-#: Builds the JSON body of an error answer from its status, kind, message and the request
-#: field at fault (None when unknown): each protocol's clients expect their own shape.
-ErrorBody = Callable[[int, str, str, "str | None"], dict[str, Any]]
-
-
-def default_error_body(status: int, kind: str, message: str, param: str | None) -> dict[str, Any]:
-    """This server's shape: ``{"error": message, "type": kind}``."""
-    return ErrorResponse(error=message, type=kind).model_dump()
-
-
-def error_response(
-    status: int,
-    kind: str,
-    message: str,
-    metrics: Metrics | None,
-    headers: Mapping[str, str] | None = None,
-    *,
-    body: ErrorBody = default_error_body,
-    param: str | None = None,
-) -> JSONResponse:
-    """The JSON error body every failure answers with (counted in ``metrics``)."""
-    if metrics is not None:
-        metrics.errors.labels(status=str(status), type=kind).inc()
-    return JSONResponse(body(status, kind, message, param), status_code=status, headers=headers)
-
-
-def answer_error(
-    request: Request, exc: BaseException, body: ErrorBody = default_error_body
-) -> JSONResponse:
-    """Any exception as the error answer of the table, its body in ``body``'s shape."""
-    status, kind = classify(exc)
-    if status >= 500 and not isinstance(exc, _SAFE_5XX):
-        logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    metrics = getattr(request.app.state, "metrics", None)
-    param = getattr(exc, "param", None)
-    return error_response(
-        status, kind, _message(exc, status), metrics, _headers(exc), body=body, param=param
-    )
-
-
-async def _handle_error(request: Request, exc: Exception) -> Response:
-    """Turn any exception into the JSON error answer of the table."""
-    return answer_error(request, exc)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Answer every exception of ``app`` through the table (the rest as 500)."""
-    for exc_type in (*ERRORS, StarletteHTTPException, Exception):
-        app.add_exception_handler(exc_type, _handle_error)
+@contextlib.contextmanager
+def load_errors(model: str) -> Iterator[None]:
+    """Turn any failure of loading ``model`` into a ModelLoadError with a one-line reason."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load model {model!r}: {one_line(exc)}") from exc

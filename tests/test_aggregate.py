@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reward_server.aggregate import Weighting, combine, label_weights, own_score
+from reward_server.scoring.aggregate import Weighting, combine, label_weights, own_score
 
 SCORES = {"helpful": [1.0, -2.0, 0.5], "safe": [3.0, 1.0, -1.0]}
 

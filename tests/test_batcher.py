@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-import reward_server.batcher as batcher_module
-from reward_server.batcher import (
+import reward_server.scoring.batcher as batcher_module
+from reward_server.scoring.batcher import (
     MAX_RETRY_AFTER,
     MIN_RETRY_AFTER,
     Batcher,
@@ -431,7 +431,7 @@ def test_observer_exception_breaks_nothing() -> None:
 
 
 class Clock:
-    """The batcher's clock (``reward_server.batcher.time``): it moves only when a pass runs."""
+    """The batcher's clock (``reward_server.scoring.batcher.time``): it moves only when a pass runs."""
 
     def __init__(self) -> None:
         self.now = 1000.0

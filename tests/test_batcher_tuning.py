@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-import reward_server.batcher as batcher_module
-from reward_server.batcher import Batcher, _CostModel, partition
+import reward_server.scoring.batcher as batcher_module
+from reward_server.scoring.batcher import Batcher, _CostModel, partition
 
 
 def score(row: Sequence[int]) -> float:

@@ -1,6 +1,6 @@
 """Contract tests: both reward clients against the real app, in process, without sockets.
 
-The app is ``reward_server.app.create_app`` serving the tiny BERT reward model. The sync
+The app is ``reward_server.http.app.create_app`` serving the tiny BERT reward model. The sync
 face reaches it through Starlette's ``TestClient`` (an ``httpx.Client`` that also runs the
 app's lifespan), the async face through ``httpx.ASGITransport`` on an event loop that runs
 the lifespan. Between the clients and the app sits the only fake, a scriptable network (an
@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tiny_models
 from ppo_client.client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
-from reward_server.app import create_app
+from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 
 A, B = "http://rm-a", "http://rm-b"

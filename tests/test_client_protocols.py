@@ -22,7 +22,7 @@ from ppo_client.client import AsyncRewardClient, RewardClient, RewardClientError
 from ppo_client.config import PPOConfig
 from ppo_client.protocols import VllmSpecials, requests, vllm_specials
 from ppo_client.reward import default_reward_fn
-from reward_server.app import create_app
+from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 
 URL = "http://rm"

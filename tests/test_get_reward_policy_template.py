@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
 import tiny_models
-from reward_server.app import create_app
+from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 
 TOL = 1e-5

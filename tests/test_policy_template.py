@@ -13,7 +13,7 @@ import pytest
 from chat_templates import FAMILIES, Family, save_policy_tokenizer
 from transformers import AutoTokenizer
 
-from reward_server.policy_template import (
+from reward_server.text.policy_template import (
     PolicyTemplate,
     PolicyTemplateError,
     PolicyTemplateLoadError,
@@ -264,7 +264,7 @@ def test_missing_tokenizer_is_a_load_error(tmp_path) -> None:
 
 
 def test_module_does_not_import_torch() -> None:
-    code = "import sys, reward_server.policy_template; print('torch' in sys.modules)"
+    code = "import sys, reward_server.text.policy_template; print('torch' in sys.modules)"
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True

@@ -27,11 +27,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 import tiny_models
 from ppo_client import PPOTrainer, RewardClient
 from ppo_client.config import ConfigError
-from reward_server.app import create_app
+from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 from reward_server.engines import LoadOptions
-from reward_server.engines._process import load
-from reward_server.steps import StepOptions
+from reward_server.engines._process_reward import load
+from reward_server.text.steps import StepOptions
 
 SEPARATOR = " "
 ATOL = 1e-5

@@ -14,14 +14,14 @@ from transformers import AutoModel, AutoModelForTokenClassification, AutoTokeniz
 
 import tiny_models
 from reward_server.engines import LoadOptions, load_process_scorer
-from reward_server.engines._process import ProcessRewardModel, _auto_class, load
-from reward_server.exceptions import (
+from reward_server.engines._process_reward import ProcessRewardModel, _auto_class, load
+from reward_server.errors import (
     ModelLoadError,
     ResponseNotFoundError,
     StepsTruncatedError,
     TextTooLongError,
 )
-from reward_server.steps import (
+from reward_server.text.steps import (
     STEP_AGGREGATES,
     StepOptions,
     aggregate_steps,

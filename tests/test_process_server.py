@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from test_server_api import assert_error
 
 import tiny_models
-from reward_server.app import create_app
+from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 from reward_server.engines import LoadOptions
-from reward_server.engines._process import load
-from reward_server.steps import StepOptions, StepResult
+from reward_server.engines._process_reward import load
+from reward_server.text.steps import StepOptions, StepResult
 
 QUERIES = ["what did you think?", "and the film?"]
 RESPONSES = ["it was good\n\nthe end was bad\n\nso: fine", "日本 é 🙂"]

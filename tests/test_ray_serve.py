@@ -20,7 +20,7 @@ from server_proc import free_port, require_counterpart
 from starlette.testclient import TestClient
 
 from ppo_client.client import RewardClient
-from reward_server.app import create_app
+from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 from tiny_models import make_corpus
 
@@ -32,7 +32,7 @@ require_counterpart(
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 
-from reward_server.ray_serve import (  # noqa: E402 - needs Ray: checked above
+from reward_server.http.ray_serve import (  # noqa: E402 - needs Ray: checked above
     DEPLOYMENT_NAME,
     ServeOptions,
     app,

@@ -38,7 +38,7 @@ from server_proc import (
 )
 from transformers import AutoModelForSequenceClassification
 
-from reward_server.model import RewardModel
+from reward_server.engines.transformers import RewardModel
 from tiny_models import make_corpus, save_wide_head_reward_model
 
 require_counterpart(

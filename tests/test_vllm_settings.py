@@ -12,7 +12,7 @@ from reward_server.cli import parse_settings
 from reward_server.engines import LoadOptions
 from reward_server.engines import vllm as vllm_engine
 from reward_server.engines.vllm import bind_cpu_workers, engine_args, reserve_scheduler_cpus
-from reward_server.exceptions import ModelLoadError
+from reward_server.errors import ModelLoadError
 
 
 def test_flags_reach_the_engine_arguments() -> None:

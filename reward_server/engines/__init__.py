@@ -5,9 +5,9 @@ An engine is a module of this package (``engines/<name>.py``) with a function
 a :class:`Scorer` only through this protocol, on the compute thread the service owns:
 
 * the service calls ``load`` on its compute thread (one thread for every torch call: see
-  :mod:`reward_server.service`), renders and tokenizes with ``render_*``/``encode`` on its
+  :mod:`reward_server.scoring.service`), renders and tokenizes with ``render_*``/``encode`` on its
   tokenizer thread, and hands token ids to a :class:`Scheduler`;
-* by default that scheduler is the server's micro-:class:`~reward_server.batcher.Batcher`,
+* by default that scheduler is the server's micro-:class:`~reward_server.scoring.batcher.Batcher`,
   which calls ``score_batch`` on the compute thread; an engine that batches by itself
   (continuous batching in an async engine) offers ``scheduler(limits, observer)`` instead
   (:class:`SelfScheduling`) and gets every request's rows as they come.
@@ -17,25 +17,25 @@ No torch here: importing the package does not import an engine.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
-from reward_server.exceptions import ModelLoadError
-from reward_server.rendering import Encoded
+from reward_server.config import LoadOptions
+from reward_server.errors import ModelLoadError
+from reward_server.text.rendering import Encoded
 
 if TYPE_CHECKING:
-    from reward_server.batcher import BatchLimits, BatchObserver
-    from reward_server.config import ServerSettings
-    from reward_server.steps import StepOptions, StepScorer
+    from reward_server.text.steps import StepOptions, StepScorer
 
 __all__ = [
     "DEFAULT_ENGINE",
+    "BatchLimits",
+    "BatchObserver",
+    "BatchStats",
     "Engine",
-    "LoadOptions",
     "MultiLabel",
     "Scheduler",
     "Scorer",
@@ -47,37 +47,6 @@ __all__ = [
 ]
 
 DEFAULT_ENGINE = "transformers"
-
-
-@dataclass(frozen=True, slots=True)
-class LoadOptions:
-    """What to load and how: the model-related server settings (same names and meaning)."""
-
-    model: str
-    adapter: str | None = None
-    merge_adapter: bool = False
-    dtype: str = "auto"
-    device: str = "auto"
-    max_length: int | None = None
-    truncation_side: str = "left"
-    label_index: int = 0
-    chat_template: str = "auto"
-    trust_remote_code: bool = False
-    # Settings of engines that run the model elsewhere (vLLM); the transformers engine
-    # ignores them.
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float | None = None
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    engine_arg: tuple[str, ...] = ()
-
-    @classmethod
-    def from_settings(cls, settings: ServerSettings) -> LoadOptions:
-        """The options named by the server's settings."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = settings.model_dump(include=names)
-        values["engine_arg"] = tuple(values.get("engine_arg", ()))
-        return cls(**values)
 
 
 class Scorer(Protocol):
@@ -132,6 +101,36 @@ class MultiLabel(Protocol):
 
     def logits_batch(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         """Every label's raw logit per row of token ids, in order."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What one micro-batch did, for metrics: sizes, waits, time and outcome."""
+
+    rows: int
+    real_tokens: int
+    padded_tokens: int
+    queue_wait_s: tuple[float, ...]  # per row: time from submit to the pass starting
+    inference_s: float
+    error: BaseException | None  # None when the pass succeeded
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """The limits a micro-batcher works under (from the server's settings)."""
+
+    max_batch_tokens: int  # padded tokens of one pass: longest row x rows
+    max_batch_size: int  # rows of one pass
+    max_wait_ms: float  # longest wait for company before a partial pass
+    max_queue: int  # items admitted and not yet started; beyond it QueueFullError
+
+
+class BatchObserver(Protocol):
+    """Receives one call per micro-batch, for metrics."""
+
+    def on_batch(self, stats: BatchStats) -> None:
+        """Called after each micro-batch, successful or not."""
         ...
 
 
@@ -205,5 +204,5 @@ def load_process_scorer(
         raise ModelLoadError(
             f"process reward models run on the {DEFAULT_ENGINE} engine, not {engine!r}"
         )
-    module = importlib.import_module(f"{__name__}._process")
+    module = importlib.import_module(f"{__name__}._process_reward")
     return cast("StepScorer", module.load(options, steps))

@@ -1,7 +1,7 @@
 """The transformers engine: a sequence-classification model run with torch, in process.
 
 This module knows torch and transformers, never HTTP; rendering and tokenizing are
-:mod:`reward_server.rendering`'s. The scoring rule it adds: decoder models are scored at the
+:mod:`reward_server.text.rendering`'s. The scoring rule it adds: decoder models are scored at the
 last *real* token of each row, found from the attention mask (right padding, so index
 ``attention_mask.sum(-1) - 1``). A forward hook on the score head captures its per-token
 output ``(B, T, L)``; transformers' own pooling (rightmost token that differs from the pad
@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from reward_server.engines import LoadOptions
-from reward_server.exceptions import ModelLoadError, load_errors, one_line
-from reward_server.rendering import Renderer, RendersText, prepare_tokenizer, read_template
+from reward_server.config import LoadOptions
+from reward_server.errors import ModelLoadError, load_errors, one_line
+from reward_server.text.rendering import Renderer, RendersText, prepare_tokenizer, read_template
 
 logger = logging.getLogger(__name__)
 

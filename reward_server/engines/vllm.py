@@ -1,7 +1,7 @@
 """The vLLM engine: the reward model runs in vLLM's async engine (``runner="pooling"``).
 
 The server still renders, tokenizes and truncates with the reward model's own tokenizer
-(:mod:`reward_server.rendering`); vLLM gets token ids and returns the classification head's
+(:mod:`reward_server.text.rendering`); vLLM gets token ids and returns the classification head's
 raw logits (``PoolingParams(use_activation=False)``) read at each text's last token, which is
 the last real token because vLLM never pads a prompt.
 
@@ -29,9 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reward_server.batcher import BatchLimits, BatchObserver, BatchStats
-from reward_server.config import CPU_MEMORY_UTILIZATION, GPU_MEMORY_UTILIZATION
-from reward_server.engines import LoadOptions
+from reward_server.config import CPU_MEMORY_UTILIZATION, GPU_MEMORY_UTILIZATION, LoadOptions
+from reward_server.engines import BatchLimits, BatchObserver, BatchStats
 from reward_server.engines.transformers import (
     _check_options,
     _load_adapter,
@@ -41,14 +40,14 @@ from reward_server.engines.transformers import (
     _read_config,
     _source,
 )
-from reward_server.exceptions import (
+from reward_server.errors import (
     BatcherClosedError,
     ModelLoadError,
     QueueFullError,
     load_errors,
     one_line,
 )
-from reward_server.rendering import Renderer, RendersText, read_template
+from reward_server.text.rendering import Renderer, RendersText, read_template
 
 logger = logging.getLogger(__name__)
 

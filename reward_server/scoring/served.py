@@ -2,10 +2,10 @@
 results with its own scorer, rendering and scheduler (no torch, no HTTP).
 
 A slot renders and tokenizes on the service's tokenizer thread, queues the token-id rows on
-its own scheduler (a micro-:class:`~reward_server.batcher.Batcher` whose passes run on the
+its own scheduler (a micro-:class:`~reward_server.scoring.batcher.Batcher` whose passes run on the
 service's one compute thread, or the engine's own scheduler) and gives back one
 :class:`ItemResult` per item. The service fans a request out to its slots and combines their
-results (:mod:`reward_server.aggregate`). A kind of reward model (``sequence``, ``process``)
+results (:mod:`reward_server.scoring.aggregate`). A kind of reward model (``sequence``, ``process``)
 is a kind of slot: :class:`BatchedSlot` holds what they share, a subclass says how items
 become rows (:meth:`BatchedSlot.prepare`), which pass runs them
 (:meth:`BatchedSlot.batch_function`) and how rows become results
@@ -24,8 +24,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
-from reward_server.aggregate import label_weights, own_score
-from reward_server.batcher import Batcher, BatchLimits
+from reward_server.config.models_file import ModelSpec
 from reward_server.engines import (
     LoadOptions,
     MultiLabel,
@@ -35,18 +34,19 @@ from reward_server.engines import (
     load_process_scorer,
     load_scorer,
 )
-from reward_server.exceptions import (
+from reward_server.errors import (
     EmptyTextError,
     ModelLoadError,
     NotReadyError,
     ResponseNotFoundError,
 )
-from reward_server.models_file import ModelSpec
-from reward_server.steps import StepEncoded, StepOptions, StepScorer, step_results
+from reward_server.scoring.aggregate import label_weights, own_score
+from reward_server.scoring.batcher import Batcher, BatchLimits
+from reward_server.text.steps import StepEncoded, StepOptions, StepScorer, step_results
 
 if TYPE_CHECKING:
     from reward_server.config import ServerSettings
-    from reward_server.metrics import Metrics
+    from reward_server.scoring.metrics import Metrics
 
 __all__ = [
     "BatchedSlot",
@@ -106,7 +106,7 @@ class ItemResult:
 
 
 class Tokenized(Protocol):
-    """An item ready for a scheduler (:class:`~reward_server.rendering.Encoded` is one)."""
+    """An item ready for a scheduler (:class:`~reward_server.text.rendering.Encoded` is one)."""
 
     @property
     def input_ids(self) -> list[int]: ...
@@ -377,7 +377,7 @@ class SequenceSlot(BatchedSlot):
 
 class ProcessSlot(BatchedSlot):
     """A process reward model: a score per step of each response (the token classifier's
-    score at each step's token, :mod:`reward_server.steps`), and the item's own score
+    score at each step's token, :mod:`reward_server.text.steps`), and the item's own score
     aggregated over its steps (``step_aggregate``)."""
 
     kind = "process"

@@ -17,7 +17,7 @@ The rules:
 * The response is found in the rendered text (chat template or joined pair) by rendering
   the item once more with a marker as its response; a template that trims the response is
   followed, one that changes it otherwise is a :class:`ResponseNotFoundError`.
-* Truncation keeps the tokens :class:`~reward_server.rendering.Renderer` keeps; steps read at
+* Truncation keeps the tokens :class:`~reward_server.text.rendering.Renderer` keeps; steps read at
   a cut token are dropped and counted; when none is left, :class:`StepsTruncatedError`.
 """
 
@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from reward_server.exceptions import ModelLoadError, ResponseNotFoundError, StepsTruncatedError
-from reward_server.rendering import Encoded, Renderer
+from reward_server.errors import ModelLoadError, ResponseNotFoundError, StepsTruncatedError
+from reward_server.text.rendering import Encoded, Renderer
 
 __all__ = [
     "DEFAULT_STEP_SEPARATOR",
@@ -199,7 +199,7 @@ def step_results(
 
 class StepScorer(Protocol):
     """A loaded process model as the server uses it (the transformers engine's is
-    ``reward_server.engines._process.ProcessRewardModel``)."""
+    ``reward_server.engines._process_reward.ProcessRewardModel``)."""
 
     #: The model served, its device and the most tokens it scores per text.
     name: str

@@ -16,11 +16,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from reward_server.errors import ERROR_DOCS
-from reward_server.protocols import ProtocolRoute, activate, truncated_header
-from reward_server.routes import Authorized, ServiceDep
-from reward_server.schemas import Text
-from reward_server.service import Render
+from reward_server.http.compat import ProtocolRoute, activate, truncated_header
+from reward_server.http.errors import ERROR_DOCS
+from reward_server.http.routes import Authorized, ServiceDep
+from reward_server.http.schemas import Text
+from reward_server.scoring.service import Render
 
 __all__ = [
     "PredictRequest",

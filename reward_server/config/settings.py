@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from reward_server.models_file import ModelsFile, ModelsFileError, read_models_file
+from reward_server.config.models_file import ModelsFile, ModelsFileError, read_models_file
 
 ENV_PREFIX = "REWARD_SERVER_"
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import get_args
+
+from reward_server.config.models_file import AggregateName
 
 __all__ = [
     "AGGREGATES",
@@ -23,8 +25,6 @@ __all__ = [
     "own_score",
 ]
 
-#: How several models' scores combine (the models file's ``aggregate``).
-AggregateName = Literal["weighted_sum", "mean", "min"]
 AGGREGATES: tuple[str, ...] = get_args(AggregateName)
 
 

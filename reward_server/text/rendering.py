@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reward_server.exceptions import ChatTemplateError, ModelLoadError, TextTooLongError, one_line
+from reward_server.errors import ChatTemplateError, ModelLoadError, TextTooLongError, one_line
 
 __all__ = [
     "Encoded",

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reward_server.exceptions import PolicyTemplateError
+from reward_server.errors import PolicyTemplateError
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ the path of one request's items (each model's slot: render + tokenize -> schedul
 results; then the models' scores combined).
 
 No torch and no HTTP here: each model is an engine's :class:`~reward_server.engines.Scorer`
-inside a :class:`~reward_server.slots.Slot` with its own scheduler (the micro-batcher, or
+inside a :class:`~reward_server.scoring.served.Slot` with its own scheduler (the micro-batcher, or
 the engine's own). A request fans out to every slot at once (or to the one it names) and
 the results are gathered; the first failure cancels the other slots' rows.
 
@@ -30,11 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from reward_server.aggregate import AggregateName, Weighting, combine
 from reward_server.config import ServerSettings
+from reward_server.config.models_file import ModelSpec
 from reward_server.engines import LoadOptions, Scheduler, Scorer
-from reward_server.errors import KNOWN_ERRORS
-from reward_server.exceptions import (
+from reward_server.errors import (
     ClientDisconnectedError,
     ModelLoadError,
     NotReadyError,
@@ -42,14 +41,23 @@ from reward_server.exceptions import (
     TooManyItemsError,
     UnknownModelError,
 )
-from reward_server.metrics import Metrics
-from reward_server.models_file import ModelSpec
-from reward_server.policy_template import (
+from reward_server.http.errors import KNOWN_ERRORS
+from reward_server.scoring.aggregate import AggregateName, Weighting, combine
+from reward_server.scoring.metrics import Metrics
+from reward_server.scoring.served import (
+    ItemResult,
+    Items,
+    Render,
+    Slot,
+    SlotContext,
+    load_slot,
+    slot_for,
+)
+from reward_server.text.policy_template import (
     PolicyTemplate,
     PolicyTemplateLoadError,
     load_policy_template,
 )
-from reward_server.slots import ItemResult, Items, Render, Slot, SlotContext, load_slot, slot_for
 
 logger = logging.getLogger("reward_server")
 
@@ -490,7 +498,7 @@ class Service:
 def _aggregate(
     slots: Sequence[Slot], by_name: Mapping[str, list[ItemResult]], aggregate: AggregateName
 ) -> list[float]:
-    """The combined score of ``slots`` per item (:func:`~reward_server.aggregate.combine`)."""
+    """The combined score of ``slots`` per item (:func:`~reward_server.scoring.aggregate.combine`)."""
     weighting = {}
     for slot in slots:
         norm = slot.spec.normalize

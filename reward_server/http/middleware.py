@@ -7,8 +7,13 @@ from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reward_server.errors import BodyTooLargeError, ErrorBody, default_error_body, error_response
-from reward_server.metrics import Metrics
+from reward_server.http.errors import (
+    BodyTooLargeError,
+    ErrorBody,
+    default_error_body,
+    error_response,
+)
+from reward_server.scoring.metrics import Metrics
 
 __all__ = ["ENDPOINTS", "BodyLimitMiddleware", "MetricsMiddleware"]
 

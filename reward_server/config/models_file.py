@@ -37,8 +37,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from reward_server.aggregate import AggregateName
-from reward_server.engines import LoadOptions
+from reward_server.config.load_options import LoadOptions
 from reward_server.errors import field_path
 
 __all__ = [
@@ -53,6 +52,9 @@ __all__ = [
 ]
 
 ModelKind = Literal["sequence", "process"]
+#: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
+#: :mod:`reward_server.scoring.aggregate`).
+AggregateName = Literal["weighted_sum", "mean", "min"]
 StepAggregate = Literal["min", "mean", "last", "prod"]
 
 #: Keys of an entry that only a process reward model reads.

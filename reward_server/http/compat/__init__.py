@@ -1,7 +1,7 @@
 """Other servers' HTTP shapes on this server: vLLM's (:mod:`.vllm`) and TEI's (:mod:`.tei`).
 
 Each protocol is one module with its request and response bodies and its routes; all of
-them score through the same :class:`~reward_server.service.Service` as ``/score`` (admission,
+them score through the same :class:`~reward_server.scoring.service.Service` as ``/score`` (admission,
 batching, auth, truncation, metrics; with several models, their combined score as one label) and answer errors from the one error table, in the body
 shape that protocol's clients read (:class:`ProtocolRoute`). Here: what they share.
 """
@@ -16,9 +16,9 @@ from typing import ClassVar
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from reward_server.errors import ErrorBody, answer_error, default_error_body
-from reward_server.exceptions import ModelNotFoundError
-from reward_server.strict_json import StrictJSONRoute
+from reward_server.errors import ModelNotFoundError
+from reward_server.http.errors import ErrorBody, answer_error, default_error_body
+from reward_server.http.strict_json import StrictJSONRoute
 
 __all__ = [
     "TRUNCATED_HEADER",

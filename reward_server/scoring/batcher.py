@@ -33,9 +33,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from reward_server.exceptions import BatcherClosedError, QueueFullError
+from reward_server.engines import BatchLimits, BatchObserver, BatchStats
+from reward_server.errors import BatcherClosedError, QueueFullError
 
 logger = logging.getLogger(__name__)
 
@@ -176,36 +177,6 @@ def fill_sizes(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[i
             rows = 0
         rows += 1
     return [*sizes, rows] if rows else sizes
-
-
-@dataclass(frozen=True, slots=True)
-class BatchStats:
-    """What one micro-batch did, for metrics: sizes, waits, time and outcome."""
-
-    rows: int
-    real_tokens: int
-    padded_tokens: int
-    queue_wait_s: tuple[float, ...]  # per row: time from submit to the pass starting
-    inference_s: float
-    error: BaseException | None  # None when the pass succeeded
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLimits:
-    """The limits a micro-batcher works under (from the server's settings)."""
-
-    max_batch_tokens: int  # padded tokens of one pass: longest row x rows
-    max_batch_size: int  # rows of one pass
-    max_wait_ms: float  # longest wait for company before a partial pass
-    max_queue: int  # items admitted and not yet started; beyond it QueueFullError
-
-
-class BatchObserver(Protocol):
-    """Receives one call per micro-batch, for metrics."""
-
-    def on_batch(self, stats: BatchStats) -> None:
-        """Called after each micro-batch, successful or not."""
-        ...
 
 
 @dataclass(eq=False, slots=True)

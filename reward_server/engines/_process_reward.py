@@ -1,5 +1,5 @@
 """Process reward models (PRMs) run with torch, in process: a token classifier gives every
-token a step score, and :mod:`reward_server.steps` says which tokens are the steps.
+token a step score, and :mod:`reward_server.text.steps` says which tokens are the steps.
 
 Not an engine of its own (``--engine`` names what runs the sequence models): the server
 loads a ``kind: process`` model with :func:`load`. Loading takes the transformers engine's
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from reward_server.engines import LoadOptions
+from reward_server.config import LoadOptions
 from reward_server.engines.transformers import (
     Network,
     NetworkModel,
@@ -27,8 +27,8 @@ from reward_server.engines.transformers import (
     _pad,
     load_parts,
 )
-from reward_server.exceptions import ModelLoadError, load_errors
-from reward_server.steps import (
+from reward_server.errors import ModelLoadError, load_errors
+from reward_server.text.steps import (
     StepEncoded,
     StepOptions,
     StepRenderer,
@@ -75,7 +75,7 @@ class ProcessRewardModel(NetworkModel):
 
     Items are encoded by :attr:`rendering` (``encode_pairs``, ``encode_conversations``), their
     rows scored per token by :meth:`token_scores`, and their steps read with
-    :func:`~reward_server.steps.step_results` (:meth:`score_steps` does all three).
+    :func:`~reward_server.text.steps.step_results` (:meth:`score_steps` does all three).
     """
 
     kind = "process model"

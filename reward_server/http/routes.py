@@ -1,5 +1,5 @@
 """The HTTP routes: validate the body (schemas), check the key, hand the items to the
-service, shape the answer. No torch; failures answer through :mod:`reward_server.errors`."""
+service, shape the answer. No torch; failures answer through :mod:`reward_server.http.errors`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from reward_server import __version__
-from reward_server.errors import ERROR_DOCS, error_response
-from reward_server.exceptions import NotReadyError, UnauthorizedError
-from reward_server.metrics import CONTENT_TYPE
-from reward_server.policy_template import recover_conversations
-from reward_server.schemas import (
+from reward_server.errors import NotReadyError, UnauthorizedError
+from reward_server.http.errors import ERROR_DOCS, error_response
+from reward_server.http.schemas import (
     ErrorResponse,
     GetRewardRequest,
     GetRewardResponse,
@@ -24,9 +22,11 @@ from reward_server.schemas import (
     ScoreRequest,
     ScoreResponse,
 )
-from reward_server.service import Scored, Service
-from reward_server.slots import Conversation, Items
-from reward_server.strict_json import StrictJSONRoute
+from reward_server.http.strict_json import StrictJSONRoute
+from reward_server.scoring.metrics import CONTENT_TYPE
+from reward_server.scoring.served import Conversation, Items
+from reward_server.scoring.service import Scored, Service
+from reward_server.text.policy_template import recover_conversations
 
 __all__ = ["get_service", "require_api_key", "router"]
 

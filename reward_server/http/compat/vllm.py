@@ -26,18 +26,18 @@ from pydantic import (
     model_validator,
 )
 
-from reward_server.errors import ERROR_DOCS
-from reward_server.exceptions import NotReadyError
-from reward_server.protocols import (
+from reward_server.errors import NotReadyError
+from reward_server.http.compat import (
     ProtocolRoute,
     activate,
     check_model,
     model_aliases,
     truncated_header,
 )
-from reward_server.routes import Authorized, ServiceDep
-from reward_server.schemas import Conversation, StrList
-from reward_server.service import Render, Scored, Service
+from reward_server.http.errors import ERROR_DOCS
+from reward_server.http.routes import Authorized, ServiceDep
+from reward_server.http.schemas import Conversation, StrList
+from reward_server.scoring.service import Render, Scored, Service
 
 __all__ = [
     "ClassificationData",

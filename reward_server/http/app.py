@@ -2,7 +2,7 @@
 
 request -> middlewares (body limit, metrics) -> route (validate, auth) -> service (render +
 tokenize on the tokenizer thread -> scheduler -> forward passes on the compute thread) ->
-answer; any exception -> the error table (:mod:`reward_server.errors`).
+answer; any exception -> the error table (:mod:`reward_server.http.errors`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from fastapi import FastAPI
 from reward_server import __version__
 from reward_server.config import ServerSettings
 from reward_server.engines import Scorer
-from reward_server.errors import install_error_handlers
-from reward_server.metrics import Metrics
-from reward_server.middleware import BodyLimitMiddleware, MetricsMiddleware
-from reward_server.protocols import protocol_error_bodies, tei, vllm
-from reward_server.routes import router
-from reward_server.service import Service
+from reward_server.http.compat import protocol_error_bodies, tei, vllm
+from reward_server.http.errors import install_error_handlers
+from reward_server.http.middleware import BodyLimitMiddleware, MetricsMiddleware
+from reward_server.http.routes import router
+from reward_server.scoring.metrics import Metrics
+from reward_server.scoring.service import Service
 
 __all__ = ["create_app"]
 
