@@ -1,5 +1,32 @@
-"""The exception types the server's layers raise (no dependencies: rendering, engines and the
-batcher raise them without knowing HTTP; :mod:`reward_server.http.errors` maps them to answers)."""
+"""The one exception hierarchy of the server's core (no dependencies: configuration,
+rendering, engines, the batcher and the service raise these without knowing HTTP).
+
+Every failure raised on purpose is a :class:`ServiceError`; each also derives from the
+built-in exception it is a kind of, so callers may catch either::
+
+    ServiceError
+    ├── ModelsFileError           (ValueError)    the models file is not valid (start-up)
+    ├── ModelLoadError            (RuntimeError)  a model, tokenizer or adapter did not load
+    ├── PolicyTemplateLoadError   (RuntimeError)  the policy's chat template cannot be learned
+    ├── ChatTemplateError         (ValueError)    no chat template, or it fails to render
+    ├── PolicyTemplateError       (ValueError)    a text is not in the policy's template
+    ├── TextTooLongError          (ValueError)    over max_length with truncation off
+    ├── ResponseNotFoundError     (ValueError)    a process model finds no response to split
+    ├── StepsTruncatedError       (ValueError)    truncation cut every step
+    ├── TooManyItemsError         (ValueError)    more items than one request may carry
+    ├── EmptyTextError            (ValueError)    an item encodes to no tokens
+    ├── QueueFullError            (RuntimeError)  the queue is full: retry after retry_after
+    ├── BatcherClosedError        (RuntimeError)  not started, or stopping
+    ├── UnauthorizedError         (PermissionError)
+    ├── ModelNotFoundError        (LookupError)   another server's route names another model
+    ├── UnknownModelError         (LookupError)   /score names a model not served
+    ├── NotReadyError             (RuntimeError)  still loading
+    ├── ScoringError              (RuntimeError)  the model failed (details only in the log)
+    └── ClientDisconnectedError   (ConnectionError)
+
+The HTTP edge maps each class to a status code and an error ``type`` in one table
+(:mod:`reward_server.http.errors`); anything that is not a ServiceError is a bug (500).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +40,14 @@ __all__ = [
     "EmptyTextError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "ModelsFileError",
     "NotReadyError",
+    "PolicyTemplateError",
+    "PolicyTemplateLoadError",
     "QueueFullError",
     "ResponseNotFoundError",
     "ScoringError",
+    "ServiceError",
     "StepsTruncatedError",
     "TextTooLongError",
     "TooManyItemsError",
@@ -28,19 +59,31 @@ __all__ = [
 ]
 
 
-class ModelLoadError(RuntimeError):
+class ServiceError(Exception):
+    """Base of every failure the server's layers raise on purpose (mapped to HTTP at the edge)."""
+
+
+class ModelsFileError(ServiceError, ValueError):
+    """The models file cannot be read or is not valid; ``str(e)`` says where and why."""
+
+
+class PolicyTemplateLoadError(ServiceError, RuntimeError):
+    """The policy tokenizer cannot be loaded, or its chat template cannot be learned."""
+
+
+class ModelLoadError(ServiceError, RuntimeError):
     """The model, tokenizer or adapter could not be loaded; ``str(e)`` is a one-line reason."""
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(ServiceError, ValueError):
     """A pair or conversation needs a chat template that is missing or fails to render."""
 
 
-class PolicyTemplateError(ValueError):
+class PolicyTemplateError(ServiceError, ValueError):
     """A text is not in the policy's chat template; ``str(e)`` says what did not match."""
 
 
-class TextTooLongError(ValueError):
+class TextTooLongError(ServiceError, ValueError):
     """A text is longer than ``max_length`` while truncation is off."""
 
     def __init__(self, index: int, num_tokens: int, max_length: int) -> None:
@@ -53,16 +96,16 @@ class TextTooLongError(ValueError):
         self.max_length = max_length
 
 
-class ResponseNotFoundError(ValueError):
+class ResponseNotFoundError(ServiceError, ValueError):
     """A process reward model cannot find an item's response: texts (no response to split),
     a conversation that does not end with the assistant, a chat template that changes it."""
 
 
-class StepsTruncatedError(ValueError):
+class StepsTruncatedError(ServiceError, ValueError):
     """Truncation cut every step of an item's response: no step is left to score."""
 
 
-class QueueFullError(RuntimeError):
+class QueueFullError(ServiceError, RuntimeError):
     """The queue cannot admit the request now; retry after ``retry_after`` seconds."""
 
     def __init__(self, retry_after: float, message: str | None = None) -> None:
@@ -70,43 +113,43 @@ class QueueFullError(RuntimeError):
         self.retry_after = retry_after
 
 
-class BatcherClosedError(RuntimeError):
+class BatcherClosedError(ServiceError, RuntimeError):
     """The batcher is not running (not started, or stopping)."""
 
 
-class TooManyItemsError(ValueError):
+class TooManyItemsError(ServiceError, ValueError):
     """A request carries more items than the server accepts at once."""
 
 
-class EmptyTextError(ValueError):
+class EmptyTextError(ServiceError, ValueError):
     """An item tokenizes to nothing, so there is no token to read a score from."""
 
 
-class UnauthorizedError(PermissionError):
+class UnauthorizedError(ServiceError, PermissionError):
     """Missing or wrong API key."""
 
 
-class ModelNotFoundError(LookupError):
+class ModelNotFoundError(ServiceError, LookupError):
     """A request names a model this server does not serve (``param``: the field)."""
 
     param = "model"
 
 
-class UnknownModelError(LookupError):
+class UnknownModelError(ServiceError, LookupError):
     """A /score request names a model this server does not serve (the message lists them)."""
 
     param = "model"
 
 
-class NotReadyError(RuntimeError):
+class NotReadyError(ServiceError, RuntimeError):
     """The model is still loading (the lifespan has not finished starting)."""
 
 
-class ScoringError(RuntimeError):
+class ScoringError(ServiceError, RuntimeError):
     """The model failed on a request (details are logged, never sent)."""
 
 
-class ClientDisconnectedError(ConnectionError):
+class ClientDisconnectedError(ServiceError, ConnectionError):
     """The client went away before its scores were ready; its queued work was dropped."""
 
 

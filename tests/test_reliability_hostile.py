@@ -29,11 +29,11 @@ import pytest
 from fastapi.testclient import TestClient
 from server_proc import REWARD_SERVER, ServerProcess, free_port
 
-from reward_server.http import routes as routes_module
-from reward_server.http.app import create_app
 from reward_server.cli import parse_settings
 from reward_server.config import ServerSettings
 from reward_server.errors import UnauthorizedError
+from reward_server.http import auth as routes_module
+from reward_server.http.app import create_app
 
 API_KEY = "rk-live-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

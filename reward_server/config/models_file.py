@@ -38,7 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from reward_server.config.load_options import LoadOptions
-from reward_server.errors import field_path
+from reward_server.errors import ModelsFileError, field_path
 
 __all__ = [
     "AggregateName",
@@ -69,10 +69,6 @@ INHERITED_KEYS = (
     "trust_remote_code",
     "label_index",
 )
-
-
-class ModelsFileError(ValueError):
-    """The models file cannot be read or is not valid; ``str(e)`` says where and why."""
 
 
 class Normalize(BaseModel):

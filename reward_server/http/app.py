@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from reward_server import __version__
 from reward_server.config import ServerSettings
 from reward_server.engines import Scorer
-from reward_server.http.compat import protocol_error_bodies, tei, vllm
+from reward_server.http.compat import openrlhf, protocol_error_bodies, tei, vllm
 from reward_server.http.errors import install_error_handlers
 from reward_server.http.middleware import BodyLimitMiddleware, MetricsMiddleware
 from reward_server.http.routes import router
@@ -53,7 +53,8 @@ def create_app(
     )
     app.state.service = service
     app.state.metrics = metrics
-    app.include_router(router)
+    app.include_router(router)  # /score, /health, /info, /metrics
+    app.include_router(openrlhf.router)  # OpenRLHF's /get_reward
     app.include_router(vllm.router)  # vLLM's /classify, /pooling, /v1/models
     app.include_router(tei.router)  # TEI's /predict
     if settings.api_key is None:

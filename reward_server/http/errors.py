@@ -18,9 +18,12 @@ from reward_server.errors import (
     ChatTemplateError,
     ClientDisconnectedError,
     EmptyTextError,
+    ModelLoadError,
     ModelNotFoundError,
+    ModelsFileError,
     NotReadyError,
     PolicyTemplateError,
+    PolicyTemplateLoadError,
     QueueFullError,
     ResponseNotFoundError,
     ScoringError,
@@ -41,7 +44,6 @@ logger = logging.getLogger("reward_server")
 __all__ = [
     "ERRORS",
     "ERROR_DOCS",
-    "KNOWN_ERRORS",
     "BodyTooLargeError",
     "ErrorBody",
     "answer_error",
@@ -85,7 +87,13 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
     429: {QueueFullError: "queue_full"},
     # nginx's "client closed request": nobody reads it, but metrics count it.
     499: {ClientDisconnectedError: "client_disconnected"},
-    500: {ScoringError: "model_error"},
+    500: {
+        ScoringError: "model_error",
+        # Start-up failures: a request never meets one unless something is badly wrong.
+        ModelLoadError: "load_error",
+        ModelsFileError: "load_error",
+        PolicyTemplateLoadError: "load_error",
+    },
     503: {NotReadyError: "not_ready", BatcherClosedError: "shutting_down"},
 }
 
@@ -93,9 +101,6 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
 ERRORS: dict[type[BaseException], tuple[int, str]] = {
     exc: (status, kind) for status, kinds in _KINDS_BY_STATUS.items() for exc, kind in kinds.items()
 }
-
-#: The exceptions that answer through the table (anything else is a bug: 500).
-KNOWN_ERRORS = tuple(ERRORS)
 
 #: 5xx kinds whose message is safe to send (it names no internal detail).
 _SAFE_5XX = (ScoringError, NotReadyError, BatcherClosedError)

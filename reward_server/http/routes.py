@@ -1,109 +1,47 @@
-"""The HTTP routes: validate the body (schemas), check the key, hand the items to the
-service, shape the answer. No torch; failures answer through :mod:`reward_server.http.errors`."""
+"""This server's own routes: ``/score``, ``/health``, ``/info``, ``/metrics``. Each validates
+the body (:mod:`~reward_server.http.schemas`), checks the key (:mod:`~reward_server.http.auth`),
+hands the items to the service as plain data and shapes the answer. Other servers' routes
+(vLLM, TEI, OpenRLHF) are in :mod:`reward_server.http.compat`. No torch; failures answer
+through :mod:`reward_server.http.errors`."""
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from reward_server import __version__
-from reward_server.errors import NotReadyError, UnauthorizedError
+from reward_server.errors import NotReadyError
+from reward_server.http.auth import Authorized, ServiceDep
 from reward_server.http.errors import ERROR_DOCS, error_response
 from reward_server.http.schemas import (
     ErrorResponse,
-    GetRewardRequest,
-    GetRewardResponse,
     HealthResponse,
     InfoResponse,
     ScoreRequest,
     ScoreResponse,
 )
 from reward_server.http.strict_json import StrictJSONRoute
+from reward_server.scoring.items import Conversations, Items, Pairs, Texts
 from reward_server.scoring.metrics import CONTENT_TYPE
-from reward_server.scoring.served import Conversation, Items
-from reward_server.scoring.service import Scored, Service
-from reward_server.text.policy_template import recover_conversations
+from reward_server.scoring.service import Scored
 
-__all__ = ["get_service", "require_api_key", "router"]
+__all__ = ["router"]
 
-
-def get_service(request: Request) -> Service:
-    """The app's Service."""
-    return request.app.state.service  # type: ignore[no-any-return]
-
-
-_bearer = HTTPBearer(
-    auto_error=False,
-    description="The server's API key, when it was started with --api-key.",
-)
-
-
-def require_api_key(
-    service: Annotated[Service, Depends(get_service)],
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """Check ``Authorization: Bearer <key>`` in constant time when a key is configured."""
-    key = service.settings.api_key
-    if key is None:
-        return
-    if credentials is None:
-        raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>'")
-    given = credentials.credentials.encode("utf-8", "surrogateescape")
-    if not hmac.compare_digest(given, key.get_secret_value().encode("utf-8")):
-        raise UnauthorizedError("wrong API key")
-
-
-ServiceDep = Annotated[Service, Depends(get_service)]
-Authorized = Annotated[None, Depends(require_api_key)]
 
 router = APIRouter(route_class=StrictJSONRoute)
 
 
 def _request_items(body: ScoreRequest) -> Items:
-    """A ScoreRequest's items: texts for a model, and conversations when the response is
-    known (pairs and conversations)."""
+    """A ScoreRequest's items: texts, pairs or conversations, as plain data."""
     if body.texts is not None:
-        texts = body.texts
-        return Items(len(texts), lambda model: list(texts))
+        return Texts(tuple(body.texts))
     if body.queries is not None and body.responses is not None:
-        queries, responses = body.queries, body.responses
-        pairs = [
-            [{"role": "user", "content": q}, {"role": "assistant", "content": r}]
-            for q, r in zip(queries, responses, strict=True)
-        ]
-        return Items(
-            len(queries),
-            lambda model: model.render_pairs(queries, responses),
-            lambda: pairs,
-            (queries, responses),
+        return Pairs(tuple(body.queries), tuple(body.responses))
+    return Conversations(
+        tuple(
+            [{"role": m.role, "content": m.content} for m in conv]
+            for conv in body.conversations or []
         )
-    conversations = [
-        [{"role": m.role, "content": m.content} for m in conv] for conv in body.conversations or []
-    ]
-    return Items(
-        len(conversations),
-        lambda model: model.render_conversations(conversations),
-        lambda: conversations,
-    )
-
-
-def _query_items(body: GetRewardRequest, service: Service) -> Items:
-    """As given, or through the policy's template back to conversations (in the tokenizer
-    thread with the rest of the rendering)."""
-    texts, template = body.query, service.policy_template
-    if template is None:
-        return Items(len(texts), lambda model: list(texts))
-    prompts = body.prompts
-
-    def conversations() -> list[Conversation]:
-        return recover_conversations(template, texts, prompts)
-
-    return Items(
-        len(texts), lambda model: model.render_conversations(conversations()), conversations
     )
 
 
@@ -138,30 +76,6 @@ async def score(
         request.receive, "/score", _request_items(body), truncate=body.truncate, model=body.model
     )
     return _score_response(scored, body)
-
-
-@router.post("/get_reward", response_model=GetRewardResponse, responses=ERROR_DOCS)
-async def get_reward(
-    body: GetRewardRequest, request: Request, service: ServiceDep, _auth: Authorized
-) -> GetRewardResponse:
-    """OpenRLHF remote reward: score complete texts given as ``query`` (with --policy-tokenizer,
-    their conversations recovered from the policy's chat template); with several models, their
-    combined score."""
-    texts = body.query
-    if not texts:
-        # OpenRLHF before 0.11.2 sends empty shards to all but one of several servers.
-        return GetRewardResponse(rewards=[], scores=[], extra_logs={})
-    scored = await service.score(
-        request.receive, "/get_reward", _query_items(body, service), truncate=None
-    )
-    return GetRewardResponse(
-        rewards=scored.scores,
-        scores=scored.scores,
-        extra_logs={
-            "tokens": [float(n) for n in scored.tokens],
-            "truncated": [1.0 if t else 0.0 for t in scored.truncated],
-        },
-    )
 
 
 @router.get(

@@ -1,15 +1,21 @@
-"""Model slots: one per served reward model, each turning a request's items into per-item
-results with its own scorer, rendering and scheduler (no torch, no HTTP).
+"""Served models: one per reward model the server serves, each turning a request's items
+into per-item results with its own scorer, rendering and scheduler (no torch, no HTTP).
 
-A slot renders and tokenizes on the service's tokenizer thread, queues the token-id rows on
-its own scheduler (a micro-:class:`~reward_server.scoring.batcher.Batcher` whose passes run on the
+A served model renders and tokenizes on the service's tokenizer thread (reading the
+request's plain :mod:`~reward_server.scoring.items`), queues the token-id rows on its own
+scheduler (a micro-:class:`~reward_server.scoring.batcher.Batcher` whose passes run on the
 service's one compute thread, or the engine's own scheduler) and gives back one
-:class:`ItemResult` per item. The service fans a request out to its slots and combines their
-results (:mod:`reward_server.scoring.aggregate`). A kind of reward model (``sequence``, ``process``)
-is a kind of slot: :class:`BatchedSlot` holds what they share, a subclass says how items
-become rows (:meth:`BatchedSlot.prepare`), which pass runs them
-(:meth:`BatchedSlot.batch_function`) and how rows become results
-(:meth:`BatchedSlot.finish`).
+:class:`ItemResult` per item. The service fans a request out to its models and combines
+their results (:mod:`reward_server.scoring.aggregate`).
+
+Nouns: an engine loads a :class:`~reward_server.engines.Scorer` (or a process model's
+:class:`~reward_server.text.steps.StepScorer`) from :class:`~reward_server.config.LoadOptions`;
+the models file's entry (:class:`~reward_server.config.ModelSpec`) says how to serve it; a
+:class:`ServedModel` is the two together, started. A kind of reward model (``sequence``,
+``process``) is a kind of served model: :class:`BatchedModel` holds what they share, a
+subclass says how items become rows (:meth:`BatchedModel.prepare`), which pass runs them
+(:meth:`BatchedModel.batch_function`) and how rows become results
+(:meth:`BatchedModel.finish`).
 """
 
 from __future__ import annotations
@@ -38,52 +44,28 @@ from reward_server.errors import (
     EmptyTextError,
     ModelLoadError,
     NotReadyError,
-    ResponseNotFoundError,
 )
 from reward_server.scoring.aggregate import label_weights, own_score
 from reward_server.scoring.batcher import Batcher, BatchLimits
+from reward_server.scoring.items import Items, Pairs, conversations, render
 from reward_server.text.steps import StepEncoded, StepOptions, StepScorer, step_results
 
 if TYPE_CHECKING:
     from reward_server.config import ServerSettings
     from reward_server.scoring.metrics import Metrics
+    from reward_server.text.policy_template import PolicyTemplate
 
 __all__ = [
-    "BatchedSlot",
-    "Conversation",
+    "BatchedModel",
     "ItemResult",
-    "Items",
-    "ProcessSlot",
-    "Render",
-    "SequenceSlot",
-    "Slot",
-    "SlotContext",
+    "ProcessModel",
+    "SequenceModel",
+    "ServedModel",
+    "ServingContext",
     "Tokenized",
-    "load_slot",
-    "slot_for",
+    "load_served_model",
+    "served_model_for",
 ]
-
-#: Turns a request's items into texts with a model's rendering (its chat template).
-Render = Callable[[Scorer], list[str]]
-#: One chat: messages with ``role`` and ``content``.
-Conversation = list[dict[str, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Items:
-    """One request's items as every slot takes them.
-
-    ``render`` gives the texts a sequence model scores; ``conversations`` (None for plain
-    texts, whose response cannot be told apart) gives each item as a conversation whose last
-    message is the response, for models that need the response (process reward models).
-    Both are called on the tokenizer thread. ``pairs``: the queries and responses when the
-    items came as pairs (rendered joined, as pairs are, by a model without a chat template).
-    """
-
-    count: int
-    render: Render
-    conversations: Callable[[], list[Conversation]] | None = None
-    pairs: tuple[Sequence[str], Sequence[str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +77,7 @@ class ItemResult:
     score: float
     num_tokens: int  # tokens the model scored
     truncated: bool
-    #: Every value of the row the model gave (named by the slot's ``labels``); empty when
+    #: Every value of the row the model gave (named by the model's ``labels``); empty when
     #: the model gives none but the score.
     logits: tuple[float, ...] = ()
     #: Process models: the score of each scored step, where each ends in the response
@@ -119,16 +101,18 @@ class Tokenized(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class SlotContext:
-    """What the service lends every slot: its two threads, its settings and its metrics."""
+class ServingContext:
+    """What the service lends every served model: its two threads, its settings, its
+    metrics and the policy's chat template (``--policy-tokenizer``)."""
 
     compute: Executor
     tokenizer: Executor
     settings: ServerSettings
     metrics: Metrics
+    policy_template: PolicyTemplate | None = None
 
 
-class Slot(Protocol):
+class ServedModel(Protocol):
     """One served reward model as the service uses it."""
 
     #: The models-file entry (for a plain --model server, one made from the flags).
@@ -159,8 +143,8 @@ class Slot(Protocol):
         """Rows admitted and not yet started."""
         ...
 
-    async def start(self, ctx: SlotContext) -> None:
-        """Start the slot's scheduler on the running event loop."""
+    async def start(self, ctx: ServingContext) -> None:
+        """Start the model's scheduler on the running event loop."""
         ...
 
     async def stop(self, *, drain: bool = True) -> None:
@@ -178,8 +162,8 @@ class Slot(Protocol):
         ...
 
 
-class BatchedSlot(abc.ABC):
-    """A slot whose rows go through a scheduler: the micro-batcher on the service's compute
+class BatchedModel(abc.ABC):
+    """A served model whose rows go through a scheduler: the micro-batcher on the service's compute
     thread, or the engine's own when the scorer schedules itself."""
 
     kind: ClassVar[str]
@@ -189,7 +173,7 @@ class BatchedSlot(abc.ABC):
         self.scorer = scorer
         self.scheduler: Scheduler | None = None
         self.max_batch_tokens: int | None = None
-        self._ctx: SlotContext | None = None
+        self._ctx: ServingContext | None = None
 
     # ------------------------------------------------------------------ what a kind says
 
@@ -212,6 +196,11 @@ class BatchedSlot(abc.ABC):
 
     # ------------------------------------------------------------------ shared
 
+    def _context(self) -> ServingContext:
+        if self._ctx is None:
+            raise NotReadyError("the model is loading")
+        return self._ctx
+
     @property
     def name(self) -> str:
         """The model's name in answers."""
@@ -232,7 +221,7 @@ class BatchedSlot(abc.ABC):
         """Rows admitted and not yet started."""
         return 0 if self.scheduler is None else self.scheduler.queued
 
-    async def start(self, ctx: SlotContext) -> None:
+    async def start(self, ctx: ServingContext) -> None:
         """Start the engine's scheduler, or a micro-batcher over :meth:`batch_function`."""
         s = ctx.settings
         self._ctx = ctx
@@ -309,7 +298,7 @@ def _check_rows(values: Sequence[Any], expected: int) -> list[list[float]]:
     return rows
 
 
-class SequenceSlot(BatchedSlot):
+class SequenceModel(BatchedModel):
     """A sequence-classification reward model: one score per text, read from its head's
     label (``label_index``) or its labels weighted by name (``objectives``)."""
 
@@ -347,7 +336,7 @@ class SequenceSlot(BatchedSlot):
         self, items: Items, *, truncate: bool, max_tokens: int | None
     ) -> Sequence[Tokenized]:
         """The items rendered with this model's template and tokenized with its tokenizer."""
-        texts = items.render(self.scorer)
+        texts = render(items, self.scorer, self._context().policy_template)
         if max_tokens is None:
             return self.scorer.encode(texts, truncate=truncate)
         return self.scorer.encode(texts, truncate=True, max_length=max_tokens)
@@ -375,7 +364,7 @@ class SequenceSlot(BatchedSlot):
         ]
 
 
-class ProcessSlot(BatchedSlot):
+class ProcessModel(BatchedModel):
     """A process reward model: a score per step of each response (the token classifier's
     score at each step's token, :mod:`reward_server.text.steps`), and the item's own score
     aggregated over its steps (``step_aggregate``)."""
@@ -398,20 +387,14 @@ class ProcessSlot(BatchedSlot):
         self, items: Items, *, truncate: bool, max_tokens: int | None
     ) -> Sequence[Tokenized]:
         """Each item's response split into steps, rendered and tokenized, its steps placed."""
-        if items.conversations is None:
-            raise ResponseNotFoundError(
-                f"model {self.name!r} is a process reward model: it scores each step of a "
-                "response, and texts cannot be split into prompt and response; send queries "
-                "and responses, or conversations"
-            )
+        told = conversations(items, self._context().policy_template, self.name)
         rendering = self.process.rendering
         cut = truncate if max_tokens is None else True
-        if items.pairs is not None:
-            queries, responses = items.pairs
-            return rendering.encode_pairs(queries, responses, truncate=cut, max_length=max_tokens)
-        return rendering.encode_conversations(
-            items.conversations(), truncate=cut, max_length=max_tokens
-        )
+        if isinstance(told, Pairs):
+            return rendering.encode_pairs(
+                told.queries, told.responses, truncate=cut, max_length=max_tokens
+            )
+        return rendering.encode_conversations(told, truncate=cut, max_length=max_tokens)
 
     def batch_function(
         self,
@@ -441,17 +424,17 @@ class ProcessSlot(BatchedSlot):
         return {**super().info(), "labels": list(self._head_labels)}
 
 
-def slot_for(spec: ModelSpec, scorer: Scorer | StepScorer) -> Slot:
-    """The slot of ``spec`` around a loaded scorer (ModelLoadError when they do not fit)."""
+def served_model_for(spec: ModelSpec, scorer: Scorer | StepScorer) -> ServedModel:
+    """The served model of ``spec`` around a loaded scorer (ModelLoadError when they do not fit)."""
     if spec.kind == "process":
         if not hasattr(scorer, "token_scores"):
             raise ModelLoadError(f"model {spec.name!r}: kind: process needs a process model")
-        return ProcessSlot(spec, cast("StepScorer", scorer))
-    return SequenceSlot(spec, cast("Scorer", scorer))
+        return ProcessModel(spec, cast("StepScorer", scorer))
+    return SequenceModel(spec, cast("Scorer", scorer))
 
 
-def load_slot(spec: ModelSpec, options: LoadOptions, engine: str) -> Slot:
-    """Load the model of ``spec`` with ``options`` as its slot, on the calling thread (the
+def load_served_model(spec: ModelSpec, options: LoadOptions, engine: str) -> ServedModel:
+    """Load the model of ``spec`` with ``options`` as a served model, on the calling thread (the
     service's compute thread); raises ModelLoadError."""
     scorer: Scorer | StepScorer
     if spec.kind == "process":
@@ -460,7 +443,7 @@ def load_slot(spec: ModelSpec, options: LoadOptions, engine: str) -> Slot:
     else:
         scorer = load_scorer(options, engine)
     try:
-        return slot_for(spec, scorer)
+        return served_model_for(spec, scorer)
     except BaseException:
         scorer.close()
         raise

@@ -1,11 +1,12 @@
 """The scoring service behind the routes: its threads, the models' lifecycle, admission, and
-the path of one request's items (each model's slot: render + tokenize -> scheduler -> checked
+the path of one request's items (each served model: render + tokenize -> scheduler -> checked
 results; then the models' scores combined).
 
 No torch and no HTTP here: each model is an engine's :class:`~reward_server.engines.Scorer`
-inside a :class:`~reward_server.scoring.served.Slot` with its own scheduler (the micro-batcher, or
-the engine's own). A request fans out to every slot at once (or to the one it names) and
-the results are gathered; the first failure cancels the other slots' rows.
+inside a :class:`~reward_server.scoring.served.ServedModel` with its own scheduler (the
+micro-batcher, or the engine's own); items arrive as plain data
+(:mod:`~reward_server.scoring.items`). A request fans out to every model at once (or to the one it names) and
+the results are gathered; the first failure cancels the other models' rows.
 
 Threads, all owned by the service and gone after :meth:`Service.stop`:
 
@@ -38,20 +39,19 @@ from reward_server.errors import (
     ModelLoadError,
     NotReadyError,
     ScoringError,
+    ServiceError,
     TooManyItemsError,
     UnknownModelError,
 )
-from reward_server.http.errors import KNOWN_ERRORS
 from reward_server.scoring.aggregate import AggregateName, Weighting, combine
+from reward_server.scoring.items import Items
 from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.served import (
     ItemResult,
-    Items,
-    Render,
-    Slot,
-    SlotContext,
-    load_slot,
-    slot_for,
+    ServedModel,
+    ServingContext,
+    load_served_model,
+    served_model_for,
 )
 from reward_server.text.policy_template import (
     PolicyTemplate,
@@ -62,11 +62,9 @@ from reward_server.text.policy_template import (
 logger = logging.getLogger("reward_server")
 
 __all__ = [
-    "AGGREGATE_LABEL",
     "COMPUTE_THREAD_PREFIX",
     "THREAD_PREFIX",
     "TOKENIZER_THREAD_PREFIX",
-    "Render",
     "Scored",
     "Service",
 ]
@@ -77,9 +75,6 @@ T = TypeVar("T")
 THREAD_PREFIX = "reward-server-"
 COMPUTE_THREAD_PREFIX = THREAD_PREFIX + "compute"
 TOKENIZER_THREAD_PREFIX = THREAD_PREFIX + "tokenize"
-
-#: The one label of :meth:`Service.logits` rows when several models score: their combined score.
-AGGREGATE_LABEL = "aggregate"
 
 #: An ASGI ``receive``: the service watches it for the client hanging up.
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
@@ -134,14 +129,6 @@ class Scored:
                 return results
         return None
 
-    def rows(self) -> list[list[float]]:
-        """One row per item for the vLLM and TEI shapes: the one model's every logit (or its
-        score), or with several models the combined score alone (:data:`AGGREGATE_LABEL`)."""
-        if len(self.results) > 1:
-            return [[score] for score in self.scores]
-        (results,) = self.results.values()
-        return [list(r.logits) or [r.score] for r in results]
-
 
 def _single_spec(settings: ServerSettings) -> ModelSpec:
     """The entry of a plain --model server (named after its scorer once loaded)."""
@@ -150,7 +137,7 @@ def _single_spec(settings: ServerSettings) -> ModelSpec:
 
 
 class Service:
-    """Per-app state: settings, the models' slots, metrics and the service's threads."""
+    """Per-app state: settings, the models' models, metrics and the service's threads."""
 
     def __init__(
         self,
@@ -176,7 +163,7 @@ class Service:
         if model is not None:
             self._given[self.specs[0].name] = model
         #: The served models, in the models file's order (empty until loaded).
-        self.slots: list[Slot] = []
+        self.served: list[ServedModel] = []
         self._owned: list[Scorer] = []  # loaded here: closed here
         self.draining = False
         self._compute: ThreadPoolExecutor | None = None
@@ -189,39 +176,37 @@ class Service:
     @property
     def model(self) -> Scorer | None:
         """The first model's scorer (the top-level fields of /info describe it)."""
-        return self.slots[0].scorer if self.slots else None
+        return self.served[0].scorer if self.served else None
 
     @property
     def batcher(self) -> Scheduler | None:
         """The first model's scheduler."""
-        return self.slots[0].scheduler if self.slots else None
+        return self.served[0].scheduler if self.served else None
 
     @property
     def max_batch_tokens(self) -> int | None:
         """The first model's padded-token budget of a pass (--max-batch-tokens or its
         default for the model's device)."""
-        if self.slots and self.slots[0].max_batch_tokens is not None:
-            return self.slots[0].max_batch_tokens
+        if self.served and self.served[0].max_batch_tokens is not None:
+            return self.served[0].max_batch_tokens
         return self.settings.max_batch_tokens
 
     @property
     def name(self) -> str:
         """The name answers carry: the one model's, or the models' names joined by "+"."""
-        if not self.slots:
+        if not self.served:
             return self.settings.served
-        return "+".join(slot.name for slot in self.slots)
+        return "+".join(model.name for model in self.served)
 
     @property
-    def labels(self) -> list[str]:
-        """Names of the values in the rows :meth:`logits` returns (known once started)."""
-        if len(self.slots) == 1:
-            return self.slots[0].labels
-        return [AGGREGATE_LABEL]
+    def max_length(self) -> int | None:
+        """The most tokens every served model scores per item (None until loaded)."""
+        return min((m.scorer.max_length for m in self.served), default=None)
 
     @property
     def ready(self) -> bool:
         """True once every model is loaded and its scheduler runs, until draining begins."""
-        return bool(self.slots) and all(s.running for s in self.slots) and not self.draining
+        return bool(self.served) and all(s.running for s in self.served) and not self.draining
 
     @property
     def max_client_batch(self) -> int:
@@ -230,7 +215,7 @@ class Service:
 
     def models_info(self) -> list[dict[str, object]]:
         """One entry per served model for GET /info."""
-        return [slot.info() for slot in self.slots]
+        return [model.info() for model in self.served]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,34 +225,34 @@ class Service:
             self._compute = ThreadPoolExecutor(1, thread_name_prefix=COMPUTE_THREAD_PREFIX)
         return self._compute
 
-    def _load_slots(self) -> list[Slot]:
-        """Every model's slot, loading those not given (on the compute thread)."""
+    def _load_models(self) -> list[ServedModel]:
+        """Every model's model, loading those not given (on the compute thread)."""
         base = LoadOptions.from_settings(self.settings)
-        slots: list[Slot] = []
+        models: list[ServedModel] = []
         try:
             for spec in self.specs:
-                slots.append(self._load_slot(spec, base))
+                models.append(self._load_model(spec, base))
         except BaseException:
             self._close_owned()
             raise
-        return slots
+        return models
 
-    def _load_slot(self, spec: ModelSpec, base: LoadOptions) -> Slot:
+    def _load_model(self, spec: ModelSpec, base: LoadOptions) -> ServedModel:
         given = self._given.get(spec.name)
         if given is not None:
-            slot = slot_for(spec, given)
+            model = served_model_for(spec, given)
         elif not self._from_file:
-            slot = load_slot(spec, base, self.engine)
-            self._owned.append(slot.scorer)
+            model = load_served_model(spec, base, self.engine)
+            self._owned.append(model.scorer)
         else:
             try:
-                slot = load_slot(spec, spec.load_options(base), self.engine)
+                model = load_served_model(spec, spec.load_options(base), self.engine)
             except ModelLoadError as exc:
                 raise ModelLoadError(f"model {spec.name!r} ({spec.model}): {exc}") from exc
-            self._owned.append(slot.scorer)
+            self._owned.append(model.scorer)
         if not self._from_file:  # a plain --model server answers with its scorer's name
-            slot.spec = spec.model_copy(update={"name": slot.scorer.name})
-        return slot
+            model.spec = spec.model_copy(update={"name": model.scorer.name})
+        return model
 
     def _close_owned(self) -> None:
         """Close the scorers loaded here (on the calling thread: the compute thread)."""
@@ -295,55 +280,59 @@ class Service:
         raises ModelLoadError."""
         try:
             self._load_policy_template()
-            if not self.slots:
-                self.slots = self._compute_thread().submit(self._load_slots).result()
+            if not self.served:
+                self.served = self._compute_thread().submit(self._load_models).result()
         except Exception:
             self._end_compute_thread()  # nothing to serve
             raise
-        return self.slots[0].scorer
+        return self.served[0].scorer
 
     async def start(self) -> None:
         """Load the models if needed (on the compute thread) and start their schedulers."""
         try:
             await self._start()
         except BaseException:
-            for slot in self.slots:
+            for model in self.served:
                 with contextlib.suppress(Exception):
-                    await slot.stop(drain=False)
+                    await model.stop(drain=False)
             await self._release()
             raise
 
     async def _start(self) -> None:
         compute = self._compute_thread()
         await asyncio.to_thread(self._load_policy_template)
-        if not self.slots:
-            self.slots = await asyncio.wrap_future(compute.submit(self._load_slots))
+        if not self.served:
+            self.served = await asyncio.wrap_future(compute.submit(self._load_models))
         self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix=TOKENIZER_THREAD_PREFIX)
-        context = SlotContext(
-            compute=compute, tokenizer=self._tokenizer, settings=self.settings, metrics=self.metrics
+        context = ServingContext(
+            compute=compute,
+            tokenizer=self._tokenizer,
+            settings=self.settings,
+            metrics=self.metrics,
+            policy_template=self.policy_template,
         )
-        for slot in self.slots:
-            await slot.start(context)
+        for model in self.served:
+            await model.start(context)
         self.draining = False
-        slots = list(self.slots)
-        self.metrics.track_queue(lambda: float(sum(slot.queued for slot in slots)))
+        models = list(self.served)
+        self.metrics.track_queue(lambda: float(sum(model.queued for model in models)))
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
-        for slot in slots:
-            self._warn_limits(slot)
-        if len(slots) > 1:
-            logger.info("serving %d models, combined by %s", len(slots), self.aggregate)
+        for model in models:
+            self._warn_limits(model)
+        if len(models) > 1:
+            logger.info("serving %d models, combined by %s", len(models), self.aggregate)
 
-    def _warn_limits(self, slot: Slot) -> None:
+    def _warn_limits(self, model: ServedModel) -> None:
         """Log the settings that contradict each other."""
         s = self.settings
-        max_length = slot.scorer.max_length
-        if slot.max_batch_tokens is not None and max_length > slot.max_batch_tokens:
+        max_length = model.scorer.max_length
+        if model.max_batch_tokens is not None and max_length > model.max_batch_tokens:
             logger.warning(
                 "max_length %d of %s exceeds max_batch_tokens %d: raise --max-batch-tokens or "
                 "lower its max length",
                 max_length,
-                slot.name,
-                slot.max_batch_tokens,
+                model.name,
+                model.max_batch_tokens,
             )
         if s.max_client_batch > s.max_queue:
             logger.warning(
@@ -362,7 +351,7 @@ class Service:
     async def stop(self) -> None:
         """Drain: finish queued work, then stop the schedulers and the service's threads."""
         self.begin_drain()
-        await asyncio.gather(*(slot.stop(drain=True) for slot in self.slots))
+        await asyncio.gather(*(model.stop(drain=True) for model in self.served))
         await self._release()
 
     async def _release(self) -> None:
@@ -370,7 +359,7 @@ class Service:
         if self._tokenizer is not None:
             self._tokenizer.shutdown(wait=True)
             self._tokenizer = None
-        self.slots = []
+        self.served = []
         if self._compute is not None:
             await asyncio.wrap_future(self._compute.submit(self._close_owned))
         self._end_compute_thread()
@@ -382,14 +371,14 @@ class Service:
 
     # ------------------------------------------------------------------ scoring
 
-    def _select(self, model: str | None) -> list[Slot]:
-        """Every slot, or the one ``model`` names (UnknownModelError for another name)."""
+    def _select(self, model: str | None) -> list[ServedModel]:
+        """Every model, or the one ``model`` names (UnknownModelError for another name)."""
         if model is None:
-            return list(self.slots)
-        for slot in self.slots:
-            if slot.name == model:
-                return [slot]
-        known = ", ".join(repr(slot.name) for slot in self.slots)
+            return list(self.served)
+        for served in self.served:
+            if served.name == model:
+                return [served]
+        known = ", ".join(repr(served.name) for served in self.served)
         raise UnknownModelError(f"unknown model {model!r}; this server scores with {known}")
 
     async def score(
@@ -411,9 +400,9 @@ class Service:
         # Draining does not refuse work here: after SIGTERM uvicorn accepts no new
         # connections, so whatever still arrives was already in flight and is finished;
         # the schedulers refuse (503) only once they stop, after those requests are done.
-        if not self.slots:
+        if not self.served:
             raise NotReadyError("the model is loading")
-        slots = self._select(model)
+        models = self._select(model)
         if items.count > self.max_client_batch:
             raise TooManyItemsError(
                 f"{items.count} items in one request; the limit is {self.max_client_batch} "
@@ -421,27 +410,32 @@ class Service:
             )
         do_truncate = (not self.settings.no_truncate) if truncate is None else truncate
         work = _all_or_first_error(
-            [self._score_one(slot, endpoint, items, do_truncate, max_tokens) for slot in slots]
+            [self._score_one(m, endpoint, items, do_truncate, max_tokens) for m in models]
         )
         results = await _cancel_on_disconnect(receive, endpoint, work)
-        scored = self._combine(slots, results, selected=model is not None)
+        scored = self._combine(models, results, selected=model is not None)
         self._count(endpoint, scored)
         return scored
 
     async def _score_one(
-        self, slot: Slot, endpoint: str, items: Items, truncate: bool, max_tokens: int | None
+        self,
+        model: ServedModel,
+        endpoint: str,
+        items: Items,
+        truncate: bool,
+        max_tokens: int | None,
     ) -> list[ItemResult]:
-        """One slot's results; a failure that is not in the error table is a ScoringError."""
+        """One model's results; a failure that is not in the error table is a ScoringError."""
         try:
-            return await slot.score(items, truncate=truncate, max_tokens=max_tokens)
-        except KNOWN_ERRORS:  # these answer through the error table
+            return await model.score(items, truncate=truncate, max_tokens=max_tokens)
+        except ServiceError:  # these answer through the error table at the edge
             raise
         except Exception as exc:
             logger.error(
                 "scoring failed on %s (%d items, model %s)",
                 endpoint,
                 items.count,
-                slot.name,
+                model.name,
                 exc_info=exc,
             )
             raise ScoringError(
@@ -449,21 +443,21 @@ class Service:
             ) from exc
 
     def _combine(
-        self, slots: Sequence[Slot], results: Sequence[list[ItemResult]], *, selected: bool
+        self, models: Sequence[ServedModel], results: Sequence[list[ItemResult]], *, selected: bool
     ) -> Scored:
         """The answer's scores: one model's own, or every model's combined."""
-        by_name = {slot.name: rs for slot, rs in zip(slots, results, strict=True)}
-        labels = {slot.name: slot.labels for slot in slots}
-        if selected or (len(slots) == 1 and not self._from_file):
+        by_name = {model.name: rs for model, rs in zip(models, results, strict=True)}
+        labels = {model.name: model.labels for model in models}
+        if selected or (len(models) == 1 and not self._from_file):
             (only,) = results
-            name = slots[0].name
+            name = models[0].name
             return Scored(name, [r.score for r in only], by_name, labels)
-        scores = _aggregate(slots, by_name, self.aggregate)
-        kinds = {slot.kind for slot in slots}
+        scores = _aggregate(models, by_name, self.aggregate)
+        kinds = {model.kind for model in models}
         outcome = None
         if "process" in kinds and "sequence" in kinds:
             outcome = _aggregate(
-                [s for s in slots if s.kind == "sequence"], by_name, self.aggregate
+                [s for s in models if s.kind == "sequence"], by_name, self.aggregate
             )
         return Scored(self.name, scores, by_name, labels, outcome)
 
@@ -475,36 +469,17 @@ class Service:
         self.metrics.tokens.inc(tokens)
         self.metrics.truncated.inc(sum(scored.truncated))
 
-    async def logits(
-        self,
-        receive: Receive,
-        endpoint: str,
-        render: Render,
-        n_items: int,
-        *,
-        truncate: bool | None,
-        max_tokens: int | None = None,
-    ) -> tuple[list[list[float]], Scored]:
-        """Rows of values per item for the vLLM and TEI shapes (:attr:`labels` names them):
-        with one model its every label's raw logit (or its score alone when the engine gives
-        no more); with several models their combined score as one label,
-        :data:`AGGREGATE_LABEL`. Also the :class:`Scored` (tokens, truncation)."""
-        scored = await self.score(
-            receive, endpoint, Items(n_items, render), truncate=truncate, max_tokens=max_tokens
-        )
-        return scored.rows(), scored
-
 
 def _aggregate(
-    slots: Sequence[Slot], by_name: Mapping[str, list[ItemResult]], aggregate: AggregateName
+    models: Sequence[ServedModel], by_name: Mapping[str, list[ItemResult]], aggregate: AggregateName
 ) -> list[float]:
-    """The combined score of ``slots`` per item (:func:`~reward_server.scoring.aggregate.combine`)."""
+    """The combined score of ``models`` per item (:func:`~reward_server.scoring.aggregate.combine`)."""
     weighting = {}
-    for slot in slots:
-        norm = slot.spec.normalize
+    for model in models:
+        norm = model.spec.normalize
         mean, std = (0.0, 1.0) if norm is None else (norm.mean, norm.std)
-        weighting[slot.name] = Weighting(weight=slot.spec.weight, mean=mean, std=std)
-    scores = {slot.name: [r.score for r in by_name[slot.name]] for slot in slots}
+        weighting[model.name] = Weighting(weight=model.spec.weight, mean=mean, std=std)
+    scores = {model.name: [r.score for r in by_name[model.name]] for model in models}
     return combine(scores, weighting, aggregate)
 
 

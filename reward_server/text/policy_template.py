@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reward_server.errors import PolicyTemplateError
+from reward_server.errors import PolicyTemplateError, PolicyTemplateLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +64,6 @@ __all__ = [
 ]
 
 Message = dict[str, str]
-
-
-class PolicyTemplateLoadError(RuntimeError):
-    """The policy tokenizer cannot be loaded, or its chat template cannot be learned."""
 
 
 @dataclass(frozen=True)

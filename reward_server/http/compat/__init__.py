@@ -19,20 +19,46 @@ from fastapi.responses import Response
 from reward_server.errors import ModelNotFoundError
 from reward_server.http.errors import ErrorBody, answer_error, default_error_body
 from reward_server.http.strict_json import StrictJSONRoute
+from reward_server.scoring.service import Scored
 
 __all__ = [
+    "AGGREGATE_LABEL",
     "TRUNCATED_HEADER",
     "ProtocolRoute",
     "activate",
     "check_model",
     "model_aliases",
     "protocol_error_bodies",
+    "row_labels",
+    "rows",
     "truncated_header",
 ]
 
 #: Response header listing which items were truncated (``0,1,0``): the protocols' bodies
 #: have no field for it, and nothing is silent.
 TRUNCATED_HEADER = "X-Reward-Truncated"
+
+
+#: The one label of :func:`rows` when several models score: their combined score.
+AGGREGATE_LABEL = "aggregate"
+
+
+def rows(scored: Scored) -> list[list[float]]:
+    """One row per item for the vLLM and TEI shapes: the one model's every logit (or its
+    score alone when the engine gives no more), or with several models their combined
+    score alone (:data:`AGGREGATE_LABEL`)."""
+    if len(scored.results) > 1:
+        return [[score] for score in scored.scores]
+    (results,) = scored.results.values()
+    return [list(r.logits) or [r.score] for r in results]
+
+
+def row_labels(scored: Scored) -> list[str]:
+    """The names of the values in each of :func:`rows`' rows."""
+    if len(scored.results) > 1:
+        return [AGGREGATE_LABEL]
+    (labels,) = scored.labels.values()
+    return labels
 
 
 class ProtocolRoute(StrictJSONRoute):

@@ -16,11 +16,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from reward_server.http.compat import ProtocolRoute, activate, truncated_header
+from reward_server.http.auth import Authorized, ServiceDep
+from reward_server.http.compat import ProtocolRoute, activate, row_labels, rows, truncated_header
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.routes import Authorized, ServiceDep
 from reward_server.http.schemas import Text
-from reward_server.scoring.service import Render
+from reward_server.scoring.items import Items, Pairs, Sequences, Texts
 
 __all__ = [
     "PredictRequest",
@@ -112,19 +112,14 @@ class PredictRequest(BaseModel):
             return [list(s) for s in self.inputs]  # type: ignore[union-attr]
         return [list(self.inputs)]  # type: ignore[arg-type]
 
-    def render(self) -> Render:
-        """Texts as given, pairs rendered as query/response pairs, in order."""
+    def items(self) -> Items:
+        """Texts as given, pairs as query/response pairs, in order."""
         sequences = self.sequences
-
-        def render(model: Any) -> list[str]:
-            pairs = [i for i, s in enumerate(sequences) if len(s) == 2]
-            texts = [s[0] for s in sequences]
-            joined = model.render_pairs([texts[i] for i in pairs], [sequences[i][1] for i in pairs])
-            for i, text in zip(pairs, joined, strict=True):
-                texts[i] = text
-            return texts
-
-        return render
+        if all(len(s) == 1 for s in sequences):
+            return Texts(tuple(s[0] for s in sequences))
+        if all(len(s) == 2 for s in sequences):
+            return Pairs(tuple(s[0] for s in sequences), tuple(s[1] for s in sequences))
+        return Sequences(tuple((s[0],) if len(s) == 1 else (s[0], s[1]) for s in sequences))
 
 
 class Prediction(BaseModel):
@@ -150,13 +145,11 @@ async def predict(
     _auth: Authorized,
 ) -> list[Prediction] | list[list[Prediction]]:
     """TEI's sequence classification: every label's score per sequence, highest first."""
-    rows, scored = await service.logits(
-        request.receive, "/predict", body.render(), len(body.sequences), truncate=body.truncate
-    )
+    scored = await service.score(request.receive, "/predict", body.items(), truncate=body.truncate)
     response.headers.update(truncated_header(scored.truncated))
-    labels = service.labels
+    labels = row_labels(scored)
     answers = []
-    for row in rows:
+    for row in rows(scored):
         values = row if body.raw_scores else activate(row)
         ranked = sorted(zip(values, labels, strict=True), key=lambda p: -p[0])
         answers.append([Prediction(score=score, label=label) for score, label in ranked])

@@ -27,17 +27,20 @@ from pydantic import (
 )
 
 from reward_server.errors import NotReadyError
+from reward_server.http.auth import Authorized, ServiceDep
 from reward_server.http.compat import (
     ProtocolRoute,
     activate,
     check_model,
     model_aliases,
+    row_labels,
+    rows,
     truncated_header,
 )
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.routes import Authorized, ServiceDep
 from reward_server.http.schemas import Conversation, StrList
-from reward_server.scoring.service import Render, Scored, Service
+from reward_server.scoring.items import Conversations, Items, Texts
+from reward_server.scoring.service import Scored, Service
 
 __all__ = [
     "ClassificationData",
@@ -154,18 +157,12 @@ class VLLMRequest(BaseModel):
         """True when either activation flag is false."""
         return self.use_activation is False or self.activation is False
 
-    @property
-    def num_items(self) -> int:
-        """How many items the request scores."""
-        return 1 if self.messages is not None else len(self.input or [])
-
-    def render(self) -> Render:
-        """The request's items as texts for a model."""
+    def items(self) -> Items:
+        """The request's items: its texts, or its one conversation."""
         if self.messages is not None:
             conversation = [{"role": m.role, "content": m.content} for m in self.messages]
-            return lambda model: model.render_conversations([conversation])
-        texts = list(self.input or [])
-        return lambda model: list(texts)
+            return Conversations((conversation,))
+        return Texts(tuple(self.input or ()))
 
     def limits(self) -> tuple[bool | None, int | None]:
         """``(truncate, max_tokens)`` for the service from ``truncate_prompt_tokens``."""
@@ -263,16 +260,11 @@ async def _logits(
     if service.model is not None:
         check_model(body.model, service.name)
     truncate, max_tokens = body.limits()
-    rows, scored = await service.logits(
-        request.receive,
-        request.url.path,
-        body.render(),
-        body.num_items,
-        truncate=truncate,
-        max_tokens=max_tokens,
+    scored = await service.score(
+        request.receive, request.url.path, body.items(), truncate=truncate, max_tokens=max_tokens
     )
     response.headers.update(truncated_header(scored.truncated))
-    values = rows if body.raw else [activate(row) for row in rows]
+    values = rows(scored) if body.raw else [activate(row) for row in rows(scored)]
     return values, scored, service.name
 
 
@@ -302,7 +294,7 @@ async def classify(
 ) -> ClassificationResponse:
     """vLLM's classification: every label's probability (or raw logit) per item."""
     values, scored, name = await _logits(body, request, response, service)
-    labels = service.labels
+    labels = row_labels(scored)
     data = []
     for i, row in enumerate(values):
         best = max(range(len(row)), key=row.__getitem__)
@@ -342,7 +334,7 @@ async def models(service: ServiceDep, _auth: Authorized) -> ModelList:
     if service.model is None:
         raise NotReadyError("the model is loading")
     name = service.name
-    max_len = min(slot.scorer.max_length for slot in service.slots)
+    max_len = service.max_length
     cards = [
         ModelCard(id=alias, created=int(time.time()), root=name, max_model_len=max_len)
         for alias in sorted(model_aliases(name), key=lambda a: a != name)

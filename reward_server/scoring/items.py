@@ -1,0 +1,166 @@
+"""A request's items as plain data, and how a served model reads them.
+
+The HTTP layer turns each route's body into one of the shapes below: values, never
+callables. The served models read them on the service's tokenizer thread: as texts in their
+own chat template (:func:`render`), or as conversations whose last message is the response
+(:func:`conversations`: process reward models score the response's steps). Pairs stay pairs
+as long as possible, because a model without a chat template joins them, and a process model
+finds the response in a pair without a template.
+
+No torch and no HTTP here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
+
+from reward_server.errors import ResponseNotFoundError
+from reward_server.text.policy_template import recover_conversations
+
+if TYPE_CHECKING:
+    from reward_server.engines import Scorer
+    from reward_server.text.policy_template import PolicyTemplate
+
+__all__ = [
+    "Conversation",
+    "Conversations",
+    "Items",
+    "Message",
+    "Pairs",
+    "PolicyTexts",
+    "Sequences",
+    "Texts",
+    "conversations",
+    "render",
+]
+
+#: One chat message: ``role`` and ``content``.
+Message: TypeAlias = dict[str, str]
+#: One chat: messages in order.
+Conversation: TypeAlias = list[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Texts:
+    """Complete texts, scored as given (no template applied)."""
+
+    texts: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        """How many items."""
+        return len(self.texts)
+
+
+@dataclass(frozen=True, slots=True)
+class Pairs:
+    """Query/response pairs: rendered as a user and an assistant turn with the model's chat
+    template, or joined without one."""
+
+    queries: tuple[str, ...]
+    responses: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.queries) != len(self.responses):
+            raise ValueError(f"{len(self.queries)} queries for {len(self.responses)} responses")
+
+    @property
+    def count(self) -> int:
+        """How many items."""
+        return len(self.queries)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversations:
+    """Conversations, rendered with the model's chat template; the last message is the
+    response."""
+
+    conversations: tuple[Conversation, ...]
+
+    @property
+    def count(self) -> int:
+        """How many items."""
+        return len(self.conversations)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyTexts:
+    """Complete texts the policy rendered with its own chat template (OpenRLHF's
+    ``/get_reward``). With the policy's template known (``--policy-tokenizer``) they are
+    turned back into conversations, split at ``prompts[i]`` when given; else scored as
+    given."""
+
+    texts: tuple[str, ...]
+    prompts: tuple[str, ...] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many items."""
+        return len(self.texts)
+
+
+@dataclass(frozen=True, slots=True)
+class Sequences:
+    """Texts and pairs mixed, in order (TEI's ``inputs``): ``(text,)`` or ``(query,
+    response)`` each."""
+
+    sequences: tuple[tuple[str] | tuple[str, str], ...]
+
+    @property
+    def count(self) -> int:
+        """How many items."""
+        return len(self.sequences)
+
+
+#: One request's items, in one of their shapes.
+Items: TypeAlias = Texts | Pairs | Conversations | PolicyTexts | Sequences
+
+
+def _recovered(items: PolicyTexts, template: PolicyTemplate) -> list[Conversation]:
+    prompts = list(items.prompts) if items.prompts is not None else None
+    return recover_conversations(template, items.texts, prompts)
+
+
+def render(items: Items, scorer: Scorer, template: PolicyTemplate | None) -> list[str]:
+    """The items as texts for ``scorer``: its chat template applied where items have turns
+    (``template``: the policy's, to undo on :class:`PolicyTexts`)."""
+    if isinstance(items, Texts):
+        return list(items.texts)
+    if isinstance(items, Pairs):
+        return scorer.render_pairs(items.queries, items.responses)
+    if isinstance(items, Conversations):
+        return scorer.render_conversations(items.conversations)
+    if isinstance(items, PolicyTexts):
+        if template is None:
+            return list(items.texts)
+        return scorer.render_conversations(_recovered(items, template))
+    texts = [sequence[0] for sequence in items.sequences]
+    at = [i for i, sequence in enumerate(items.sequences) if len(sequence) == 2]
+    joined = scorer.render_pairs(
+        [items.sequences[i][0] for i in at], [items.sequences[i][-1] for i in at]
+    )
+    for i, text in zip(at, joined, strict=True):
+        texts[i] = text
+    return texts
+
+
+def conversations(
+    items: Items, template: PolicyTemplate | None, model: str
+) -> Pairs | list[Conversation]:
+    """The items with their responses told apart, for a process reward model (``model``,
+    named in the error): pairs as they are, else conversations; ResponseNotFoundError for
+    texts, whose response cannot be found."""
+    if isinstance(items, Pairs):
+        return items
+    if isinstance(items, Conversations):
+        return list(items.conversations)
+    if isinstance(items, PolicyTexts) and template is not None:
+        return _recovered(items, template)
+    if isinstance(items, Sequences) and all(len(s) == 2 for s in items.sequences):
+        return Pairs(tuple(s[0] for s in items.sequences), tuple(s[-1] for s in items.sequences))
+    raise ResponseNotFoundError(
+        f"model {model!r} is a process reward model: it scores each step of a response, "
+        "and texts cannot be split into prompt and response; send queries and responses, "
+        "or conversations"
+    )
