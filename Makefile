@@ -51,9 +51,11 @@ $(VERL_STAMP): $(STAMP)
 		tensordict==0.10.0 "pyvers<0.2" omegaconf==2.4.0 codetiming orjson
 	touch $(VERL_STAMP)
 
+# ruff, then the import contracts of pyproject.toml's [tool.importlinter] (the layers).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache --no-logo
 
 format: setup
 	$(BIN)/ruff format .
