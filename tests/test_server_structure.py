@@ -3,20 +3,26 @@ seam (an engine that schedules its own passes needs no edit of the server)."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from fastapi.testclient import TestClient
 
+from reward_server import errors as core_errors
 from reward_server.config import ServerSettings
 from reward_server.engines import available_engines, engine_module
+from reward_server.http import errors as http_errors
 from reward_server.http.app import create_app
+from reward_server.scoring import items as items_module
 from reward_server.scoring.batcher import Batcher, BatchLimits, BatchObserver
-from reward_server.scoring.service import THREAD_PREFIX
+from reward_server.scoring.service import THREAD_PREFIX, Service
 from reward_server.text.rendering import Encoded
 
 #: The modules that load a model (torch, transformers, vLLM) and the Ray Serve entry point
@@ -24,6 +30,7 @@ from reward_server.text.rendering import Encoded
 NEEDS_TORCH = {
     "reward_server.engines.transformers",
     "reward_server.engines._process_reward",
+    "reward_server.engines._checkpoint",
     "reward_server.engines.vllm",
     "reward_server.http.ray_serve",
     "reward_server.ray_serve",
@@ -53,6 +60,35 @@ def test_http_rendering_and_batching_modules_import_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_every_service_error_answers_through_the_table() -> None:
+    # One hierarchy in the core, one table at the edge: a new error class without a status
+    # of its own would answer as an anonymous 500 "internal_error".
+    kinds = [
+        cls
+        for cls in vars(core_errors).values()
+        if isinstance(cls, type) and issubclass(cls, core_errors.ServiceError)
+    ]
+    assert len(kinds) > 15
+    for cls in kinds:
+        if cls is core_errors.ServiceError:
+            continue
+        assert cls in http_errors.ERRORS, f"{cls.__name__} has no status in the error table"
+        _status, kind = http_errors.classify(cls.__new__(cls))
+        assert kind != "internal_error", cls
+
+
+def test_items_cross_into_the_service_as_plain_data() -> None:
+    # The HTTP layer hands the service values, never callables that run later elsewhere.
+    shapes = get_args(items_module.Items)
+    assert len(shapes) == 5
+    for shape in shapes:
+        assert dataclasses.is_dataclass(shape) and shape.__dataclass_params__.frozen
+        for field in dataclasses.fields(shape):
+            assert "Callable" not in str(field.type), (shape.__name__, field.name, field.type)
+    score = inspect.signature(Service.score).parameters["items"]
+    assert score.annotation == "Items"
 
 
 def reward_threads() -> list[str]:

@@ -20,13 +20,8 @@ from typing import Any
 import torch
 
 from reward_server.config import LoadOptions
-from reward_server.engines.transformers import (
-    Network,
-    NetworkModel,
-    _label_names,
-    _pad,
-    load_parts,
-)
+from reward_server.engines._checkpoint import Network, load_parts
+from reward_server.engines.transformers import NetworkModel, _label_names, _pad
 from reward_server.errors import ModelLoadError, load_errors
 from reward_server.text.steps import (
     StepEncoded,

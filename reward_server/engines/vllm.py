@@ -31,14 +31,14 @@ from typing import Any
 
 from reward_server.config import CPU_MEMORY_UTILIZATION, GPU_MEMORY_UTILIZATION, LoadOptions
 from reward_server.engines import BatchLimits, BatchObserver, BatchStats
-from reward_server.engines.transformers import (
-    _check_options,
-    _load_adapter,
-    _load_network,
-    _load_tokenizer,
-    _max_length,
-    _read_config,
-    _source,
+from reward_server.engines._checkpoint import (
+    check_options,
+    checkpoint_source,
+    load_adapter,
+    load_network,
+    load_tokenizer,
+    model_max_length,
+    read_config,
 )
 from reward_server.errors import (
     BatcherClosedError,
@@ -191,9 +191,9 @@ def _merge_adapter(source: str, options: LoadOptions, config: Any, tokenizer: An
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     name = options.dtype if options.dtype != "auto" else str(stored or "float32")
     dtype = getattr(torch, name.removeprefix("torch."), torch.float32)
-    net, head_needed = _load_network(source, options, config, dtype)
+    net, head_needed = load_network(source, options, config, dtype)
     assert options.adapter is not None
-    merged = _load_adapter(net, options.adapter, merge=True, head_needed=head_needed)
+    merged = load_adapter(net, options.adapter, merge=True, head_needed=head_needed)
     folder = Path(tempfile.mkdtemp(prefix="reward-server-merged-"))
     try:
         merged.save_pretrained(folder)
@@ -260,24 +260,24 @@ class VllmRewardModel(RendersText):
     @classmethod
     def from_options(cls, options: LoadOptions) -> VllmRewardModel:
         """Check, read the tokenizer and config, merge an adapter, start vLLM."""
-        _check_options(options)
+        check_options(options)
         device = _platform_device()
         if options.device not in ("auto", device):
             raise ModelLoadError(
                 f"the vllm engine runs on {device} here, not {options.device!r} (pick GPUs "
                 "with CUDA_VISIBLE_DEVICES)"
             )
-        source = _source(options.model)
+        source = checkpoint_source(options.model)
         template = read_template(options.chat_template)
-        config = _read_config(source, options)
-        tokenizer = _load_tokenizer(source, options, template)
+        config = read_config(source, options)
+        tokenizer = load_tokenizer(source, options, template)
         num_labels = int(config.num_labels)
         if not 0 <= options.label_index < num_labels:
             raise ModelLoadError(
                 f"label_index {options.label_index} out of range: the model has "
                 f"{num_labels} label(s)"
             )
-        max_length = _max_length(types.SimpleNamespace(config=config), tokenizer, options)
+        max_length = model_max_length(types.SimpleNamespace(config=config), tokenizer, options)
         renderer = Renderer(
             tokenizer,
             name=options.model,
