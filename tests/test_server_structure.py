@@ -34,6 +34,9 @@ NEEDS_TORCH = {
     "reward_server.engines.vllm",
     "reward_server.http.ray_serve",
     "reward_server.ray_serve",
+    "reward_server.model",
+    "reward_server.app",
+    "reward_server.exceptions",
 }
 
 
