@@ -9,7 +9,10 @@ the image's health probe really tells a healthy server from an unhealthy one.
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import http.server
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -26,11 +29,15 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import server_proc
 import yaml
+from dependency_closure import dependency_closure
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from reward_server.config import ENV_PREFIX, ServerSettings
 
@@ -47,6 +54,7 @@ BIN = Path(sys.executable).parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 CONSOLE_SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
 IMAGE_TARGETS = ("server", "trainer", "demo", "server-vllm")
+WHEEL_STAGE = "wheel"  # builds the project's wheel once for every image
 
 
 # ----------------------------------------------------------------------------------------
@@ -170,7 +178,7 @@ def copies(stages: dict[str, Stage], name: str) -> dict[str, str]:
     return result
 
 
-# One file, three targets (server, trainer, demo) sharing the heavy layers.
+# One file: the images (server, trainer, demo, server-vllm) and the stages they build on.
 GLOBAL_ARGS, STAGES = parse_dockerfile(DOCKER_DIR / "Dockerfile")
 COMPOSE = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
 SERVICES: dict[str, dict] = COMPOSE["services"]
@@ -634,7 +642,7 @@ def test_build_context_has_what_the_images_copy() -> None:
         for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    for target in IMAGE_TARGETS:
+    for target in STAGES:  # the images and the stages they copy from (the wheel's sources)
         for source in copies(STAGES, target).values():
             path = ROOT / source
             files = [path] if path.is_file() else list(path.rglob("*.py"))
@@ -658,9 +666,12 @@ def test_build_context_has_what_the_images_copy() -> None:
 
 
 def test_project_installs_from_the_copied_files(tmp_path: Path) -> None:
-    """A wheel builds from exactly what the base stage copies, with both console scripts."""
-    build_dir = "/opt/build/"
-    for image_path, source in copies(STAGES, "base").items():
+    """A wheel builds from exactly what the wheel stage copies, with every package and both
+    console scripts."""
+    build_dir = last(STAGES, WHEEL_STAGE, "WORKDIR")
+    assert build_dir is not None
+    build_dir = build_dir.rstrip("/") + "/"
+    for image_path, source in copies(STAGES, WHEEL_STAGE).items():
         if not image_path.startswith(build_dir):
             continue
         dest = tmp_path / image_path[len(build_dir) :]
@@ -686,6 +697,15 @@ def test_project_installs_from_the_copied_files(tmp_path: Path) -> None:
         assert f"{script} = {target}" in scripts
         module = target.split(":")[0].replace(".", "/") + ".py"
         assert module in names
+    include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = [
+        path.name
+        for path in ROOT.iterdir()
+        if (path / "__init__.py").is_file() and any(fnmatch.fnmatch(path.name, p) for p in include)
+    ]
+    assert "reward_client" in packages
+    for package in packages:
+        assert f"{package}/__init__.py" in names, f"{package} is not copied into the wheel stage"
 
 
 def test_trainer_config_default_exists() -> None:
@@ -699,8 +719,27 @@ def test_trainer_config_default_exists() -> None:
     assert str(config.get("output_dir", "")).startswith("runs/"), "write into the runs volume"
 
 
+def _load_pyproject_deps() -> Any:
+    """docker/pyproject_deps.py as a module (it is a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location(
+        "pyproject_deps", DOCKER_DIR / "pyproject_deps.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pyproject_deps = _load_pyproject_deps()
+
+
+def _names(lines: list[str]) -> set[str]:
+    """The canonical project names of requirement lines."""
+    return {canonicalize_name(Requirement(line).name) for line in lines}
+
+
 def test_pyproject_deps_script() -> None:
-    """The dependency-layer helper prints exactly pyproject's requirements."""
+    """The dependency-layer helper prints pyproject's requirements, self-references expanded."""
     script = [sys.executable, str(DOCKER_DIR / "pyproject_deps.py"), str(ROOT / "pyproject.toml")]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -710,9 +749,245 @@ def test_pyproject_deps_script() -> None:
     base = run()
     assert base.returncode == 0, base.stderr
     assert base.stdout.splitlines() == PYPROJECT["project"]["dependencies"]
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    server = run("--extra", "server", "--no-base")
+    assert server.stdout.splitlines() == optional["server"]
+    # demo = ["remote-reward[server,ppo]", ...]: server's, then ppo's new lines, then its own.
     demo = run("--extra", "demo", "--no-base")
-    assert demo.stdout.splitlines() == PYPROJECT["project"]["optional-dependencies"]["demo"]
+    assert demo.returncode == 0, demo.stderr
+    expected = list(optional["server"])
+    expected += [line for line in optional["ppo"] if line not in expected]
+    expected += [line for line in optional["demo"] if not line.startswith("remote-reward[")]
+    assert demo.stdout.splitlines() == expected
     assert run("--extra", "no-such-extra").returncode != 0
+
+
+@pytest.mark.parametrize("extra", sorted(PYPROJECT["project"].get("optional-dependencies", {})))
+def test_pyproject_deps_never_asks_for_the_project(extra: str) -> None:
+    """No extra's requirement list names remote-reward (pip would fetch it from an index),
+    and each holds its own other requirements and those of the extras it names."""
+    project = PYPROJECT["project"]
+    lines = pyproject_deps.requirements(ROOT / "pyproject.toml", [extra], base=False)
+    assert len(lines) == len(set(lines))
+    assert canonicalize_name(project["name"]) not in _names(lines)
+    for line in project["optional-dependencies"][extra]:
+        req = Requirement(line)
+        if canonicalize_name(req.name) == canonicalize_name(project["name"]):
+            for named in req.extras:
+                inner = pyproject_deps.requirements(ROOT / "pyproject.toml", [named], base=False)
+                assert set(inner) <= set(lines), named
+        else:
+            assert line in lines
+
+
+SELF_REFERENCING = """
+[project]
+name = "My_Project"
+version = "0"
+dependencies = ["httpx>=0.27"]
+
+[project.optional-dependencies]
+server = ["torch>=2.4", "fastapi"]
+ppo = ["torch>=2.4", "datasets"]
+vllm = ["my-project[server]", "vllm>=0.11"]
+all = ["my.project[ppo, vllm]", "ray[serve]>=2.47"]
+gpu = ["my-project[server]; sys_platform == 'linux'", "nvidia-x; python_version >= '3.10'"]
+Loop_A = ["my-project[loop-b]", "a"]
+loop-b = ["my-project[loop_a]", "b"]
+broken = ["my-project[nope]"]
+"""
+
+
+def test_pyproject_deps_expands_self_references(tmp_path: Path) -> None:
+    """`project[x,y]` in an extra becomes x's and y's requirements: recursively, once each,
+    in order, names normalised, a marker carried onto what it brings, cycles ended."""
+    path = tmp_path / "pyproject.toml"
+    path.write_text(SELF_REFERENCING)
+
+    def reqs(*extras: str, base: bool = False) -> list[str]:
+        return pyproject_deps.requirements(path, list(extras), base=base)
+
+    assert reqs("vllm") == ["torch>=2.4", "fastapi", "vllm>=0.11"]
+    assert reqs("all", base=True) == [
+        *("httpx>=0.27", "torch>=2.4", "datasets", "fastapi", "vllm>=0.11", "ray[serve]>=2.47")
+    ]
+    assert reqs("server", "vllm") == reqs("vllm")  # nothing twice
+    assert reqs("gpu") == [
+        'torch>=2.4; sys_platform == "linux"',
+        'fastapi; sys_platform == "linux"',
+        "nvidia-x; python_version >= '3.10'",
+    ]
+    assert reqs("loop-a") == ["b", "a"]
+    assert reqs("LOOP.B") == ["a", "b"]
+    with pytest.raises(SystemExit, match="nope"):
+        reqs("broken")
+    with pytest.raises(SystemExit, match="missing"):
+        reqs("missing")
+    # The command line prints the same lines.
+    cmd = [sys.executable, str(DOCKER_DIR / "pyproject_deps.py"), str(path), "--extra", "all"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.splitlines() == reqs("all", base=True)
+
+
+def _image_extras(target: str) -> list[str]:
+    """The pyproject extras a target's RUN steps install (ARG defaults substituted)."""
+    args: dict[str, str] = dict(GLOBAL_ARGS)
+    extras: list[str] = []
+    for instr, line in instructions(STAGES, target):
+        if instr == "ARG":
+            key, _, default = line.partition("=")
+            args[key] = default
+        elif instr == "RUN" and "pyproject_deps.py" in line:
+            line = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], line)
+            extras += [e.strip("\"'") for e in re.findall(r"--extra\s+(\S+)", line)]
+    return extras
+
+
+# The extras each image needs: what its command runs (the demo runs a server and a trainer).
+IMAGE_EXTRAS = {
+    "server": ["server"],
+    "server-vllm": ["server", "vllm"],
+    "trainer": ["ppo", "plot"],
+    "demo": ["server", "ppo", "demo"],
+}
+
+
+@pytest.mark.parametrize("target", IMAGE_TARGETS)
+def test_images_install_the_extras_they_run(target: str) -> None:
+    """Each image installs its extras' requirements (and no other image's), then the wheel."""
+    pyproject = ROOT / "pyproject.toml"
+    installed = _names(pyproject_deps.requirements(pyproject, _image_extras(target)))
+    needed = _names(pyproject_deps.requirements(pyproject, IMAGE_EXTRAS[target]))
+    assert needed <= installed, f"{target} lacks {sorted(needed - installed)}"
+    server = _names(pyproject_deps.requirements(pyproject, ["server"]))
+    ppo = _names(pyproject_deps.requirements(pyproject, ["ppo"]))
+    if "server" not in IMAGE_EXTRAS[target]:
+        assert not (server - ppo) & installed, f"{target} installs the server's dependencies"
+    if "ppo" not in IMAGE_EXTRAS[target]:
+        assert not (ppo - server) & installed, f"{target} installs the trainer's dependencies"
+    # The project's wheel (built by the wheel stage from the copied packages), with
+    # --no-deps, after the image's extras layer, so a code change keeps that layer.
+    # (server-vllm adds vLLM on top of the finished server image.)
+    steps = instructions(STAGES, target)
+    extras_at = min(
+        i for i, (instr, a) in enumerate(steps) if "pyproject_deps.py" in a and "--extra" in a
+    )
+    later = steps[extras_at:]
+    copied = [a for instr, a in later if instr == "COPY" and f"--from={WHEEL_STAGE} " in a]
+    assert copied, f"{target} does not copy the project's wheel after its extras"
+    installs = [a for instr, a in later if instr == "RUN" and "pip install" in a]
+    assert any("--no-deps" in a and ".whl" in a for a in installs), installs
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): imports only a type checker runs."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _guards_import(node: ast.AST) -> bool:
+    """``try: import x`` ``except ImportError``: an import the code does without."""
+    if not isinstance(node, ast.Try):
+        return False
+    for handler in node.handlers:
+        caught = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        if any(
+            isinstance(c, ast.Name) and c.id in ("ImportError", "ModuleNotFoundError")
+            for c in caught
+        ):
+            return True
+    return False
+
+
+def _imports(node: ast.AST, found: set[str]) -> None:
+    """Top-level module names ``node`` imports, at module level or inside functions."""
+    if isinstance(node, ast.Import):
+        found.update(alias.name.split(".")[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        found.add(node.module.split(".")[0])
+    skipped = set()
+    if _is_type_checking(node) or _guards_import(node):
+        skipped = {id(statement) for statement in node.body}  # type: ignore[attr-defined]
+    for child in ast.iter_child_nodes(node):
+        if id(child) not in skipped:
+            _imports(child, found)
+
+
+def third_party_imports(paths: list[Path]) -> dict[str, list[str]]:
+    """Import name -> the files importing it, for every module that is not the standard
+    library's or this repository's own."""
+    own = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    own |= {p.stem for p in ROOT.glob("*.py")} | {"__future__"}
+    result: dict[str, list[str]] = {}
+    for path in paths:
+        found: set[str] = set()
+        _imports(ast.parse(path.read_text(encoding="utf-8")), found)
+        for name in found - own - set(sys.stdlib_module_names):
+            result.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
+    return result
+
+
+def test_import_scan_sees_lazy_imports_and_skips_optional_ones() -> None:
+    """The scan behind the next test: imports in functions count; type-checking-only ones and
+    those behind ``except ImportError`` do not (their ``else`` and handlers still do)."""
+    source = """
+from typing import TYPE_CHECKING
+import a.b
+from c import d
+from . import relative
+if TYPE_CHECKING:
+    import typing_only
+else:
+    import not_type_checking
+try:
+    import optional
+except ImportError:
+    import fallback
+def f():
+    import lazy
+class K:
+    from e.f import g
+"""
+    found: set[str] = set()
+    _imports(ast.parse(source), found)
+    assert found == {"typing", "a", "c", "not_type_checking", "fallback", "lazy", "e"}
+
+
+# The code each image runs (the demo: examples/demo*.py and tiny_models.py, beside both).
+IMAGE_CODE = {
+    "server": ["reward_client", "reward_server"],
+    "server-vllm": ["reward_client", "reward_server"],
+    "trainer": ["reward_client", "ppo_client"],
+    "demo": ["reward_client", "reward_server", "ppo_client", "examples/demo*.py", "tiny_models.py"],
+}
+# Imported only by a feature that comes with an extra the image leaves out on purpose.
+OPTIONAL_IMPORTS = {
+    "server": {"vllm"},  # --engine vllm: the server-vllm image
+    "demo": {"vllm"},
+}
+
+
+@pytest.mark.parametrize("target", IMAGE_TARGETS)
+def test_images_hold_what_their_code_imports(target: str) -> None:
+    """Every third-party module the image's code imports (at module level or in a function,
+    unless only for type checking or behind ``except ImportError``) comes with the
+    requirements the image installs."""
+    paths: list[Path] = []
+    for item in IMAGE_CODE[target]:
+        paths += sorted((ROOT / item).rglob("*.py")) if (ROOT / item).is_dir() else ROOT.glob(item)
+    lines = pyproject_deps.requirements(ROOT / "pyproject.toml", _image_extras(target))
+    installed = set(dependency_closure(lines, strict=False))
+    providers = importlib.metadata.packages_distributions()
+    missing = {}
+    for name, files in sorted(third_party_imports(paths).items()):
+        if name in OPTIONAL_IMPORTS.get(target, set()):
+            continue
+        dists = {canonicalize_name(d) for d in providers.get(name, [])} | {canonicalize_name(name)}
+        if not dists & installed:
+            missing[name] = files
+    assert not missing, f"the {target} image installs nothing that provides: {missing}"
 
 
 # ----------------------------------------------------------------------------------------
