@@ -20,9 +20,9 @@ import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ppo_client.client import RewardClientError
 from ppo_client.config import ConfigError, PPOConfig, reject_unknown_args
 from ppo_client.stopping import TrainingStopped, stop_at_once
+from reward_client import RewardClientError
 
 __all__ = ["build_parser", "main", "run", "train_config"]
 
@@ -122,7 +122,7 @@ def _train(args: argparse.Namespace, rest: Sequence[str]) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from ppo_client.client import RewardClient, RewardServerError
+    from reward_client import RewardClient, RewardServerError
 
     urls = [u.strip() for arg in args.reward_url for u in arg.split(",") if u.strip()]
     with RewardClient(

@@ -18,9 +18,9 @@ from ppo_client.config import ConfigError, PPOConfig
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from ppo_client.client import RetryEvent
     from ppo_client.ppo import Advantages, UpdateStats
     from ppo_client.rollout import Rollout
+    from reward_client import RetryEvent
 
 __all__ = [
     "METRICS_FILE",

@@ -1,5 +1,5 @@
 """The reward as the trainer calls it: any ``(prompts, responses) -> scores`` callable or a
-:class:`~ppo_client.client.RewardClient`, on a worker thread (overlapped with the rollout's
+:class:`~reward_client.RewardClient`, on a worker thread (overlapped with the rollout's
 forward passes) or inline."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def default_reward_fn(config: PPOConfig) -> RewardFn:
     """A RewardClient for ``config.reward_url``."""
     if not config.reward_url:
         raise ConfigError("set reward_url (the reward server) or pass reward_fn")
-    from ppo_client.client import RewardClient
+    from reward_client import RewardClient
 
     options: dict[str, Any] = {
         "timeout": config.reward_timeout,
@@ -129,7 +129,7 @@ def default_overlap(reward_fn: object, device: torch.device) -> bool:
     CPU, competes with the passes for the same cores; two busy-waiting thread teams on them
     made CPU steps slower, not faster (BENCHMARKS.md, PPO step).
     """
-    from ppo_client.client import RewardClient
+    from reward_client import RewardClient
 
     if not isinstance(reward_fn, RewardClient):
         return False

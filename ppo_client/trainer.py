@@ -83,7 +83,7 @@ class PPOTrainer:
     ``policy``, ``ref_policy``, ``value_model``, ``tokenizer`` and ``train_dataset`` are built from
     ``config`` when not given. ``reward_fn`` is any callable ``(prompts, responses) ->
     list[float]``; an object with ``score_pairs_detailed``/``score_detailed`` (the
-    :class:`~ppo_client.client.RewardClient`) also reports truncation. By default a
+    :class:`~reward_client.RewardClient`) also reports truncation. By default a
     ``RewardClient`` for ``config.reward_url`` is used.
     """
 

@@ -1,0 +1,194 @@
+"""The retry, failover and give-up decisions for one logical request (:class:`Attempts`).
+
+No I/O: the flow that sends the request (:mod:`reward_client.flows`) reports each outcome
+to :meth:`Attempts.settle` and gets back the decoded answer, a :class:`Retry` (after how
+long, on which URL: :attr:`Attempts.url`) or the final :class:`RewardServerError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from reward_client.errors import RewardServerError
+from reward_client.results import RetryEvent
+from reward_client.retry import RetryPolicy, parse_retry_after
+from reward_client.routing import Router
+
+__all__ = ["Attempts", "Retry", "error_message"]
+
+logger = logging.getLogger(__name__)
+
+
+def error_message(response: httpx.Response) -> str:
+    """The server's own reason from an error response, short and on one line."""
+    text = response.text
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    message: object = None
+    if isinstance(body, dict):
+        message = body.get("error", body.get("detail", body.get("message")))
+    if message is None:
+        message = text
+    if not isinstance(message, str):
+        message = json.dumps(message, separators=(",", ":"))
+    message = " ".join(message.split())
+    if len(message) > 500:
+        message = message[:497] + "..."
+    return message or response.reason_phrase or "no message"
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Try again after ``delay`` seconds (0: at once, on the next URL)."""
+
+    delay: float
+
+
+class Attempts:
+    """The attempts of one logical request: where the next goes, whether and when it does.
+
+    ``router`` picks and remembers targets, ``policy`` sets the limits, ``clock`` and
+    ``rng`` time the budget and jitter the pauses, ``on_retry`` hears of each retry.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        *,
+        router: Router,
+        policy: RetryPolicy,
+        clock: Callable[[], float],
+        rng: random.Random,
+        on_retry: Callable[[RetryEvent], None] | None = None,
+    ) -> None:
+        self.method, self.path = method, path
+        self._router, self._policy = router, policy
+        self._clock, self._rng, self._on_retry = clock, rng, on_retry
+        self.target = router.start()
+        self._failed_since_pause = 0
+        self._pauses = 0
+        self.attempts = 0
+        self._tried: list[str] = []
+        self._started = clock()
+
+    @property
+    def url(self) -> str:
+        """Full URL of the next attempt."""
+        return self.target.url + self.path
+
+    def sent(self) -> str:
+        """Count an attempt about to be made; its URL."""
+        self.target = self._router.current(self.target)  # still there after a resolution?
+        self.attempts += 1
+        self._tried.append(self.url)
+        return self.url
+
+    def settle(self, outcome: httpx.Response | httpx.TransportError) -> Any:
+        """The decoded JSON of a 2xx answer, a :class:`Retry`, or raise for a final error."""
+        if isinstance(outcome, httpx.TransportError):
+            return self._failed(outcome)
+        return self._received(outcome)
+
+    def _failed(self, exc: httpx.TransportError) -> Retry:
+        """A transport error (connection, timeout, protocol): retry or raise."""
+        if isinstance(exc, httpx.TimeoutException):
+            cause = f"timed out ({type(exc).__name__})"
+        else:
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, httpx.UnsupportedProtocol):
+            raise RewardServerError(None, cause, self.url, method=self.method) from exc
+        self._router.mark(self.target, ok=False)
+        return self._retry(None, cause, None, exc)
+
+    def _received(self, response: httpx.Response) -> Any:
+        status = response.status_code
+        base = self.target
+        if status < 300:
+            self._router.mark(base, ok=True)
+            try:
+                return response.json()
+            except ValueError as exc:
+                raise RewardServerError(
+                    status, "invalid response: not JSON", self.url, method=self.method
+                ) from exc
+        message = error_message(response)
+        if status == 429 or status >= 500:
+            self._router.mark(base, ok=status < 500)
+            retry_after = None
+            if status in (429, 503):
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+            return self._retry(status, message, retry_after, None)
+        self._router.mark(base, ok=True)
+        raise RewardServerError(status, message, self.url, method=self.method)
+
+    def _limit_reached(self, elapsed: float) -> str | None:
+        """Which limit ends the retries now, if any."""
+        if elapsed >= self._policy.timeout:
+            return f"retry_timeout {self._policy.timeout:g} s"
+        retries = self._policy.max_retries
+        if retries is not None and self.attempts > retries:
+            return f"max_retries {retries}"
+        return None
+
+    def _next_delay(self, retry_after: float | None, remaining: float) -> float:
+        """Move to the next URL; pause only once every URL failed since the last pause."""
+        self.target, count = self._router.after(self.target)
+        self._failed_since_pause += 1
+        if self._failed_since_pause < count:
+            return 0.0
+        self._failed_since_pause = 0
+        if retry_after is not None:
+            delay = self._policy.after_retry_after(retry_after, self._rng)
+        else:
+            delay = self._policy.backoff(self._pauses, self._rng)
+        self._pauses += 1
+        return min(delay, remaining)  # the last try falls on the end of the budget
+
+    def _retry(
+        self, status: int | None, cause: str, retry_after: float | None, exc: BaseException | None
+    ) -> Retry:
+        """Log the failure; then the pause before the next try, or raise once a limit is hit."""
+        failed_url, budget = self.url, self._policy.timeout
+        elapsed = self._clock() - self._started
+        what = f"HTTP {status}: {cause}" if status else cause
+        where = f"{self.method} {failed_url} failed (attempt {self.attempts}, {elapsed:.1f} s"
+        where += f" of the {budget:g} s retry budget): {what}"
+        limit = self._limit_reached(elapsed)
+        if limit is not None:
+            logger.warning("%s; giving up (%s)", where, limit)
+            raise RewardServerError(
+                status,
+                cause,
+                failed_url,
+                method=self.method,
+                attempts=self.attempts,
+                tried=self._tried,
+                elapsed=elapsed,
+                gave_up=limit,
+            ) from exc
+        delay = self._next_delay(retry_after, budget - elapsed)
+        logger.warning("%s; next try in %.1f s on %s", where, delay, self.url)
+        if self._on_retry is not None:
+            event = RetryEvent(
+                method=self.method,
+                url=failed_url,
+                error=what,
+                status=status,
+                attempt=self.attempts,
+                waited_s=elapsed,
+                budget_s=budget,
+                next_delay_s=delay,
+                next_url=self.url,
+            )
+            self._on_retry(event)
+        return Retry(delay)

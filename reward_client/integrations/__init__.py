@@ -1,0 +1,13 @@
+"""The reward client inside RL frameworks, each importing its framework only when used.
+
+- :mod:`reward_client.integrations.trl`: :class:`~reward_client.integrations.trl.RemoteReward`,
+  a ``reward_funcs`` entry of TRL's GRPOTrainer and RLOOTrainer.
+- :mod:`reward_client.integrations.verl`: verl's ``custom_reward_function``
+  (``path=pkg://reward_client.integrations.verl``).
+- :mod:`reward_client.integrations.openrlhf`: a ``reward_func`` file for OpenRLHF's
+  ``--remote_rm_url``.
+
+Shared: :mod:`~reward_client.integrations.messages` (chat messages reduced to role and text)
+and :mod:`~reward_client.integrations.settings` (settings from keyword arguments and the
+environment, clients kept for the process).
+"""

@@ -1,0 +1,257 @@
+"""TRL adapter: the reward server as a ``reward_funcs`` entry of GRPOTrainer or RLOOTrainer.
+
+``RemoteReward`` is an async callable. TRL (checked against 1.16) detects async reward
+functions, including callable instances whose ``__call__`` is a coroutine function, and
+awaits them on its own daemon event loop, concurrently with its other async reward
+functions; it passes ``prompts``, ``completions``, ``completion_ids``, the dataset's other
+columns, ``trainer_state``, ``log_extra`` and ``log_metric`` as keyword arguments.
+
+Plain-text data (``prompts`` and ``completions`` are strings) is sent as
+``queries``/``responses``; conversational data (``prompts`` are message lists and each
+completion is a message list such as ``[{"role": "assistant", "content": "..."}]``) is
+sent as ``conversations``, so the reward server renders it with the reward model's own
+chat template and the policy's template never reaches it.
+
+TRL itself is never imported here: the module needs only the reward client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from reward_client.client import AsyncRewardClient, RewardClient
+from reward_client.errors import RewardClientError
+from reward_client.integrations.messages import completion_text, messages
+from reward_client.results import ScoreResult
+
+__all__ = ["RemoteReward", "RewardComponent"]
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteReward:
+    """Async TRL reward function backed by a running reward server.
+
+    >>> trainer = GRPOTrainer(model=..., reward_funcs=[RemoteReward("http://rm:8000")], ...)
+
+    ``name`` becomes ``__name__``, which TRL uses in its logs (``rewards/<name>/mean``).
+    When TRL passes ``log_metric``, the fraction of texts the server truncated is logged as
+    ``rewards/<name>/truncated_frac``. ``retry_timeout`` is how long, in seconds, a request
+    is retried while the server is unreachable or busy (default 600, enough for a restart).
+    ``protocol``: what the server speaks (``remote-reward``, ``vllm``, ``tei``, ``openrlhf``
+    or ``auto``; see :mod:`reward_client.wire`). ``model``: score with this one model of a
+    composite server. :meth:`components` gives one reward function per model instead.
+    Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
+    ``max_concurrency``, ``on_retry``, ...; see :class:`~reward_client.ClientOptions`)
+    go to :class:`~reward_client.AsyncRewardClient`.
+    """
+
+    def __init__(
+        self,
+        url_or_urls: str | Sequence[str],
+        api_key: str | None = None,
+        *,
+        name: str = "remote_reward",
+        truncate: bool | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        retry_timeout: float | None = None,
+        protocol: str = "remote-reward",
+        model: str | None = None,
+        **client_kwargs: Any,
+    ) -> None:
+        self._client_args: dict[str, Any] = {
+            "base_urls": url_or_urls,
+            "api_key": api_key,
+            "retry_timeout": retry_timeout,
+            "protocol": protocol,
+            **client_kwargs,
+        }
+        self.__name__ = name
+        self.__qualname__ = name
+        self.truncate = truncate
+        self.model = model
+        self._component_names: list[str] | None = None  # from /info, on first use
+        # Built now so that bad arguments fail here, not in the first training step.
+        self._shared = http_client is not None
+        self._unclaimed: AsyncRewardClient | None = AsyncRewardClient(
+            **self._client_args, http_client=http_client
+        )
+        # An httpx.AsyncClient's connections belong to the event loop that opened them.
+        # TRL awaits reward functions on one daemon loop, but a user may call us from
+        # several loops (asyncio.run per call), so each loop gets its own client.
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncRewardClient]
+        self._per_loop = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"RemoteReward({self._client_args['base_urls']!r}, name={self.__name__!r})"
+
+    @property
+    def client(self) -> AsyncRewardClient:
+        """The client for the running event loop (created on first use in that loop)."""
+        if self._shared:
+            assert self._unclaimed is not None
+            return self._unclaimed
+        loop = asyncio.get_running_loop()
+        client = self._per_loop.get(loop)
+        if client is None:
+            client, self._unclaimed = self._unclaimed, None
+            client = client or AsyncRewardClient(**self._client_args)
+            self._per_loop[loop] = client
+        return client
+
+    async def aclose(self) -> None:
+        """Close the running loop's client (a passed-in ``http_client`` stays open)."""
+        if self._shared:
+            return
+        client = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    async def score_detailed(
+        self,
+        prompts: Sequence[object],
+        completions: Sequence[object],
+        *,
+        components: bool | None = None,
+    ) -> ScoreResult:
+        """Scores with token counts, truncation flags and (``components=True``) the
+        per-model breakdown for TRL-style prompts and completions."""
+        inputs = _score_inputs(prompts, completions)
+        if not inputs:
+            return ScoreResult([], [], [])
+        return await self.client.score_detailed(
+            **inputs, truncate=self.truncate, model=self.model, components=components
+        )
+
+    def component_names(self) -> list[str]:
+        """The names of the server's models, from its ``/info`` (asked once, blocking)."""
+        if self._component_names is None:
+            # A blocking request of its own: TRL reads the names before its loop runs.
+            with RewardClient(**self._client_args) as client:
+                info = client.info()
+            models = info.get("models")
+            if not isinstance(models, list) or not models:
+                raise RewardClientError(
+                    f"{self._client_args['base_urls']!r}: /info lists no models (a server "
+                    "from before composite rewards); pass names= to components()"
+                )
+            self._component_names = [str(m["name"]) for m in models]
+        return list(self._component_names)
+
+    def components(self, names: Sequence[str] | None = None) -> list[RewardComponent]:
+        """One TRL reward function per model of the server, each named after its model.
+
+        TRL logs each under its ``__name__`` (``rewards/<model>/mean``) and applies its own
+        ``reward_weights`` to them. They share one ``components: true`` request per batch:
+        the first one TRL calls sends it, the others take their column of the answer.
+        ``names`` (default: every model in the server's ``/info``) picks the components.
+        """
+        chosen = list(names) if names is not None else self.component_names()
+        if not chosen:
+            raise ValueError("components() needs at least one component name")
+        shared = _SharedRequest(self, len(chosen))
+        return [RewardComponent(shared, name) for name in chosen]
+
+    async def __call__(
+        self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
+    ) -> list[float]:
+        """One float per completion, in order (TRL's ``reward_funcs`` signature)."""
+        result = await self.score_detailed(prompts, completions)
+        _log_truncation(self.__name__, result, kwargs)
+        return result.scores
+
+
+def _log_truncation(name: str, result: ScoreResult, kwargs: Mapping[str, Any]) -> None:
+    """``rewards/<name>/truncated_frac`` through TRL's ``log_metric``, when TRL passes it."""
+    log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+    if callable(log_metric) and len(result):
+        log_metric(f"rewards/{name}/truncated_frac", result.truncated_frac)
+
+
+def _score_inputs(prompts: Sequence[object], completions: Sequence[object]) -> dict[str, Any]:
+    """The client's input form for TRL-style prompts and completions ({} for none)."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    if not prompts:
+        return {}
+    # TRL decides per batch from the first prompt whether data is conversational.
+    if isinstance(prompts[0], str):
+        return {
+            "queries": [str(p) for p in prompts],
+            "responses": [completion_text(c) for c in completions],
+        }
+    conversations = [
+        messages(p, "user") + messages(c, "assistant")
+        for p, c in zip(prompts, completions, strict=True)
+    ]
+    return {"conversations": conversations}
+
+
+class _SharedRequest:
+    """One ``components: true`` request per batch, shared by the component functions.
+
+    The first component called for a batch starts the request; the others await the same
+    task (TRL runs async reward functions concurrently on one loop) or, called later, find
+    its result. An entry is dropped once every component took it; at most ``_KEEP``
+    batches are kept for components that are never called.
+    """
+
+    _KEEP = 8
+
+    def __init__(self, reward: RemoteReward, consumers: int) -> None:
+        self.reward = reward
+        self.consumers = consumers
+        self._entries: dict[tuple[int, str], list[Any]] = {}
+
+    async def result(self, prompts: Sequence[object], completions: Sequence[object]) -> ScoreResult:
+        """The breakdown of this batch, requested once."""
+        inputs = _score_inputs(prompts, completions)
+        # The batch's inputs are its key, per event loop (a task belongs to its loop).
+        key = (id(asyncio.get_running_loop()), json.dumps(inputs, sort_keys=True))
+        entry = self._entries.get(key)
+        if entry is None:
+            coro = self.reward.score_detailed(prompts, completions, components=True)
+            entry = self._entries[key] = [asyncio.ensure_future(coro), self.consumers]
+            while len(self._entries) > self._KEEP:
+                del self._entries[next(iter(self._entries))]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            self._entries.pop(key, None)
+        # shield: one caller cancelled must not cancel the request the others wait for.
+        return await asyncio.shield(entry[0])
+
+
+class RewardComponent:
+    """A TRL reward function giving one component (model) of a composite reward server's
+    answer; made by :meth:`RemoteReward.components`."""
+
+    def __init__(self, shared: _SharedRequest, name: str) -> None:
+        self.__name__ = name
+        self.__qualname__ = name
+        self._shared = shared
+
+    def __repr__(self) -> str:
+        return f"{self._shared.reward!r}.components()[{self.__name__!r}]"
+
+    async def __call__(
+        self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
+    ) -> list[float]:
+        """This component's score of each completion, in order."""
+        result = await self._shared.result(prompts, completions)
+        if not len(result):
+            return []
+        if result.components is None or self.__name__ not in result.components:
+            known = sorted(result.components or {})
+            raise RewardClientError(
+                f"the reward server's answer has no component {self.__name__!r} "
+                f"(components: {', '.join(known) or 'none'})"
+            )
+        _log_truncation(self.__name__, result, kwargs)
+        return result.components[self.__name__]

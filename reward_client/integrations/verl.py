@@ -1,0 +1,218 @@
+"""verl adapter: the reward server as verl's ``custom_reward_function``.
+
+verl (checked against 0.9.1) imports ``custom_reward_function.name`` from
+``custom_reward_function.path`` (``pkg://reward_client.integrations.verl`` imports this
+module) and calls it with keyword arguments only, merging
+``custom_reward_function.reward_kwargs`` into them:
+
+- the reward-loop managers of 0.9 (``naive``, ``dapo``, ``limited``, ``remote``) and the
+  per-sample managers of earlier releases call
+  ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` once per
+  sample. The reward loop awaits it when it is a coroutine function
+  (:func:`compute_score_async`, concurrent on verl's event loop) and runs it on a thread
+  pool otherwise (:func:`compute_score`); ``remote`` takes only the sync one.
+- the ``batch`` manager (before the reward loop) calls
+  ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)`` once per
+  batch and wants a list (:func:`compute_score_batch`).
+
+``solution_str`` is the policy's response decoded without special tokens; verl passes no
+prompt, so the prompt comes from ``extra_info[prompt_key]``, written there by the data
+preprocessing: a list of chat messages is scored as a conversation (the server renders it
+with the reward model's own template), a string as a query/response pair, and without a
+prompt the response alone is scored as a text. ``data_source`` and ``ground_truth`` are not
+used. Each function returns the score as a float, or with ``reward_details`` a dict
+``{"score", "tokens", "truncated"}`` whose other keys verl logs as extra reward info.
+
+Settings come from keyword arguments (``reward_kwargs``) first, then the environment:
+``reward_url`` / ``REWARD_URL`` (one URL, a comma-separated list or a list),
+``reward_api_key`` / ``REWARD_API_KEY``, ``reward_timeout`` / ``REWARD_TIMEOUT`` (seconds,
+default 60), ``prompt_key`` / ``REWARD_PROMPT_KEY`` (default ``"prompt"``),
+``reward_details`` / ``REWARD_DETAILS`` and ``reward_client_options`` (a mapping of further
+keyword arguments for the reward client, such as ``max_retries``). One client per setting
+is kept for the whole process (per event loop for the async client), so calls reuse their
+connections (:mod:`reward_client.integrations.settings`).
+
+verl itself is never imported here: the module needs only the reward client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reward_client.integrations.messages import messages
+from reward_client.integrations.settings import (
+    CLIENT_KWARGS,
+    ClientCache,
+    ClientSettings,
+    WarnOnce,
+    flag,
+)
+from reward_client.results import ScoreResult
+
+__all__ = [
+    "aclose_clients",
+    "close_clients",
+    "compute_score",
+    "compute_score_async",
+    "compute_score_batch",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Keyword arguments verl's reward loop adds when it runs its own reward model: not ours.
+_VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
+_OUR_KWARGS = CLIENT_KWARGS | {"prompt_key", "reward_details"}
+_URL_HINT = "REWARD_URL or custom_reward_function.reward_kwargs.reward_url"
+
+Score = float | dict[str, Any]
+
+_warn_once = WarnOnce(logger)
+_clients = ClientCache()
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """Where and how to score (``client``), where the prompt is, what to return."""
+
+    client: ClientSettings
+    prompt_key: str
+    details: bool
+
+
+def _settings(kwargs: Mapping[str, Any]) -> _Settings:
+    """Settings from the call's keyword arguments, then the environment, then defaults."""
+    for name in kwargs.keys() - _OUR_KWARGS - _VERL_KWARGS:
+        _warn_once(f"kwarg:{name}", "%s ignores the keyword argument %r", __name__, name)
+    env = os.environ
+    return _Settings(
+        client=ClientSettings.read(kwargs, _URL_HINT),
+        prompt_key=str(kwargs.get("prompt_key") or env.get("REWARD_PROMPT_KEY") or "prompt"),
+        details=flag(kwargs.get("reward_details", env.get("REWARD_DETAILS", ""))),
+    )
+
+
+def close_clients() -> None:
+    """Close the cached blocking clients and forget every cached async client."""
+    _clients.close()
+
+
+async def aclose_clients() -> None:
+    """Close the async clients cached for the running event loop."""
+    await _clients.aclose()
+
+
+def _prompt(extra_info: object, key: str) -> str | list[dict[str, str]] | None:
+    """The prompt stored in ``extra_info[key]``: text, chat messages or None."""
+    if not isinstance(extra_info, Mapping):
+        return None
+    value = extra_info.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    # verl reads parquet columns into numpy object arrays: a message list arrives as one.
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return messages(value, "user")
+
+
+@dataclass
+class _Group:
+    """The items of one input form: their positions in the batch and the request columns."""
+
+    positions: list[int]
+    columns: dict[str, list[Any]]
+
+
+def _groups(solution_strs: Sequence[str], extra_infos: Sequence[object], key: str) -> list[_Group]:
+    """Split a batch into at most one request per input form, keeping each item's position."""
+    groups: dict[str, _Group] = {}
+    for i, (response, extra_info) in enumerate(zip(solution_strs, extra_infos, strict=True)):
+        prompt = _prompt(extra_info, key)
+        item: dict[str, Any]
+        if prompt is None:
+            _warn_once(
+                f"prompt:{key}", "extra_info has no %r: scoring the response alone as a text", key
+            )
+            item = {"texts": response}
+        elif isinstance(prompt, str):
+            item = {"queries": prompt, "responses": response}
+        else:
+            item = {"conversations": [*prompt, {"role": "assistant", "content": response}]}
+        group = groups.setdefault(",".join(item), _Group([], {name: [] for name in item}))
+        group.positions.append(i)
+        for name, value in item.items():
+            group.columns[name].append(value)
+    return list(groups.values())
+
+
+def _prepare(
+    solution_strs: Iterable[str], extra_infos: Iterable[object] | None, kwargs: Mapping[str, Any]
+) -> tuple[_Settings, int, list[_Group]]:
+    """Settings, batch size and per-form requests of one call."""
+    settings = _settings(kwargs)
+    responses = [str(s) for s in solution_strs]
+    extras = [None] * len(responses) if extra_infos is None else list(extra_infos)
+    if len(extras) != len(responses):
+        raise ValueError(f"{len(responses)} solution_strs but {len(extras)} extra_infos")
+    return settings, len(responses), _groups(responses, extras, settings.prompt_key)
+
+
+def _assemble(
+    size: int, groups: Sequence[_Group], results: Sequence[ScoreResult], details: bool
+) -> list[Score]:
+    """Per-item scores (or detail dicts) back in batch order."""
+    out: list[Score] = [0.0] * size
+    for group, result in zip(groups, results, strict=True):
+        for j, position in enumerate(group.positions):
+            score = result.scores[j]
+            out[position] = (
+                {"score": score, "tokens": result.tokens[j], "truncated": result.truncated[j]}
+                if details
+                else score
+            )
+    return out
+
+
+def compute_score_batch(
+    data_sources: Sequence[Any],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> list[Score]:
+    """Batched verl reward function (``reward_manager=batch``): one score per response."""
+    settings, size, groups = _prepare(solution_strs, extra_infos, kwargs)
+    client = _clients.blocking(settings.client)
+    results = [client.score_detailed(**group.columns) for group in groups]
+    return _assemble(size, groups, results, settings.details)
+
+
+def compute_score(
+    data_source: Any,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Score:
+    """verl reward function for one response (thread-safe; verl runs it on a thread pool)."""
+    return compute_score_batch(
+        [data_source], [solution_str], [ground_truth], [extra_info], **kwargs
+    )[0]
+
+
+async def compute_score_async(
+    data_source: Any,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Score:
+    """Async verl reward function for one response; verl's reward loop awaits it concurrently."""
+    settings, _, groups = _prepare([solution_str], [extra_info], kwargs)
+    result = await _clients.for_loop(settings.client).score_detailed(**groups[0].columns)
+    return _assemble(1, groups, [result], settings.details)[0]

@@ -1,0 +1,96 @@
+"""What the clients hand back: :class:`ScoreResult` per call, :class:`RetryEvent` per retry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reward_client.errors import RewardClientError
+
+__all__ = ["BREAKDOWN", "RetryEvent", "ScoreResult", "merge"]
+
+#: The optional breakdown fields of a ``/score`` answer (ScoreResult's names).
+BREAKDOWN = (
+    "components",
+    "objectives",
+    "step_scores",
+    "step_ends",
+    "steps_dropped",
+    "outcome_scores",
+)
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Scores in input order, with the number of tokens scored and truncation per item.
+
+    The breakdown of a composite server (one list entry per item; None where the server
+    sent none, and always None for protocols other than remote-reward): ``components``
+    (model name -> its own scores), ``objectives`` (label name -> raw logits),
+    ``step_scores`` and ``step_ends`` (per item, a process model's score of each step and
+    the code-point offset into the response where that step ends), ``steps_dropped``
+    (steps lost to truncation) and ``outcome_scores`` (the sequence models' aggregate).
+    """
+
+    scores: list[float]
+    tokens: list[int]
+    truncated: list[bool]
+    components: dict[str, list[float]] | None = None
+    objectives: dict[str, list[float]] | None = None
+    step_scores: list[list[float]] | None = None
+    step_ends: list[list[int]] | None = None
+    steps_dropped: list[int] | None = None
+    outcome_scores: list[float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def truncated_frac(self) -> float:
+        """Fraction of items the server truncated (0.0 for an empty result)."""
+        return sum(self.truncated) / len(self.truncated) if self.truncated else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """A failed attempt that will be tried again; passed to the clients' ``on_retry`` hook.
+
+    ``waited_s`` is the time since the request was first sent, out of ``budget_s``;
+    ``next_delay_s`` the pause before the next try (0: at once), on ``next_url``.
+    """
+
+    method: str
+    url: str
+    error: str
+    status: int | None
+    attempt: int
+    waited_s: float
+    budget_s: float
+    next_delay_s: float
+    next_url: str
+
+
+def merge(results: Sequence[ScoreResult]) -> ScoreResult:
+    """Concatenate per-chunk results in chunk order (the breakdown too)."""
+    breakdown: dict[str, Any] = {}
+    for key in BREAKDOWN:
+        parts = [getattr(r, key) for r in results]
+        present = [p is not None for p in parts]
+        if not any(present):
+            continue
+        if not all(present):
+            raise RewardClientError(f"some chunks' answers have {key} and others not")
+        if isinstance(parts[0], dict):
+            names = list(parts[0])
+            if any(list(p) != names for p in parts):
+                raise RewardClientError(f"the chunks' answers name different {key}")
+            breakdown[key] = {n: [v for p in parts for v in p[n]] for n in names}
+        else:
+            breakdown[key] = [v for p in parts for v in p]
+    return ScoreResult(
+        scores=[s for r in results for s in r.scores],
+        tokens=[t for r in results for t in r.tokens],
+        truncated=[t for r in results for t in r.truncated],
+        **breakdown,
+    )

@@ -1,0 +1,34 @@
+"""OpenRLHF's remote reward model (protocol ``openrlhf``): ``POST /get_reward``.
+
+Texts go as ``query``; pairs are joined as query + response; no conversations. The
+answer's ``rewards`` are the scores; it reports neither tokens nor truncation per item:
+the result says 0 tokens and not truncated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reward_client.results import ScoreResult
+from reward_client.wire.base import WireRequest, chunked, number
+
+__all__ = ["parse", "requests"]
+
+
+def requests(columns: dict[str, list[Any]], size: int) -> list[WireRequest]:
+    """``/get_reward`` requests of at most ``size`` texts each."""
+    texts = columns.get("texts") or [
+        q + r for q, r in zip(columns["queries"], columns["responses"], strict=True)
+    ]
+    return chunked("/get_reward", texts, size, lambda c: {"query": c})
+
+
+def parse(payload: object, items: int) -> ScoreResult:
+    """Scores of a ``/get_reward`` answer; ValueError naming what is wrong with it."""
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+    rewards = payload.get("rewards")
+    if not isinstance(rewards, list) or len(rewards) != items:
+        raise ValueError(f"'rewards' missing or not {items} values")
+    scores = [number(r, f"reward {i}") for i, r in enumerate(rewards)]
+    return ScoreResult(scores, [0] * items, [False] * items)

@@ -1,0 +1,143 @@
+"""This project's server (protocol ``remote-reward``): ``POST /score`` bodies and answers.
+
+A body holds one input column as given (``texts``, ``queries`` and ``responses``, or
+``conversations``), then ``truncate`` and this server's own fields (``model``,
+``components``). An answer holds ``scores``, ``tokens`` and ``truncated`` per item and,
+from a composite server, the breakdown (:data:`~reward_client.results.BREAKDOWN`), each
+checked for shape and finiteness here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from reward_client.results import BREAKDOWN, ScoreResult
+from reward_client.wire.base import WireRequest, is_count, is_number
+
+__all__ = ["find_max_client_batch", "parse", "requests"]
+
+
+def requests(
+    columns: dict[str, list[Any]], size: int, truncate: bool | None, fields: Mapping[str, Any]
+) -> list[WireRequest]:
+    """``/score`` requests of at most ``size`` items each."""
+    n = len(next(iter(columns.values())))
+    bodies = [{k: v[i : i + size] for k, v in columns.items()} for i in range(0, n, size)]
+    for body in bodies:
+        if truncate is not None:
+            body["truncate"] = truncate
+        body.update(fields)
+    # The first key of a body is its input column (then truncate and fields).
+    return [WireRequest("/score", b, len(next(iter(b.values())))) for b in bodies]
+
+
+def parse(payload: object, expected: int) -> ScoreResult:
+    """A ``/score`` answer checked for shape and finiteness; ValueError naming what is wrong."""
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+    columns: dict[str, list[Any]] = {}
+    for key in ("scores", "tokens", "truncated"):
+        column = payload.get(key)
+        if not isinstance(column, list):
+            raise ValueError(f"{key!r} missing or not a list")
+        if len(column) != expected:
+            raise ValueError(f"{len(column)} {key} for {expected} items")
+        columns[key] = column
+    for i, score in enumerate(columns["scores"]):
+        if not is_number(score):
+            raise ValueError(f"score {i} is {score!r}, not a finite number")
+    for i, count in enumerate(columns["tokens"]):
+        if not is_count(count):
+            raise ValueError(f"tokens {i} is {count!r}, not a count")
+    for i, flag in enumerate(columns["truncated"]):
+        if not isinstance(flag, bool):
+            raise ValueError(f"truncated {i} is {flag!r}, not a bool")
+    return ScoreResult(
+        scores=[float(s) for s in columns["scores"]],
+        tokens=list(columns["tokens"]),
+        truncated=list(columns["truncated"]),
+        **_breakdown(payload, expected),
+    )
+
+
+def _checked(
+    column: object, expected: int | None, what: str, ok: Callable[[object], bool], kind: str
+) -> list[Any]:
+    """``column`` if it is a list of values that are ``ok`` (``expected`` of them unless
+    None); else ValueError naming the first wrong one (``kind``: "number" or "count")."""
+    if not isinstance(column, list) or (expected is not None and len(column) != expected):
+        count = "" if expected is None else f"{expected} "
+        raise ValueError(f"{what} is not a list of {count}{kind}s")
+    for i, value in enumerate(column):
+        if not ok(value):
+            adjective = "finite " if kind == "number" else ""
+            raise ValueError(f"{what}[{i}] is {value!r}, not a {adjective}{kind}")
+    return list(column)
+
+
+def _numbers(column: object, expected: int | None, what: str) -> list[float]:
+    """Finite numbers as floats (``expected`` of them unless None); ValueError if not."""
+    return [float(v) for v in _checked(column, expected, what, is_number, "number")]
+
+
+def _offsets(column: object, expected: int | None, what: str) -> list[int]:
+    """Non-negative ints (``expected`` of them unless None); ValueError if not."""
+    return _checked(column, expected, what, is_count, "count")
+
+
+def _per_item(
+    column: object, expected: int, what: str, row: Callable[[object, None, str], list[Any]]
+) -> list[list[Any]]:
+    """One list per item, each checked by ``row``."""
+    if not isinstance(column, list) or len(column) != expected:
+        raise ValueError(f"{what} is not a list of {expected} lists")
+    return [row(value, None, f"{what}[{i}]") for i, value in enumerate(column)]
+
+
+def _named(column: object, expected: int, what: str) -> dict[str, list[float]]:
+    """Name -> ``expected`` finite numbers."""
+    if not isinstance(column, dict):
+        raise ValueError(f"{what} is not an object of name -> scores")
+    return {str(k): _numbers(v, expected, f"{what}[{k!r}]") for k, v in column.items()}
+
+
+def _breakdown(payload: dict[str, Any], expected: int) -> dict[str, Any]:
+    """The breakdown fields present in an answer, checked (absent or null: None)."""
+    out: dict[str, Any] = {}
+    for key in BREAKDOWN:
+        column = payload.get(key)
+        if column is None:
+            continue
+        if key in ("components", "objectives"):
+            out[key] = _named(column, expected, key)
+        elif key == "step_scores":
+            out[key] = _per_item(column, expected, key, _numbers)
+        elif key == "step_ends":
+            out[key] = _per_item(column, expected, key, _offsets)
+        elif key == "steps_dropped":
+            out[key] = _offsets(column, expected, key)
+        else:
+            out[key] = _numbers(column, expected, key)
+    scores, ends = out.get("step_scores"), out.get("step_ends")
+    if (scores is None) != (ends is None):
+        raise ValueError("step_scores and step_ends come together")
+    for i, (row, offsets) in enumerate(zip(scores or [], ends or [], strict=True)):
+        if len(row) != len(offsets):
+            raise ValueError(f"item {i}: {len(row)} step_scores but {len(offsets)} step_ends")
+        if any(b < a for a, b in itertools.pairwise(offsets)):
+            raise ValueError(f"item {i}: step_ends {offsets} are not in order")
+    return out
+
+
+def find_max_client_batch(info: object) -> int | None:
+    """``max_client_batch`` from ``/info``, at the top level or one object down."""
+    if not isinstance(info, dict):
+        return None
+    candidates = [info] + [v for v in info.values() if isinstance(v, dict)]
+    for mapping in candidates:
+        value = mapping.get("max_client_batch")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
