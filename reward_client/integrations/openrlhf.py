@@ -1,0 +1,85 @@
+"""OpenRLHF adapter: the reward server as the ``reward_func`` file of ``--remote_rm_url``.
+
+OpenRLHF (checked against 0.11.2) takes for ``--remote_rm_url`` either reward server URLs,
+which it posts to itself (``/get_reward``, five tries a second apart, no API key), or a
+Python file: it loads that file with ``importlib.util.spec_from_file_location`` and calls
+its ``reward_func(queries, prompts, labels)`` on a worker thread (``asyncio.to_thread``),
+once per sample as each rollout finishes. ``queries`` are the prompt and response decoded
+with the policy's tokenizer *with* special tokens, as one text each; ``prompts`` the
+prompts as the policy saw them; ``labels`` the dataset's ``--label_key`` column. From the
+answer, a dict, it reads ``rewards`` (the reward, for the advantages), ``scores`` (for
+dynamic filtering; ``rewards`` when absent) and ``extra_logs`` (logged per sample), and
+makes a tensor of each.
+
+This module is such a file; pass its path::
+
+    --remote_rm_url "$(python -c 'import reward_client.integrations.openrlhf as m; print(m.__file__)')"
+
+:func:`reward_func` scores each query as a complete text, as the server's own
+``/get_reward`` does, through the reward client: chunks, concurrency, failover over
+several URLs or a ``dns+http://`` name, retries for ``retry_timeout`` (600 s by default),
+an API key, and one error when the server is finally out of reach. ``prompts`` and
+``labels`` are not used. It returns ``{"rewards", "scores", "extra_logs"}``: the server's
+scores as a float tensor of one value per query (``scores`` equal to ``rewards``), and
+``extra_logs`` with ``reward_tokens`` (tokens scored) and ``reward_truncated`` (1.0 where
+the server cut the text). torch is imported inside the call; without it the values are
+lists of floats.
+
+Settings come from keyword arguments first (OpenRLHF passes none), then the environment, as
+for the verl adapter: ``REWARD_URL`` (one URL or a comma-separated list), ``REWARD_API_KEY``,
+``REWARD_TIMEOUT`` (seconds per request, default 60); see
+:mod:`reward_client.integrations.settings`. One client per setting is kept for the process.
+
+OpenRLHF loads the file outside the package, so this module imports by absolute names only
+and never imports OpenRLHF.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from reward_client.integrations.settings import CLIENT_KWARGS, ClientCache, ClientSettings, WarnOnce
+
+__all__ = ["close_clients", "reward_func"]
+
+logger = logging.getLogger(__name__)
+
+_warn_once = WarnOnce(logger)
+_clients = ClientCache()
+
+
+def close_clients() -> None:
+    """Close the clients :func:`reward_func` keeps for the process."""
+    _clients.close()
+
+
+def _values(values: list[float]) -> Any:
+    """A float tensor of ``values`` where torch is installed (OpenRLHF's form), else the list."""
+    try:
+        import torch
+    except ImportError:
+        return values
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def reward_func(
+    queries: Sequence[str], prompts: Sequence[Any], labels: Sequence[Any], **kwargs: Any
+) -> dict[str, Any]:
+    """OpenRLHF's reward function: one reward per query (prompt and response as one text)."""
+    for name in kwargs.keys() - CLIENT_KWARGS:
+        _warn_once(f"kwarg:{name}", "%s ignores the keyword argument %r", __name__, name)
+    if isinstance(queries, str):
+        raise TypeError("queries must be a list of texts, not a single string")
+    client = _clients.blocking(ClientSettings.read(kwargs))
+    result = client.score_detailed(texts=[str(q) for q in queries])
+    rewards = _values(result.scores)
+    return {
+        "rewards": rewards,
+        "scores": rewards,
+        "extra_logs": {
+            "reward_tokens": _values([float(t) for t in result.tokens]),
+            "reward_truncated": _values([float(t) for t in result.truncated]),
+        },
+    }
