@@ -25,7 +25,7 @@ import httpx
 import pytest
 from server_proc import ServerProcess, score_requests, start_server
 
-from ppo_client.client import (
+from reward_client import (
     AsyncRewardClient,
     RetryEvent,
     RetryPolicy,
@@ -559,7 +559,7 @@ def test_a_call_outlasts_a_server_restart_on_the_same_port(
             servers[-1].stop(signal.SIGKILL)
             events.clear()
             caplog.clear()
-            with caplog.at_level(logging.WARNING, logger="ppo_client.client"):
+            with caplog.at_level(logging.WARNING, logger="reward_client.attempts"):
                 # A budget of a minute: the restart takes ~10 s here, more on a busy machine.
                 scores = score_once(mode, url, texts, retry_timeout=60, on_retry=on_retry)
             restarts[-1].join(timeout=120)
@@ -569,7 +569,7 @@ def test_a_call_outlasts_a_server_restart_on_the_same_port(
             assert answered[-1] == 1, mode
             assert events and all(e.error.startswith("ConnectError") for e in events)
             assert all(e.url in (f"{url}/info", f"{url}/score") for e in events)
-            waits = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
+            waits = [r.getMessage() for r in caplog.records if r.name == "reward_client.attempts"]
             assert len(waits) == len(events) and all(f"{url}/" in w for w in waits)
             assert all("ConnectError" in w and "of the 60 s retry budget" in w for w in waits)
             assert all("next try in" in w for w in waits)
@@ -662,7 +662,7 @@ def test_retries_until_the_time_budget_is_spent(
     # Default backoff (0.25 s doubling, capped at 10 s), a 60 s budget, a fake clock.
     client = make(server, retry=RetryPolicy(), retry_timeout=60)
     with (
-        caplog.at_level(logging.WARNING, logger="ppo_client.client"),
+        caplog.at_level(logging.WARNING, logger="reward_client.attempts"),
         pytest.raises(RewardServerError) as info,
     ):
         client.score(texts=["abc"])
@@ -678,7 +678,7 @@ def test_retries_until_the_time_budget_is_spent(
         "gave up after 60.0 s (retry_timeout 60 s)"
     )
     # One warning line per failed attempt: URL, error, time of the budget, next try.
-    lines = [r.getMessage() for r in caplog.records if r.name == "ppo_client.client"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "reward_client.attempts"]
     assert len(lines) == err.attempts
     assert all(r.levelno == logging.WARNING for r in caplog.records)
     assert lines[0] == (

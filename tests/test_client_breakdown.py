@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ppo_client.client import (
+from reward_client import (
     AsyncRewardClient,
     RewardClient,
     RewardClientError,

@@ -26,9 +26,9 @@ from starlette.testclient import TestClient
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tiny_models
-from ppo_client.client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
-from reward_server.http.app import create_app
+from reward_client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
 from reward_server.config import ServerSettings
+from reward_server.http.app import create_app
 
 A, B = "http://rm-a", "http://rm-b"
 TOL = 1e-5

@@ -22,11 +22,11 @@ import pytest
 import uvicorn
 from server_proc import ServerProcess, free_port, start_server
 
-from ppo_client.client import AsyncRewardClient, RewardClient
 from ppo_client.config import PPOConfig
-from ppo_client.endpoints import MIN_RESOLVE_GAP, EndpointPool, Target, normalise_urls
 from ppo_client.reward import default_reward_fn
-from ppo_client.trl import RemoteReward
+from reward_client import AsyncRewardClient, RewardClient
+from reward_client.integrations.trl import RemoteReward
+from reward_client.targets import MIN_RESOLVE_GAP, EndpointPool, Target, normalise_urls
 from tiny_models import make_corpus
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]

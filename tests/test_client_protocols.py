@@ -18,12 +18,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from ppo_client.client import AsyncRewardClient, RewardClient, RewardClientError
 from ppo_client.config import PPOConfig
-from ppo_client.protocols import VllmSpecials, requests, vllm_specials
 from ppo_client.reward import default_reward_fn
-from reward_server.http.app import create_app
+from reward_client import AsyncRewardClient, RewardClient, RewardClientError
+from reward_client.wire import VllmSpecials, requests, vllm_specials
 from reward_server.config import ServerSettings
+from reward_server.http.app import create_app
 
 URL = "http://rm"
 TEXTS = ["The answer is 4.", "hello there", "a b c d", "x", "one more text"]
@@ -66,7 +66,7 @@ def test_protocols_score_like_remote_reward(app_client: TestClient, protocol: st
 def test_auto_finds_this_server_and_says_so(
     app_client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ppo_client.client")
+    caplog.set_level(logging.INFO, logger="reward_client.flows")
     auto = client(app_client, "auto")
     auto.score(texts=TEXTS[:1])
     assert auto.protocol == "remote-reward"
@@ -135,7 +135,7 @@ def test_tei_server_with_retries_on_429_and_503(caplog: pytest.LogCaptureFixture
     sleeps: list[float] = []
     with TestClient(tei.app, base_url=URL) as http:
         auto = client(http, "auto", sleep=sleeps.append)
-        caplog.set_level(logging.INFO, logger="ppo_client.client")
+        caplog.set_level(logging.INFO, logger="reward_client.flows")
         scores = auto.score(queries=QUERIES, responses=RESPONSES)
     assert auto.protocol == "tei" and "speaks tei" in caplog.text
     assert scores == [float(len(q + r)) for q, r in zip(QUERIES, RESPONSES, strict=True)]

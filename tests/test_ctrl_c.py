@@ -30,7 +30,7 @@ import pytest
 from server_proc import free_port
 
 from ppo_client import stopping
-from ppo_client.client import RetryEvent, RetryPolicy, RewardClient, RewardClientError
+from reward_client import RetryEvent, RetryPolicy, RewardClient, RewardClientError
 from reward_server.launcher import deferred_signals
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"

@@ -15,7 +15,7 @@ from server_proc import running_server
 from test_trainer import PROMPTS, TRL_METRICS, read_jsonl
 from transformers import AutoTokenizer
 
-from ppo_client import RewardClient
+from reward_client import RewardClient
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 

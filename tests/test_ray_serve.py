@@ -19,9 +19,9 @@ import yaml
 from server_proc import free_port, require_counterpart
 from starlette.testclient import TestClient
 
-from ppo_client.client import RewardClient
-from reward_server.http.app import create_app
+from reward_client import RewardClient
 from reward_server.config import ServerSettings
+from reward_server.http.app import create_app
 from tiny_models import make_corpus
 
 require_counterpart(

@@ -28,8 +28,8 @@ from server_proc import HeldRequest, ServerProcess, free_port, running_server, s
 from test_reliability_load import Pool, build_pool, items_scored, scrape
 from test_trainer import dataset, make_config, read_jsonl
 
-from ppo_client import PPOTrainer, RewardClient, RewardServerError
-from ppo_client.client import RetryPolicy, ScoreResult
+from ppo_client import PPOTrainer
+from reward_client import RetryPolicy, RewardClient, RewardServerError, ScoreResult
 from tiny_models import make_corpus
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"

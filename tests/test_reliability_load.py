@@ -36,8 +36,7 @@ import pytest
 import torch
 from server_proc import ServerProcess, running_server, start_server, wait_until
 
-from ppo_client import AsyncRewardClient, RewardClient
-from ppo_client.client import RetryPolicy
+from reward_client import AsyncRewardClient, RetryPolicy, RewardClient
 from reward_server.engines.transformers import RewardModel
 from tiny_models import make_corpus
 

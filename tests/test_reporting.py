@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ppo_client.client import RetryEvent
 from ppo_client.config import PPOConfig
 from ppo_client.reporting import RunReport, plot_reward_curve
+from reward_client import RetryEvent
 
 HISTORY = [
     {"step": 1, "objective/scores": 0.1, "objective/kl": 0.0},

@@ -18,9 +18,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tiny_models
-from ppo_client import PPOConfig, PPOTrainer, RewardClient
+from ppo_client import PPOConfig, PPOTrainer
 from ppo_client.config import ConfigError
 from ppo_client.trainer import default_overlap
+from reward_client import RewardClient
 
 #: The metrics every step must log, with TRL's names.
 TRL_METRICS = [

@@ -26,8 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 import tiny_models
-from ppo_client.client import RewardClientError, ScoreResult
-from ppo_client.trl import RemoteReward, RewardComponent
+from reward_client import RewardClientError, ScoreResult
+from reward_client.integrations.trl import RemoteReward, RewardComponent
 
 NAMES = ("helpful", "safe")
 PROMPTS = ["p1", "p2", "p3"]

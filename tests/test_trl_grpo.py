@@ -19,8 +19,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 import tiny_models
 from examples import grpo_remote_reward
-from ppo_client.client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
-from ppo_client.trl import RemoteReward
+from reward_client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
+from reward_client.integrations.trl import RemoteReward
 
 #: A ChatML-like template for the policy; its markup must never reach the reward server.
 POLICY_CHAT_TEMPLATE = (

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ppo_client.client import RewardServerError
-from ppo_client.trl import RemoteReward
+from reward_client import RewardServerError
+from reward_client.integrations.trl import RemoteReward
 
 URL = "http://rm:8000"
 

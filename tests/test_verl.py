@@ -1,4 +1,4 @@
-"""ppo_client.verl against a real reward server: scores equal the server's own /score.
+"""reward_client.integrations.verl with a real reward server: scores equal its own /score.
 
 The functions are first called the way verl 0.9.1 calls a ``custom_reward_function``
 (keyword arguments, ``reward_kwargs`` merged in, extra infos as numpy object arrays), in
@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 from server_proc import ServerProcess, require_counterpart, running_server
 
-from ppo_client import verl as adapter
-from ppo_client.client import RewardServerError
+from reward_client import RewardServerError
+from reward_client.integrations import verl as adapter
 
 MESSAGES = [
     {"role": "system", "content": "you are a film critic"},
@@ -203,7 +203,7 @@ def test_verl_keyword_arguments_pass_silently_and_unknown_ones_warn_once(
     """verl's reward loop adds two keyword arguments when its own reward model is on: they are
     not ours, and not a mistake; any other unknown keyword is, and is named once."""
     monkeypatch.setenv("REWARD_URL", server.url)
-    monkeypatch.setattr(adapter, "_warned", set())
+    monkeypatch.setattr(adapter._warn_once, "seen", set())
     verl_kwargs = {"reward_router_address": "127.0.0.1:1", "reward_model_tokenizer": None}
     extra_info = {"prompt": MESSAGES}
     expected = server_score(server.url, expected_body(extra_info, RESPONSES[2]))["scores"][0]
@@ -216,7 +216,7 @@ def test_verl_keyword_arguments_pass_silently_and_unknown_ones_warn_once(
         finally:
             await adapter.aclose_clients()
 
-    with caplog.at_level(logging.WARNING, logger="ppo_client.verl"):
+    with caplog.at_level(logging.WARNING, logger="reward_client.integrations.verl"):
         assert adapter.compute_score("hh", RESPONSES[2], "x", extra_info, **verl_kwargs) == (
             pytest.approx(expected, abs=1e-5)
         )
@@ -224,7 +224,9 @@ def test_verl_keyword_arguments_pass_silently_and_unknown_ones_warn_once(
         assert caplog.messages == []
         for _ in range(2):
             adapter.compute_score("hh", RESPONSES[2], "x", extra_info, reward_temperature=2)
-    assert caplog.messages == ["ppo_client.verl ignores the keyword argument 'reward_temperature'"]
+    assert caplog.messages == [
+        "reward_client.integrations.verl ignores the keyword argument 'reward_temperature'"
+    ]
 
 
 # --- verl's own reward managers, in a subprocess with verl on its path ----------------------

@@ -36,7 +36,7 @@ import pytest
 from server_proc import ServerProcess, free_port, require_counterpart, running_server
 from test_trainer import PROMPTS, read_jsonl
 
-from ppo_client import AsyncRewardClient, RewardClient
+from reward_client import AsyncRewardClient, RewardClient
 from tiny_models import make_corpus, save_wide_head_reward_model
 
 require_counterpart(
@@ -167,7 +167,7 @@ def test_vllm_scores_equal_this_servers(
     protocol: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ppo_client.client")
+    caplog.set_level(logging.INFO, logger="reward_client.flows")
     with RewardClient(vllm_url, protocol=protocol, max_client_batch=5) as client:
         assert_close(client.score(texts=TEXTS), reference["texts"])
         assert client.protocol == "vllm"

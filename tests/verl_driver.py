@@ -1,4 +1,4 @@
-"""Run verl's own reward managers with ``ppo_client.verl`` against a reward server.
+"""Run verl's own reward managers with ``reward_client.integrations.verl`` and a server.
 
 ``tests/test_verl.py`` runs this script in a subprocess with verl 0.9.1 on its PYTHONPATH
 (``make setup`` installs verl without its pins into ``.venv/verl``; the test process itself
@@ -9,7 +9,7 @@ prompts and the ``extra_info`` of each). The script builds the DataProto a rollo
 behind, hands it to verl's legacy ``naive`` and ``batch`` managers and to the reward loop's
 ``naive`` manager (``compute_score_async`` and ``compute_score``), each made from a
 ``custom_reward_function`` config the way verl's trainer makes it, and writes what each
-returned, with the warnings ``ppo_client.verl`` logged, to the result file.
+returned, with the warnings ``reward_client.integrations.verl`` logged, to the result file.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from verl import DataProto
 from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
 from verl.workers.reward_manager import BatchRewardManager, NaiveRewardManager
 
-from ppo_client import verl as adapter
+from reward_client.integrations import verl as adapter
 
 
 class Records(logging.Handler):
@@ -64,7 +64,7 @@ def reward_config(name: str, reward_kwargs: dict[str, Any]) -> Any:
         {
             "reward": {
                 "custom_reward_function": {
-                    "path": "pkg://ppo_client.verl",
+                    "path": "pkg://reward_client.integrations.verl",
                     "name": name,
                     "reward_kwargs": reward_kwargs,
                 },
@@ -165,7 +165,7 @@ async def reward_loop(case: dict[str, Any], tokenizer: Any, name: str) -> dict[s
 def main(case_path: str, result_path: str) -> None:
     case = json.loads(Path(case_path).read_text())
     records = Records()
-    logging.getLogger("ppo_client.verl").addHandler(records)
+    logging.getLogger("reward_client.integrations.verl").addHandler(records)
     tokenizer = AutoTokenizer.from_pretrained(case["tokenizer"])
     data, lengths = batch(case, tokenizer)
     result: dict[str, Any] = {
