@@ -1,7 +1,7 @@
 """The engines side by side: ``reward-server --engine transformers`` against ``--engine vllm``.
 
 The same Llama-style reward model (random weights, built by :mod:`bench.models`), the same
-texts, the same server flags but the engine, through :class:`~ppo_client.client.RewardClient`:
+texts, the same server flags but the engine, through :class:`~reward_client.RewardClient`:
 
 - **GRPO**: groups of completions sharing a long prompt, sent as a GRPO trainer sends them
   (one call for the whole batch by default, or one call per group);
@@ -195,7 +195,7 @@ class _Runs:
 
 def measure_dtype(cfg: EngineBenchConfig, dtype: str, work: Workloads) -> tuple[_Runs, dict]:
     """Every variant in ``dtype``, in turns round by round; also the first server's /info."""
-    from ppo_client.client import RewardClient
+    from reward_client import RewardClient
 
     runs = _Runs()
     with engine_servers(cfg, dtype) as servers, contextlib.ExitStack() as stack:

@@ -3,7 +3,7 @@
 The same tiny policy, MiniLM reward model, prompts and seed in every variant, so every
 variant samples the same responses and gets the same scores (checked: ``score_gap``):
 
-- ``remote``: the trainer's reward is a :class:`~ppo_client.client.RewardClient` talking to
+- ``remote``: the trainer's reward is a :class:`~reward_client.RewardClient` talking to
   ``reward-server`` in another process;
 - ``inprocess``: the same reward model loaded in the trainer's process
   (:class:`reward_server.engines.transformers.RewardModel`, the code the server runs, minus HTTP);
@@ -121,8 +121,8 @@ def run_ppo_bench(cfg: PPOBenchConfig) -> dict[str, Any]:
     import torch
 
     from bench.models import make_prompts
-    from ppo_client.client import RewardClient
     from ppo_client.trainer import default_overlap
+    from reward_client import RewardClient
 
     torch.set_num_threads(cfg.torch_threads)
     prompts = make_prompts(cfg.n_prompts, seed=cfg.seed)

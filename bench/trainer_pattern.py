@@ -1,7 +1,7 @@
 """The trainer's own pattern against in process: one client, requests of 64 texts back to back.
 
 A PPO or GRPO trainer scores its rollouts chunk by chunk through one
-:class:`~ppo_client.client.RewardClient` and waits for each answer. The reference, L64, is
+:class:`~reward_client.RewardClient` and waits for each answer. The reference, L64, is
 what the model does in process on the same 64-text chunks: each chunk tokenized, sorted by
 length and scored in batches of one size (the best of a small sweep), as L in
 :mod:`bench.throughput`. Measured alongside, to tell where a loss comes from: the same texts
@@ -96,7 +96,7 @@ def run_trainer_pattern(cfg: TrainerPatternConfig) -> dict[str, Any]:
     """L64 and the server under the trainer's pattern, in turns round by round."""
     from bench.models import make_texts
     from bench.throughput import InProcessScorer
-    from ppo_client.client import RewardClient
+    from reward_client import RewardClient
     from reward_server.launcher import running_server
 
     scorer = InProcessScorer(cfg.model_path, cfg.torch_threads)

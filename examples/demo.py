@@ -97,7 +97,7 @@ def sample_and_score(policy_dir: Path, url: str, seed: int) -> list[tuple[str, s
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ppo_client import RewardClient
+    from reward_client import RewardClient
 
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     model = AutoModelForCausalLM.from_pretrained(policy_dir).eval()

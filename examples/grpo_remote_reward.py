@@ -26,7 +26,7 @@ import torch
 from datasets import Dataset, load_dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from ppo_client.trl import RemoteReward
+from reward_client.integrations.trl import RemoteReward
 
 logger = logging.getLogger("grpo_remote_reward")
 

@@ -18,7 +18,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ppo_client import PPOConfig, PPOTrainer, RewardClient
+from ppo_client import PPOConfig, PPOTrainer
+from reward_client import RewardClient
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
