@@ -1,17 +1,14 @@
 """Deprecated path of the transformers reward model: use
 :mod:`reward_server.engines.transformers` (its errors: :mod:`reward_server.errors`)."""
 
-import warnings
-
+from reward_server._moved import warn_moved
 from reward_server.engines.transformers import RewardModel
 from reward_server.errors import ChatTemplateError, ModelLoadError, TextTooLongError
 from reward_server.text.rendering import Encoded
 
-warnings.warn(
-    "reward_server.model is deprecated; use reward_server.engines.transformers.RewardModel "
-    "(errors: reward_server.errors, Encoded: reward_server.text.rendering)",
-    DeprecationWarning,
-    stacklevel=2,
+warn_moved(
+    __name__,
+    "reward_server.engines.transformers.RewardModel (errors: reward_server.errors, Encoded: reward_server.text.rendering)",
 )
 
 __all__ = ["ChatTemplateError", "Encoded", "ModelLoadError", "RewardModel", "TextTooLongError"]

@@ -1,7 +1,6 @@
 """Deprecated path of the Ray Serve application: use :mod:`reward_server.http.ray_serve`."""
 
-import warnings
-
+from reward_server._moved import warn_moved
 from reward_server.http.ray_serve import (
     DEPLOYMENT_NAME,
     ServeOptions,
@@ -10,11 +9,6 @@ from reward_server.http.ray_serve import (
     deployment_options,
 )
 
-warnings.warn(
-    "reward_server.ray_serve is deprecated; use reward_server.http.ray_serve "
-    "(serve run reward_server.http.ray_serve:app)",
-    DeprecationWarning,
-    stacklevel=2,
-)
+warn_moved(__name__, "reward_server.http.ray_serve (serve run reward_server.http.ray_serve:app)")
 
 __all__ = ["DEPLOYMENT_NAME", "ServeOptions", "app", "build", "deployment_options"]

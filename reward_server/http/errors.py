@@ -66,6 +66,11 @@ class BodyTooLargeError(StarletteHTTPException):
         super().__init__(413, f"request body exceeds the limit of {limit} bytes")
 
 
+#: Start-up failures: a request never meets one unless something is badly wrong.
+_LOAD_ERRORS = dict.fromkeys(
+    (ModelLoadError, ModelsFileError, PolicyTemplateLoadError), "load_error"
+)
+
 #: Error ``type`` of each exception kind, by HTTP status.
 _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
     401: {UnauthorizedError: "unauthorized"},
@@ -87,13 +92,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
     429: {QueueFullError: "queue_full"},
     # nginx's "client closed request": nobody reads it, but metrics count it.
     499: {ClientDisconnectedError: "client_disconnected"},
-    500: {
-        ScoringError: "model_error",
-        # Start-up failures: a request never meets one unless something is badly wrong.
-        ModelLoadError: "load_error",
-        ModelsFileError: "load_error",
-        PolicyTemplateLoadError: "load_error",
-    },
+    500: {ScoringError: "model_error", **_LOAD_ERRORS},
     503: {NotReadyError: "not_ready", BatcherClosedError: "shutting_down"},
 }
 

@@ -12,6 +12,7 @@ No torch and no HTTP here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -41,20 +42,26 @@ Message: TypeAlias = dict[str, str]
 Conversation: TypeAlias = list[Message]
 
 
-@dataclass(frozen=True, slots=True)
-class Texts:
-    """Complete texts, scored as given (no template applied)."""
+class _Shape:
+    """What every shape has: its number of items, the length of its first field."""
 
-    texts: tuple[str, ...]
+    __slots__ = ()
 
     @property
     def count(self) -> int:
         """How many items."""
-        return len(self.texts)
+        return len(getattr(self, dataclasses.fields(self)[0].name))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
-class Pairs:
+class Texts(_Shape):
+    """Complete texts, scored as given (no template applied)."""
+
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pairs(_Shape):
     """Query/response pairs: rendered as a user and an assistant turn with the model's chat
     template, or joined without one."""
 
@@ -65,27 +72,17 @@ class Pairs:
         if len(self.queries) != len(self.responses):
             raise ValueError(f"{len(self.queries)} queries for {len(self.responses)} responses")
 
-    @property
-    def count(self) -> int:
-        """How many items."""
-        return len(self.queries)
-
 
 @dataclass(frozen=True, slots=True)
-class Conversations:
+class Conversations(_Shape):
     """Conversations, rendered with the model's chat template; the last message is the
     response."""
 
     conversations: tuple[Conversation, ...]
 
-    @property
-    def count(self) -> int:
-        """How many items."""
-        return len(self.conversations)
-
 
 @dataclass(frozen=True, slots=True)
-class PolicyTexts:
+class PolicyTexts(_Shape):
     """Complete texts the policy rendered with its own chat template (OpenRLHF's
     ``/get_reward``). With the policy's template known (``--policy-tokenizer``) they are
     turned back into conversations, split at ``prompts[i]`` when given; else scored as
@@ -94,23 +91,13 @@ class PolicyTexts:
     texts: tuple[str, ...]
     prompts: tuple[str, ...] | None = None
 
-    @property
-    def count(self) -> int:
-        """How many items."""
-        return len(self.texts)
-
 
 @dataclass(frozen=True, slots=True)
-class Sequences:
+class Sequences(_Shape):
     """Texts and pairs mixed, in order (TEI's ``inputs``): ``(text,)`` or ``(query,
     response)`` each."""
 
     sequences: tuple[tuple[str] | tuple[str, str], ...]
-
-    @property
-    def count(self) -> int:
-        """How many items."""
-        return len(self.sequences)
 
 
 #: One request's items, in one of their shapes.
