@@ -21,10 +21,10 @@ from test_server_api import POISON, FakeModel, assert_error, fake_score, fake_sc
 
 import tiny_models
 from reward_server import cli
-from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 from reward_server.engines.transformers import RewardModel
 from reward_server.errors import ModelLoadError
+from reward_server.http.app import create_app
 
 TEXTS = ["The answer is 4.", "hello there, general", "a b c d e f g", "x"]
 QUERIES = ["What is 2+2?", "Say hi."]

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
 import tiny_models
-from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
+from reward_server.http.app import create_app
 
 TOL = 1e-5
 

@@ -40,8 +40,8 @@ from server_proc import require_counterpart
 from ppo_client.cli import build_parser as ppo_parser
 from ppo_client.config import PPOConfig, RewardEnvironment
 from reward_server.config import ENV_PREFIX, ServerSettings
-from reward_server.scoring.metrics import Metrics
 from reward_server.http.routes import router
+from reward_server.scoring.metrics import Metrics
 
 KUBECTL = shutil.which("kubectl")
 require_counterpart(KUBECTL is not None, "REWARD_SERVER_TEST_KUBECTL", "kubectl")

@@ -16,12 +16,12 @@ from tokenizers import processors
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import tiny_models
-from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 from reward_server.engines.transformers import RewardModel
 from reward_server.errors import ChatTemplateError, ModelLoadError, TextTooLongError
-from reward_server.text.rendering import Encoded
+from reward_server.http.app import create_app
 from reward_server.scoring.service import COMPUTE_THREAD_PREFIX
+from reward_server.text.rendering import Encoded
 
 ATOL = 1e-5
 

@@ -10,8 +10,8 @@ import pytest
 
 from reward_server.cli import parse_settings
 from reward_server.config import ServerSettings
-from reward_server.engines import LoadOptions
 from reward_server.config.models_file import ModelsFileError, parse_models_file, read_models_file
+from reward_server.engines import LoadOptions
 
 GOOD = """\
 aggregate: mean

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from server_proc import require_counterpart
 
 import tiny_models
-from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
+from reward_server.http.app import create_app
 
 TEXTS = ["The answer is 4.", "hello there, general", "a b c d e f g", "x"]
 ATOL = 1e-6

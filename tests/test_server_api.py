@@ -20,9 +20,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from reward_server.http.app import create_app
 from reward_server.config import ServerSettings
 from reward_server.errors import ChatTemplateError, TextTooLongError
+from reward_server.http.app import create_app
 from reward_server.text.rendering import Encoded
 
 POISON = "\N{SKULL}"  # a text holding it makes the fake scorer's whole batch fail
