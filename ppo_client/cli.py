@@ -18,11 +18,14 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ppo_client.config import ConfigError, PPOConfig, reject_unknown_args
-from ppo_client.stopping import TrainingStopped, stop_at_once
+from ppo_client.stopping import TrainingStopped, stop_at_once, stop_in_chain
 from reward_client import RewardClientError
+
+if TYPE_CHECKING:
+    from ppo_client.trainer import PPOTrainer
 
 __all__ = ["build_parser", "main", "run", "train_config"]
 
@@ -102,23 +105,33 @@ def _train(args: argparse.Namespace, rest: Sequence[str]) -> int:
         print(f"ppo-client train: {exc}", file=sys.stderr)
         return 2
     except (RewardClientError, TrainingStopped, KeyboardInterrupt) as exc:
-        # The reward server failed for good (after retries) or a signal came: the trainer
-        # checkpointed its last completed update; say so without a traceback.
-        reason = str(exc) or "interrupted"
-        where = (
-            f"at step {trainer.state.step}" if trainer is not None else "before the first update"
-        )
-        print(
-            f"ppo-client train: stopped {where}: {reason}; resume with "
-            "--resume_from_checkpoint latest",
-            file=sys.stderr,
-        )
-        if isinstance(exc, TrainingStopped):
-            return exc.exit_code
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return _report_stop(exc, trainer)
+    except Exception as exc:
+        # A signal that lands inside an import can come back wrapped: Python re-raises an
+        # exception from a class body's __set_name__ as a RuntimeError with it as the cause
+        # (seen with SIGINT during `import torch`). Still a stop, not a crash.
+        stopped = stop_in_chain(exc)
+        if stopped is None:
+            raise
+        return _report_stop(stopped, trainer)
     if trainer.accelerator.is_main_process:
         print(f"done: {trainer.state.step} steps, outputs in {config.output_dir}")
     return 0
+
+
+def _report_stop(exc: BaseException, trainer: PPOTrainer | None) -> int:
+    """Say why the run stopped, without a traceback, and give its exit code: the reward
+    server failed for good (after retries) or a signal came; the trainer checkpointed its
+    last completed update."""
+    reason = str(exc) or "interrupted"
+    where = f"at step {trainer.state.step}" if trainer is not None else "before the first update"
+    print(
+        f"ppo-client train: stopped {where}: {reason}; resume with --resume_from_checkpoint latest",
+        file=sys.stderr,
+    )
+    if isinstance(exc, TrainingStopped):
+        return exc.exit_code
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def _score(args: argparse.Namespace) -> int:

@@ -74,6 +74,19 @@ def stop_at_once() -> Iterator[None]:
         _received_early = None
 
 
+def stop_in_chain(exc: BaseException) -> TrainingStopped | KeyboardInterrupt | None:
+    """The stop (TrainingStopped or KeyboardInterrupt) that ``exc`` was raised from or
+    during, if any: its ``__cause__``/``__context__`` chain, followed to the end."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, TrainingStopped | KeyboardInterrupt):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 class StopSignals:
     """SIGTERM/SIGINT handlers for the duration of a run (installed from the main thread only).
 

@@ -210,6 +210,45 @@ def test_an_in_process_train_command_gives_the_signal_handlers_back(tmp_path: Pa
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
+def test_a_signal_wrapped_by_an_import_is_still_a_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SIGINT during ``import torch`` once came back as ``RuntimeError: Error calling
+    __set_name__ ...`` with the stop as its cause (Python wraps errors raised in a class body's
+    __set_name__): the train command still reports a stop with the signal's exit code, not a
+    traceback and exit 1. Anything else still raises."""
+    import ppo_client.trainer
+    from ppo_client.cli import main
+
+    def start_up_wrapping(signum: int) -> type:
+        class Wrapping:
+            def __init__(self, _config: object) -> None:
+                try:
+                    raise stopping.TrainingStopped(signum)
+                except stopping.TrainingStopped as exc:
+                    raise RuntimeError("Error calling __set_name__ on 'Field'") from exc
+
+        return Wrapping
+
+    config = tmp_path / "ppo.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'out'}\n")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        monkeypatch.setattr(ppo_client.trainer, "PPOTrainer", start_up_wrapping(signum))
+        assert main(["train", "--config", str(config)]) == 128 + signum
+        assert "stopped before the first update" in capsys.readouterr().err
+
+    def crashing(_config: object) -> None:
+        raise RuntimeError("a real bug")
+
+    monkeypatch.setattr(ppo_client.trainer, "PPOTrainer", crashing)
+    with pytest.raises(RuntimeError, match="a real bug"):
+        main(["train", "--config", str(config)])
+    wrapped = RuntimeError("outer")
+    wrapped.__context__ = KeyboardInterrupt()
+    assert isinstance(stopping.stop_in_chain(wrapped), KeyboardInterrupt)
+    assert stopping.stop_in_chain(RuntimeError("alone")) is None
+
+
 def test_training_stopped_passes_through_except_exception() -> None:
     """It is raised wherever a signal lands: retry loops' ``except Exception`` let it pass."""
     assert not issubclass(stopping.TrainingStopped, Exception)
