@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from reward_server.errors import ResponseNotFoundError
 from reward_server.text.policy_template import recover_conversations
@@ -27,6 +27,7 @@ __all__ = [
     "Conversation",
     "Conversations",
     "Items",
+    "Labels",
     "Message",
     "Pairs",
     "PolicyTexts",
@@ -40,6 +41,10 @@ __all__ = [
 Message: TypeAlias = dict[str, str]
 #: One chat: messages in order.
 Conversation: TypeAlias = list[Message]
+#: Per item, the reference it is judged against (a reference answer, test cases, a rubric
+#: variable: any JSON value), or None when the request sent none. Reward models ignore
+#: them; verifiers and judges read them.
+Labels: TypeAlias = tuple[Any, ...] | None
 
 
 class _Shape:
@@ -58,6 +63,7 @@ class Texts(_Shape):
     """Complete texts, scored as given (no template applied)."""
 
     texts: tuple[str, ...]
+    labels: Labels = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,7 @@ class Pairs(_Shape):
 
     queries: tuple[str, ...]
     responses: tuple[str, ...]
+    labels: Labels = None
 
     def __post_init__(self) -> None:
         if len(self.queries) != len(self.responses):
@@ -79,6 +86,7 @@ class Conversations(_Shape):
     response."""
 
     conversations: tuple[Conversation, ...]
+    labels: Labels = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,7 @@ class PolicyTexts(_Shape):
 
     texts: tuple[str, ...]
     prompts: tuple[str, ...] | None = None
+    labels: Labels = None
 
 
 @dataclass(frozen=True, slots=True)
