@@ -519,9 +519,11 @@ def test_no_request_can_name_a_model_or_a_file(server: ServerProcess) -> None:
         "truncate",
         "model",  # selects one of the served models by name, nothing else
         "components",
+        "labels",  # references handed to verifiers as values, never opened or loaded
     }
     assert schema["ScoreRequest"]["additionalProperties"] is False
     assert set(schema["GetRewardRequest"]["properties"]) == {"query", "prompts", "labels"}
+    assert set(schema["SlimeRewardRequest"]["properties"]) == {"prompt", "response", "label"}
     assert set(schema["Message"]["properties"]) == {"role", "content"}
     for extra in ("adapter", "model_name_or_path", "path", "chat_template", "file"):
         body = {"texts": ["a"], extra: "/etc/passwd"}

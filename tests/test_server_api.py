@@ -170,7 +170,9 @@ def test_score_forms_and_response_shape(client: TestClient) -> None:
 
 def test_get_reward_openrlhf(client: TestClient) -> None:
     texts = ["prompt and answer", "p"]
-    r = client.post("/get_reward", json={"query": texts, "prompts": ["a", "b"], "labels": [1]})
+    r = client.post(
+        "/get_reward", json={"query": texts, "prompts": ["a", "b"], "labels": [1, None]}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["rewards"] == pytest.approx([fake_score(t) for t in texts])

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from reward_server import __version__
 from reward_server.config import ServerSettings
 from reward_server.engines import Scorer
-from reward_server.http.compat import openrlhf, protocol_error_bodies, tei, vllm
+from reward_server.http.compat import openrlhf, protocol_error_bodies, slime, tei, vllm
 from reward_server.http.errors import install_error_handlers
 from reward_server.http.middleware import BodyLimitMiddleware, MetricsMiddleware
 from reward_server.http.routes import router
@@ -57,6 +57,7 @@ def create_app(
     app.include_router(openrlhf.router)  # OpenRLHF's /get_reward
     app.include_router(vllm.router)  # vLLM's /classify, /pooling, /v1/models
     app.include_router(tei.router)  # TEI's /predict
+    app.include_router(slime.router)  # slime's remote_rm: /slime/reward
     if settings.api_key is None:
         _drop_security_from_openapi(app)
     install_error_handlers(app)

@@ -21,7 +21,7 @@ __all__ = ["ENDPOINTS", "BodyLimitMiddleware", "MetricsMiddleware"]
 ENDPOINTS = frozenset(
     {
         *("/score", "/get_reward", "/health", "/info", "/metrics", "/docs", "/openapi.json"),
-        *("/classify", "/v1/classify", "/pooling", "/v1/models", "/predict"),
+        *("/classify", "/v1/classify", "/pooling", "/v1/models", "/predict", "/slime/reward"),
     }
 )
 

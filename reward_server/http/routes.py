@@ -32,16 +32,19 @@ router = APIRouter(route_class=StrictJSONRoute)
 
 
 def _request_items(body: ScoreRequest) -> Items:
-    """A ScoreRequest's items: texts, pairs or conversations, as plain data."""
+    """A ScoreRequest's items: texts, pairs or conversations, as plain data, with their
+    labels."""
+    labels = None if body.labels is None else tuple(body.labels)
     if body.texts is not None:
-        return Texts(tuple(body.texts))
+        return Texts(tuple(body.texts), labels)
     if body.queries is not None and body.responses is not None:
-        return Pairs(tuple(body.queries), tuple(body.responses))
+        return Pairs(tuple(body.queries), tuple(body.responses), labels)
     return Conversations(
         tuple(
             [{"role": m.role, "content": m.content} for m in conv]
             for conv in body.conversations or []
-        )
+        ),
+        labels,
     )
 
 

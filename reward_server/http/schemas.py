@@ -46,6 +46,23 @@ class Message(BaseModel):
 Conversation = Annotated[list[Message], Field(min_length=1)]
 
 
+def labels_field(per: str) -> Any:
+    """The optional ``labels`` field: one reference per ``per``."""
+    return Field(
+        default=None,
+        description=f"One reference per {per}, any JSON value (a reference answer, test "
+        "cases, a rubric variable): read by verifiers and judges, ignored by reward models.",
+    )
+
+
+def check_labels(labels: list[Any] | None, count: int, what: str) -> None:
+    """ValueError (422) unless ``labels`` is absent or holds one label per item."""
+    if labels is not None and len(labels) != count:
+        raise ValueError(
+            f"labels must hold one label per item: {len(labels)} labels for {count} {what}"
+        )
+
+
 class ScoreRequest(BaseModel):
     """Exactly one input form: texts, queries + responses, or conversations."""
 
@@ -89,6 +106,7 @@ class ScoreRequest(BaseModel):
         default=False,
         description="Return each model's own score (always returned when several score).",
     )
+    labels: list[Any] | None = labels_field("item")
 
     @model_validator(mode="after")
     def _exactly_one_form(self) -> ScoreRequest:
@@ -117,6 +135,7 @@ class ScoreRequest(BaseModel):
                 f"queries and responses differ in length "
                 f"({len(self.queries)} != {len(self.responses)})"
             )
+        check_labels(self.labels, self.num_items, "items")
         return self
 
     @property
@@ -186,7 +205,12 @@ class GetRewardRequest(BaseModel):
         description="The policy-templated prompt of each query: with --policy-tokenizer it "
         "marks where the response begins; ignored otherwise.",
     )
-    labels: list[Any] | None = Field(default=None, description="Accepted and ignored.")
+    labels: list[Any] | None = labels_field("query (OpenRLHF's labels)")
+
+    @model_validator(mode="after")
+    def _labels_fit(self) -> GetRewardRequest:
+        check_labels(self.labels, len(self.query), "queries")
+        return self
 
 
 class GetRewardResponse(BaseModel):

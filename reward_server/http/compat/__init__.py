@@ -1,4 +1,5 @@
-"""Other servers' HTTP shapes on this server: vLLM's (:mod:`.vllm`) and TEI's (:mod:`.tei`).
+"""Other servers' HTTP shapes on this server: vLLM's (:mod:`.vllm`), TEI's (:mod:`.tei`),
+OpenRLHF's (:mod:`.openrlhf`) and slime's (:mod:`.slime`).
 
 Each protocol is one module with its request and response bodies and its routes; all of
 them score through the same :class:`~reward_server.scoring.service.Service` as ``/score`` (admission,

@@ -33,7 +33,8 @@ async def get_reward(
         # OpenRLHF before 0.11.2 sends empty shards to all but one of several servers.
         return GetRewardResponse(rewards=[], scores=[], extra_logs={})
     prompts = None if body.prompts is None else tuple(body.prompts)
-    items = PolicyTexts(tuple(texts), prompts)
+    labels = None if body.labels is None else tuple(body.labels)
+    items = PolicyTexts(tuple(texts), prompts, labels)
     scored = await service.score(request.receive, "/get_reward", items, truncate=None)
     return GetRewardResponse(
         rewards=scored.scores,
