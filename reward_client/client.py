@@ -53,11 +53,12 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
 
     def score_detailed(self, **inputs: Unpack[ScoreInputs]) -> ResultT:
         """Scores, token counts, truncation flags and the server's breakdown (components,
-        objectives, steps) for one input form, in input order."""
+        objectives, steps) for one input form (and its ``labels``), in input order."""
         return self._run(self._score_inputs(inputs))
 
     def score(self, **inputs: Unpack[ScoreInputs]) -> ScoresT:
-        """Scores for one input form (texts, query/response pairs or conversations)."""
+        """Scores for one input form (texts, query/response pairs or conversations), with
+        one label per item when ``labels`` is given."""
         return self._run(scores(self._score_inputs(inputs)))
 
     def score_pairs_detailed(
@@ -67,16 +68,25 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         *,
         model: str | None = None,
         components: bool | None = None,
+        labels: Sequence[Any] | None = None,
     ) -> ResultT:
         """Like :meth:`__call__` but with token counts, truncation flags and the breakdown;
-        ``model`` and ``components`` as in :class:`~reward_client.inputs.ScoreInputs`."""
+        ``model``, ``components`` and ``labels`` as in
+        :class:`~reward_client.inputs.ScoreInputs`."""
         fields = request_fields(model, components)
-        flow = self._score(pair_columns(prompts, responses), None, fields)
+        flow = self._score(pair_columns(prompts, responses, labels), None, fields)
         return self._run(flow)
 
-    def __call__(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> ScoresT:
-        """Reward callable: text prompts as query/response pairs, chat prompts as conversations."""
-        flow = scores(self._score(pair_columns(prompts, responses), None, {}))
+    def __call__(
+        self,
+        prompts: Sequence[Prompt],
+        responses: Sequence[str],
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> ScoresT:
+        """Reward callable: text prompts as query/response pairs, chat prompts as
+        conversations; ``labels``: one reference per prompt, for the server's verifiers."""
+        flow = scores(self._score(pair_columns(prompts, responses, labels), None, {}))
         return self._run(flow)
 
 
@@ -251,6 +261,13 @@ class AsyncRewardClient(
             for task in tasks:
                 task.cancel()
 
-    async def __call__(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:
-        """Reward callable: text prompts as query/response pairs, chat prompts as conversations."""
-        return await super().__call__(prompts, responses)
+    async def __call__(
+        self,
+        prompts: Sequence[Prompt],
+        responses: Sequence[str],
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> list[float]:
+        """Reward callable: text prompts as query/response pairs, chat prompts as
+        conversations; ``labels``: one reference per prompt, for the server's verifiers."""
+        return await super().__call__(prompts, responses, labels=labels)

@@ -329,12 +329,13 @@ class Core:
     def _score(
         self, columns: dict[str, list[Any]], truncate: bool | None, fields: dict[str, Any]
     ) -> Flow[ScoreResult]:
-        """Chunks of ``max_client_batch`` items (in the protocol's requests) sent
-        concurrently, merged in input order; ``fields`` (model, components) go into each
-        remote-reward request."""
+        """Chunks of ``max_client_batch`` items (in the protocol's requests, each with its
+        labels) sent concurrently, merged in input order; ``fields`` (model, components) go
+        into each remote-reward request."""
         if not item_count(columns):
             return ScoreResult([], [], [])
         protocol = yield from self._protocol()
+        wire.check(protocol, columns, fields)  # before any request of its own (vLLM's probes)
         size = yield from self._chunk_size()
         specials = (yield from self._vllm_specials()) if protocol == "vllm" else None
         requests = wire.requests(protocol, columns, size, truncate, fields, specials)

@@ -3,8 +3,8 @@
 A call names one input form; :func:`columns` (keyword form, :class:`ScoreInputs`) and
 :func:`pair_columns` (the reward-callable form, prompts and responses) check it and give
 plain JSON-ready lists keyed by the ``/score`` field they fill: ``texts``, ``queries`` and
-``responses``, or ``conversations``. How those columns become requests is the wire
-format's business (:mod:`reward_client.wire`).
+``responses``, or ``conversations``; then ``labels`` (one per item) when given. How those
+columns become requests is the wire format's business (:mod:`reward_client.wire`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class ScoreInputs(TypedDict, total=False):
     ``truncate``: whether the server may cut texts over its limit (None: its default).
     ``model``: score with this one model of a composite server; ``components``: ask for
     the per-model breakdown even from a one-model server (remote-reward protocol only).
+    ``labels``: one reference per item (any JSON value: a reference answer, test cases),
+    read by the server's verifiers and judges (remote-reward and openrlhf protocols only).
     """
 
     texts: Sequence[str] | None
@@ -46,6 +48,7 @@ class ScoreInputs(TypedDict, total=False):
     truncate: bool | None
     model: str | None
     components: bool | None
+    labels: Sequence[Any] | None
 
 
 def _to_str_list(name: str, values: Sequence[str]) -> list[str]:
@@ -76,8 +79,33 @@ def _to_conversations(conversations: Sequence[Conversation]) -> list[list[dict[s
     return out
 
 
+def _to_labels(labels: Sequence[Any], count: int) -> list[Any]:
+    """A list copy of ``labels``, one per item; array values (numpy's, which JSON cannot
+    hold) as lists or numbers."""
+    if isinstance(labels, (str, bytes, Mapping)) or not hasattr(labels, "__len__"):
+        raise TypeError(f"labels must be a sequence (one label per item), not {type(labels)}")
+    if len(labels) != count:
+        raise ValueError(f"{len(labels)} labels for {count} items (one label per item)")
+    return [label.tolist() if hasattr(label, "tolist") else label for label in labels]
+
+
+def _with_labels(
+    columns: dict[str, list[Any]], labels: Sequence[Any] | None
+) -> dict[str, list[Any]]:
+    """``columns`` and, when given, a ``labels`` column checked against their item count."""
+    if labels is not None:
+        columns["labels"] = _to_labels(labels, item_count(columns))
+    return columns
+
+
 def columns(inputs: ScoreInputs) -> dict[str, list[Any]]:
-    """Check that exactly one input form is given and return its columns as lists."""
+    """Check that exactly one input form is given and return its columns as lists (and the
+    labels, when given)."""
+    return _with_labels(_form_columns(inputs), inputs.get("labels"))
+
+
+def _form_columns(inputs: ScoreInputs) -> dict[str, list[Any]]:
+    """The columns of the one input form given."""
     unknown = sorted(set(inputs) - set(ScoreInputs.__annotations__))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
@@ -99,8 +127,16 @@ def columns(inputs: ScoreInputs) -> dict[str, list[Any]]:
     return {"queries": q, "responses": r}
 
 
-def pair_columns(prompts: Sequence[Prompt], responses: Sequence[str]) -> dict[str, list[Any]]:
-    """Columns for a reward call: text prompts as pairs, message-list prompts as conversations."""
+def pair_columns(
+    prompts: Sequence[Prompt], responses: Sequence[str], labels: Sequence[Any] | None = None
+) -> dict[str, list[Any]]:
+    """Columns for a reward call: text prompts as pairs, message-list prompts as
+    conversations; ``labels`` (one per prompt) when given."""
+    return _with_labels(_pair_form(prompts, responses), labels)
+
+
+def _pair_form(prompts: Sequence[Prompt], responses: Sequence[str]) -> dict[str, list[Any]]:
+    """Text prompts as pairs, message-list prompts as conversations."""
     prompts, responses = list(prompts), _to_str_list("responses", responses)
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")

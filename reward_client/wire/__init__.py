@@ -14,6 +14,8 @@ tei            ``/predict``     texts as ``[text]``, pairs as ``[text, text_pair
                                 conversations (:mod:`.tei`)
 =============  ===============  ==========================================================
 
+Labels (one reference per item) go as ``labels`` to remote-reward and openrlhf; vLLM and
+TEI have no field for them, so a call with labels is refused there (:func:`check`).
 Raw logits always: ``use_activation: false`` (and ``activation: false``) for vLLM,
 ``raw_scores: true`` for TEI. Where a protocol does not report tokens or truncation per
 item, the result says 0 tokens and not truncated; only remote-reward has a breakdown.
@@ -36,6 +38,7 @@ __all__ = [
     "VLLM_PROBES",
     "VllmSpecials",
     "WireRequest",
+    "check",
     "chunk_size",
     "detect",
     "parse",
@@ -45,6 +48,25 @@ __all__ = [
 
 #: The protocols a client can be told to speak (``auto`` finds out from the server).
 PROTOCOLS = ("auto", "remote-reward", "vllm", "tei", "openrlhf")
+
+
+#: The protocols whose requests carry labels.
+_LABELLED = ("remote-reward", "openrlhf")
+
+
+def check(protocol: str, columns: Mapping[str, list[Any]], fields: Mapping[str, Any]) -> None:
+    """ValueError unless ``protocol`` can carry ``fields`` (``model``, ``components``: this
+    server's own) and the columns' labels."""
+    if fields and protocol != "remote-reward":
+        raise ValueError(
+            f"protocol {protocol!r} cannot take {', '.join(sorted(fields))}= "
+            "(only this project's server, protocol remote-reward)"
+        )
+    if "labels" in columns and protocol not in _LABELLED:
+        raise ValueError(
+            f"protocol {protocol!r} cannot take labels= (it has no field for them; "
+            f"protocols {' and '.join(_LABELLED)} do)"
+        )
 
 
 def requests(
@@ -58,13 +80,9 @@ def requests(
     """The requests that score ``columns`` (one input form) in ``protocol``; ``fields``
     (``model``, ``components``) are this server's own and go into every remote-reward body;
     ``specials``: what the vLLM server's tokenizer adds (vLLM's defaults when not given)."""
+    check(protocol, columns, fields or {})
     if protocol == "remote-reward":
         return remote_reward.requests(columns, size, truncate, fields or {})
-    if fields:
-        raise ValueError(
-            f"protocol {protocol!r} cannot take {', '.join(sorted(fields))}= "
-            "(only this project's server, protocol remote-reward)"
-        )
     if protocol == "vllm":
         return vllm.requests(columns, size, truncate, specials or VllmSpecials())
     if "conversations" in columns:

@@ -1,6 +1,7 @@
 """OpenRLHF's remote reward model (protocol ``openrlhf``): ``POST /get_reward``.
 
-Texts go as ``query``; pairs are joined as query + response; no conversations. The
+Texts go as ``query``; pairs are joined as query + response; no conversations; labels as
+``labels``. The
 answer's ``rewards`` are the scores; it reports neither tokens nor truncation per item:
 the result says 0 tokens and not truncated.
 """
@@ -16,11 +17,20 @@ __all__ = ["parse", "requests"]
 
 
 def requests(columns: dict[str, list[Any]], size: int) -> list[WireRequest]:
-    """``/get_reward`` requests of at most ``size`` texts each."""
+    """``/get_reward`` requests of at most ``size`` texts each (with their labels)."""
     texts = columns.get("texts") or [
         q + r for q, r in zip(columns["queries"], columns["responses"], strict=True)
     ]
-    return chunked("/get_reward", texts, size, lambda c: {"query": c})
+    labels = columns.get("labels")
+    if labels is None:
+        return chunked("/get_reward", texts, size, lambda c: {"query": c})
+    rows = list(zip(texts, labels, strict=True))
+    return chunked(
+        "/get_reward",
+        rows,
+        size,
+        lambda c: {"query": [t for t, _ in c], "labels": [x for _, x in c]},
+    )
 
 
 def parse(payload: object, items: int) -> ScoreResult:

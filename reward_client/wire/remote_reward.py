@@ -1,8 +1,8 @@
 """This project's server (protocol ``remote-reward``): ``POST /score`` bodies and answers.
 
 A body holds one input column as given (``texts``, ``queries`` and ``responses``, or
-``conversations``), then ``truncate`` and this server's own fields (``model``,
-``components``). An answer holds ``scores``, ``tokens`` and ``truncated`` per item and,
+``conversations``) and its ``labels`` when given, then ``truncate`` and this server's own
+fields (``model``, ``components``). An answer holds ``scores``, ``tokens`` and ``truncated`` per item and,
 from a composite server, the breakdown (:data:`~reward_client.results.BREAKDOWN`), each
 checked for shape and finiteness here.
 """
