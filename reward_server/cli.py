@@ -25,7 +25,6 @@ from reward_server.config import ENV_PREFIX, ServerSettings, field_help
 from reward_server.errors import ModelLoadError
 
 if typing.TYPE_CHECKING:
-    from reward_server.engines import Scorer
     from reward_server.scoring.service import Service
 
 logger = logging.getLogger("reward_server")
@@ -139,10 +138,11 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def _load(service: Service) -> Scorer | None:
-    """Load the service's model, or print one line saying why not and return None."""
+def _load(service: Service) -> bool:
+    """Load the service's models, or print one line saying why not and return False."""
     try:
-        return service.load()
+        service.load()
+        return True
     except ModelLoadError as exc:
         reason = str(exc)
     except Exception as exc:  # an unexpected failure still gets one line, not a traceback
@@ -152,7 +152,7 @@ def _load(service: Service) -> Scorer | None:
     settings = service.settings
     what = f"model {settings.model}" if settings.models is None else f"models of {settings.models}"
     print(f"{PROG}: error: could not load {what}: {reason}", file=sys.stderr)
-    return None
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,10 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     service: Service = app.state.service
     logger.info("loading reward model %s", settings.served)
     try:
-        model = _load(service)
+        loaded = _load(service)
     except KeyboardInterrupt:
         return 130
-    if model is None:
+    if not loaded:
         return 1
 
     config = uvicorn.Config(
@@ -184,11 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     server = DrainingServer(config, on_drain=service.begin_drain)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    model = service.model  # the first reward model; None when only verifiers are served
     logger.info(
         "serving %s on %s (%s) at http://%s:%d",
         service.name,
-        model.device,
-        model.info().get("dtype", "?"),
+        model.device if model is not None else "cpu",
+        model.info().get("dtype", "?") if model is not None else "verifiers",
         host,
         settings.port,
     )

@@ -91,6 +91,29 @@ def test_per_model_options_default_to_the_servers(tmp_path: Path) -> None:
         ),
         ("models:\n  - {name: a, model: m, normalize: {std: 0}}\n", "normalize.std"),
         ("models:\n  - {name: a, model: m, weight: .nan}\n", "weight must be a finite number"),
+        ("models:\n  - {name: v, kind: verifier}\n", "kind: verifier needs 'verifier'"),
+        (
+            "models:\n  - {name: v, kind: verifier, verifier: python}\n",
+            "verifier: python needs 'function'",
+        ),
+        (
+            "models:\n  - {name: v, kind: verifier, verifier: math, model: m}\n",
+            "model: not for kind: verifier",
+        ),
+        (
+            "models:\n  - {name: v, kind: verifier, verifier: math, pattern: x}\n",
+            "'pattern' is only for verifier: regex",
+        ),
+        ("models:\n  - {name: a, model: m, timeout_s: 3}\n", "timeout_s: only for kind: verifier"),
+        ("models:\n  - {name: a}\n", "'model' is required"),
+        (
+            "models:\n  - {name: v, kind: verifier, verifier: math, on_error: .inf}\n",
+            "on_error must be a finite number",
+        ),
+        (
+            "models:\n  - {name: v, kind: verifier, verifier: python, function: nocolon}\n",
+            "function",
+        ),
         ("- a\n- b\n", "expected a mapping with a 'models' list"),
         ("models: [\n", "not valid YAML"),
     ],

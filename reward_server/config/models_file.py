@@ -16,8 +16,15 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         max_length: 1024         # per-model: device, dtype, max_length, truncation_side,
         chat_template: auto      #   chat_template, trust_remote_code (default: the server's)
         adapter: null            # optional PEFT adapter (merge_adapter: false)
-        kind: sequence           # sequence | process (a per-step reward model)
+        kind: sequence           # sequence | process (a per-step reward model) | verifier
         # kind: process only: step_separator ("\\n\\n"), step_tag (null), step_aggregate (min)
+      - name: correct            # a rule instead of a model: no `model` key
+        kind: verifier
+        verifier: math           # math | exact | regex (pattern:) | python (function: mod:fn)
+        weight: 1.0
+        workers: 2               # processes verifying items (default 1)
+        timeout_s: 5             # per item; a timeout, crash or error scores on_error
+        on_error: 0.0
 
 What the numbers mean: a model's own score per item is the raw logit of its ``label_index``,
 or with ``objectives`` the sum over its labels of weight x raw logit. The combined score is
@@ -35,7 +42,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from reward_server.config.load_options import LoadOptions
 from reward_server.errors import ModelsFileError, field_path
@@ -47,11 +62,14 @@ __all__ = [
     "ModelsFile",
     "ModelsFileError",
     "Normalize",
+    "VerifierName",
     "parse_models_file",
     "read_models_file",
 ]
 
-ModelKind = Literal["sequence", "process"]
+ModelKind = Literal["sequence", "process", "verifier"]
+#: The built-in verifiers of ``kind: verifier`` (:mod:`reward_server.verifiers`).
+VerifierName = Literal["math", "exact", "regex", "python"]
 #: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
 #: :mod:`reward_server.scoring.aggregate`).
 AggregateName = Literal["weighted_sum", "mean", "min"]
@@ -59,6 +77,10 @@ StepAggregate = Literal["min", "mean", "last", "prod"]
 
 #: Keys of an entry that only a process reward model reads.
 PROCESS_KEYS = ("step_separator", "step_tag", "step_aggregate")
+#: Keys of an entry that only a verifier reads.
+VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_error")
+#: Keys of an entry that only a model (not a verifier) reads.
+MODEL_KEYS = ("model", "adapter", "merge_adapter", "label_index", "objectives")
 #: Per-model keys that default to the server's flag of the same name.
 INHERITED_KEYS = (
     "device",
@@ -86,7 +108,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    model: str = Field(min_length=1)
+    model: str | None = Field(default=None, min_length=1)
     adapter: str | None = Field(default=None, min_length=1)
     merge_adapter: bool = False
     weight: float = 1.0
@@ -103,12 +125,18 @@ class ModelSpec(BaseModel):
     step_separator: str = Field(default="\n\n", min_length=1)
     step_tag: str | None = Field(default=None, min_length=1)
     step_aggregate: StepAggregate = "min"
+    verifier: VerifierName | None = None
+    function: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    pattern: str | None = Field(default=None, min_length=1)
+    workers: int = Field(default=1, ge=1, le=256)
+    timeout_s: float = Field(default=5.0, gt=0, le=3600)
+    on_error: float = 0.0
 
-    @field_validator("weight")
+    @field_validator("weight", "on_error")
     @classmethod
-    def _finite_weight(cls, value: float) -> float:
+    def _finite(cls, value: float, info: ValidationInfo) -> float:
         if not math.isfinite(value):
-            raise ValueError("weight must be a finite number")
+            raise ValueError(f"{info.field_name} must be a finite number")
         return value
 
     @field_validator("objectives")
@@ -127,10 +155,33 @@ class ModelSpec(BaseModel):
             given = [key for key in PROCESS_KEYS if key in self.model_fields_set]
             if given:
                 raise ValueError(f"{', '.join(given)}: only for kind: process")
+        if self.kind == "verifier":
+            return self._consistent_verifier()
+        given = [key for key in VERIFIER_KEYS if key in self.model_fields_set]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for kind: verifier")
+        if self.model is None:
+            raise ValueError("'model' is required")
+        return self
+
+    def _consistent_verifier(self) -> ModelSpec:
+        given = [key for key in (*MODEL_KEYS, *INHERITED_KEYS) if key in self.model_fields_set]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not for kind: verifier (it loads no model)")
+        if self.verifier is None:
+            raise ValueError("kind: verifier needs 'verifier' (math, exact, regex or python)")
+        if self.verifier == "python" and self.function is None:
+            raise ValueError("verifier: python needs 'function' (module:function)")
+        if self.function is not None and self.verifier != "python":
+            raise ValueError("'function' is only for verifier: python")
+        if self.pattern is not None and self.verifier != "regex":
+            raise ValueError("'pattern' is only for verifier: regex")
         return self
 
     def load_options(self, server: LoadOptions) -> LoadOptions:
         """The server's load options with this entry's model and per-model keys over them."""
+        if self.model is None:
+            raise ValueError(f"model {self.name!r} is a {self.kind}: it loads no model")
         own = {key: getattr(self, key) for key in INHERITED_KEYS if getattr(self, key) is not None}
         if self.objectives is not None:
             own["label_index"] = 0  # every label is read; the scorer's own one must exist

@@ -62,6 +62,7 @@ def _score_response(scored: Scored, body: ScoreRequest) -> ScoreResponse:
         step_ends=None if steps is None else [list(r.step_ends or ()) for r in steps],
         steps_dropped=None if steps is None else [r.steps_dropped for r in steps],
         outcome_scores=scored.outcome_scores,
+        verifier_errors=scored.verifier_errors(),
     )
 
 
@@ -98,12 +99,13 @@ async def health(service: ServiceDep) -> Response | HealthResponse:
 async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
     """The models served and the server's batching limits (never the API key); the top-level
     model fields describe the first model."""
-    if service.model is None:
+    if not service.loaded:
         raise NotReadyError("the model is loading")
     s = service.settings
+    first = service.model  # None when only verifiers are served: no model fields then
     return InfoResponse.model_validate(
         {
-            **service.model.info(),
+            **(first.info() if first is not None else {}),
             "truncate": not s.no_truncate,
             "max_batch_tokens": service.max_batch_tokens,
             "max_batch_size": s.max_batch_size,

@@ -186,6 +186,12 @@ class ScoreResponse(BaseModel):
         default=None,
         description="The sequence models' combined score, when a process model scored too.",
     )
+    verifier_errors: dict[str, list[str | None]] | None = Field(
+        default=None,
+        description="Per verifier that failed on any item: each item's reason (timeout, "
+        "crash, error, non_finite, bad_result; null where it did not fail). Such an item "
+        "scores the verifier's on_error.",
+    )
 
 
 class GetRewardRequest(BaseModel):
@@ -229,29 +235,30 @@ class ModelInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    kind: str = Field(description="sequence or process.")
+    kind: str = Field(description="sequence, process or verifier.")
     weight: float
-    model: str
+    model: str | None = Field(default=None, description="The model loaded; none for a verifier.")
     labels: list[str] = Field(description="Names of the head's labels that are read.")
     objectives: dict[str, float] | None = None
     normalize: dict[str, float] | None = None
 
 
 class InfoResponse(BaseModel):
-    """What is served and with which limits."""
+    """What is served and with which limits. The top-level model fields describe the first
+    reward model (null when only verifiers are served)."""
 
-    model: str
-    adapter: str | None
-    architecture: str
-    num_labels: int
-    label_index: int
-    max_length: int
-    truncation_side: str
-    dtype: str
-    device: str
-    chat_template: bool
+    model: str | None = None
+    adapter: str | None = None
+    architecture: str | None = None
+    num_labels: int | None = None
+    label_index: int | None = None
+    max_length: int | None = None
+    truncation_side: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    chat_template: bool | None = None
     truncate: bool = Field(description="Default truncation of over-long texts.")
-    max_batch_tokens: int
+    max_batch_tokens: int | None = None
     max_batch_size: int
     max_wait_ms: float
     max_client_batch: int

@@ -88,6 +88,16 @@ class Metrics:
             model,
         )
         self.model_queued = self._gauge("model_queue_items", "Items waiting, by model.", model)
+        # Verifiers (kind: verifier).
+        self.verifier_errors = self._counter(
+            "verifier_errors",
+            "Items a verifier scored on_error, by model and reason (timeout, crash, error, "
+            "non_finite, bad_result).",
+            (*model, "reason"),
+        )
+        self.verifier_workers = self._gauge(
+            "verifier_workers", "Live worker processes of each verifier.", model
+        )
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter ``reward_server_<name>_total`` in this registry."""
@@ -110,6 +120,14 @@ class Metrics:
     def track_model_queue(self, model: str, queued: Callable[[], float]) -> None:
         """Read one model's queue length from ``queued`` whenever metrics are scraped."""
         self.model_queued.labels(model=model).set_function(queued)
+
+    def track_verifier_workers(self, model: str, live: Callable[[], float]) -> None:
+        """Read a verifier's live worker processes from ``live`` whenever scraped."""
+        self.verifier_workers.labels(model=model).set_function(live)
+
+    def on_verifier_error(self, model: str, reason: str) -> None:
+        """Count one item a verifier scored on_error, by reason."""
+        self.verifier_errors.labels(model=model, reason=reason).inc()
 
     def model_observer(self, model: str) -> BatchObserver:
         """The observer of one model's passes: its own series and the server's."""

@@ -85,6 +85,11 @@ class ItemResult:
     step_scores: tuple[float, ...] | None = None
     step_ends: tuple[int, ...] | None = None
     steps_dropped: int = 0
+    #: Verifiers: why this item's verification failed (``timeout``, ``crash``, ``error``,
+    #: ``non_finite``, ``bad_result``), its score then the entry's ``on_error``; else None.
+    error: str | None = None
+    #: Verifiers: a python function's values beyond ``score``, by name.
+    extras: tuple[tuple[str, float], ...] = ()
 
 
 class Tokenized(Protocol):
@@ -113,11 +118,12 @@ class ServingContext:
 
 
 class ServedModel(Protocol):
-    """One served reward model as the service uses it."""
+    """One served reward model (or verifier) as the service uses it."""
 
     #: The models-file entry (for a plain --model server, one made from the flags).
     spec: ModelSpec
-    scorer: Scorer
+    #: The engine's loaded model; None for a verifier, which loads none.
+    scorer: Scorer | None
     kind: str
     #: The padded-token budget of one pass, known once started.
     max_batch_tokens: int | None
@@ -159,6 +165,10 @@ class ServedModel(Protocol):
 
     def info(self) -> dict[str, object]:
         """The model's entry of GET /info's ``models``."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (the model's memory, a verifier's processes)."""
         ...
 
 
@@ -273,6 +283,10 @@ class BatchedModel(abc.ABC):
         results = self.finish(prepared, values)
         ctx.metrics.on_model_items(self.name, len(results), sum(r.num_tokens for r in results))
         return results
+
+    def close(self) -> None:
+        """Release the scorer (on the compute thread, where it was loaded)."""
+        self.scorer.close()
 
     def info(self) -> dict[str, object]:
         """The scorer's facts with the entry's: name, kind, weight, labels, objectives, ..."""

@@ -53,6 +53,7 @@ from reward_server.scoring.served import (
     load_served_model,
     served_model_for,
 )
+from reward_server.scoring.verifier_model import load_verifier
 from reward_server.text.policy_template import (
     PolicyTemplate,
     PolicyTemplateLoadError,
@@ -120,6 +121,21 @@ class Scored:
                 continue
             for j, label in enumerate(labels):
                 out[f"{name}/{label}" if several else label] = [r.logits[j] for r in results]
+        for name, results in self.results.items():
+            # A python verifier's values beyond its score, where every item has them.
+            common = set.intersection(*(set(dict(r.extras)) for r in results)) if results else set()
+            for key in sorted(common):
+                out[f"{name}/{key}" if several else key] = [dict(r.extras)[key] for r in results]
+        return out or None
+
+    def verifier_errors(self) -> dict[str, list[str | None]] | None:
+        """Per verifier that failed on any item: each item's reason (None where it did not
+        fail); None when no verifier failed."""
+        out = {
+            name: [r.error for r in results]
+            for name, results in self.results.items()
+            if any(r.error is not None for r in results)
+        }
         return out or None
 
     def steps(self) -> list[ItemResult] | None:
@@ -164,7 +180,7 @@ class Service:
             self._given[self.specs[0].name] = model
         #: The served models, in the models file's order (empty until loaded).
         self.served: list[ServedModel] = []
-        self._owned: list[Scorer] = []  # loaded here: closed here
+        self._owned: list[ServedModel] = []  # loaded here: closed here
         self.draining = False
         self._compute: ThreadPoolExecutor | None = None
         self._tokenizer: ThreadPoolExecutor | None = None
@@ -175,8 +191,14 @@ class Service:
 
     @property
     def model(self) -> Scorer | None:
-        """The first model's scorer (the top-level fields of /info describe it)."""
-        return self.served[0].scorer if self.served else None
+        """The first reward model's scorer (the top-level fields of /info describe it); None
+        until loaded, and when only verifiers are served."""
+        return next((m.scorer for m in self.served if m.scorer is not None), None)
+
+    @property
+    def loaded(self) -> bool:
+        """True once the served models are loaded (they may not have started yet)."""
+        return bool(self.served)
 
     @property
     def batcher(self) -> Scheduler | None:
@@ -187,9 +209,8 @@ class Service:
     def max_batch_tokens(self) -> int | None:
         """The first model's padded-token budget of a pass (--max-batch-tokens or its
         default for the model's device)."""
-        if self.served and self.served[0].max_batch_tokens is not None:
-            return self.served[0].max_batch_tokens
-        return self.settings.max_batch_tokens
+        budgets = [m.max_batch_tokens for m in self.served if m.max_batch_tokens is not None]
+        return budgets[0] if budgets else self.settings.max_batch_tokens
 
     @property
     def name(self) -> str:
@@ -200,8 +221,9 @@ class Service:
 
     @property
     def max_length(self) -> int | None:
-        """The most tokens every served model scores per item (None until loaded)."""
-        return min((m.scorer.max_length for m in self.served), default=None)
+        """The most tokens every served reward model scores per item (None until loaded,
+        and when only verifiers are served: they read text, not tokens)."""
+        return min((m.scorer.max_length for m in self.served if m.scorer), default=None)
 
     @property
     def ready(self) -> bool:
@@ -239,29 +261,34 @@ class Service:
 
     def _load_model(self, spec: ModelSpec, base: LoadOptions) -> ServedModel:
         given = self._given.get(spec.name)
-        if given is not None:
-            model = served_model_for(spec, given)
+        # A scorer the caller gave is the caller's to close.
+        model = served_model_for(spec, given) if given is not None else self._load_owned(spec, base)
+        if not self._from_file:  # a plain --model server answers with its scorer's name
+            model.spec = spec.model_copy(update={"name": model.scorer.name})
+        return model
+
+    def _load_owned(self, spec: ModelSpec, base: LoadOptions) -> ServedModel:
+        """Load the model (or start the verifier) of ``spec``; closed here at the end."""
+        if spec.kind == "verifier":
+            model = load_verifier(spec)
         elif not self._from_file:
             model = load_served_model(spec, base, self.engine)
-            self._owned.append(model.scorer)
         else:
             try:
                 model = load_served_model(spec, spec.load_options(base), self.engine)
             except ModelLoadError as exc:
                 raise ModelLoadError(f"model {spec.name!r} ({spec.model}): {exc}") from exc
-            self._owned.append(model.scorer)
-        if not self._from_file:  # a plain --model server answers with its scorer's name
-            model.spec = spec.model_copy(update={"name": model.scorer.name})
+        self._owned.append(model)
         return model
 
     def _close_owned(self) -> None:
-        """Close the scorers loaded here (on the calling thread: the compute thread)."""
+        """Close the models loaded here (on the calling thread: the compute thread)."""
         owned, self._owned = self._owned, []
-        for scorer in owned:
+        for model in owned:
             try:
-                scorer.close()
+                model.close()
             except Exception:
-                logger.exception("closing model %s failed", scorer.name)
+                logger.exception("closing model %s failed", model.name)
 
     def _load_policy_template(self) -> None:
         """Learn the policy's chat template (--policy-tokenizer) once; ModelLoadError if not."""
@@ -274,10 +301,10 @@ class Service:
             raise ModelLoadError(str(exc)) from exc
         logger.info("policy template of %s learned: %s", name, self.policy_template.shape)
 
-    def load(self) -> Scorer:
+    def load(self) -> list[ServedModel]:
         """Load the models now on the compute thread, blocking (the CLI does this before it
-        serves, so that a failure is one line and exit 1); returns the first model's scorer;
-        raises ModelLoadError."""
+        serves, so that a failure is one line and exit 1); returns them; raises
+        ModelLoadError."""
         try:
             self._load_policy_template()
             if not self.served:
@@ -285,7 +312,7 @@ class Service:
         except Exception:
             self._end_compute_thread()  # nothing to serve
             raise
-        return self.served[0].scorer
+        return list(self.served)
 
     async def start(self) -> None:
         """Load the models if needed (on the compute thread) and start their schedulers."""
@@ -325,7 +352,7 @@ class Service:
     def _warn_limits(self, model: ServedModel) -> None:
         """Log the settings that contradict each other."""
         s = self.settings
-        max_length = model.scorer.max_length
+        max_length = model.scorer.max_length if model.scorer is not None else 0
         if model.max_batch_tokens is not None and max_length > model.max_batch_tokens:
             logger.warning(
                 "max_length %d of %s exceeds max_batch_tokens %d: raise --max-batch-tokens or "

@@ -257,7 +257,7 @@ async def _logits(
 ) -> tuple[list[list[float]], Scored, str]:
     """Every label's value per item (activated unless asked raw), the results, model name
     (with several models: their combined score as one label, named after them all)."""
-    if service.model is not None:
+    if service.loaded:
         check_model(body.model, service.name)
     truncate, max_tokens = body.limits()
     scored = await service.score(
@@ -331,7 +331,7 @@ async def pooling(
 @router.get("/v1/models", response_model=ModelList, responses=_ERRORS)
 async def models(service: ServiceDep, _auth: Authorized) -> ModelList:
     """The served model, as vLLM lists its models (clients probe it to find the name)."""
-    if service.model is None:
+    if not service.loaded:
         raise NotReadyError("the model is loading")
     name = service.name
     max_len = service.max_length

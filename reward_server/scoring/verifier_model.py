@@ -1,0 +1,187 @@
+"""A verifier served beside reward models: ``kind: verifier`` entries of the models file.
+
+A verifier loads no model: it reads each item's prompt, response and label and runs a rule
+(:mod:`reward_server.verifiers`: ``math``, ``exact``, ``regex`` or a user's ``python``
+function) in a pool of worker processes, each item under its own time limit. It serves like
+a reward model (its score weighted, normalised and combined with the others, shown in
+``components``), with one difference: an item whose verification fails (a timeout, a
+crashed worker, an exception, a non-finite result) is not an error of the request. It scores
+the entry's ``on_error``, its reason is counted in ``/metrics``
+(``reward_server_verifier_errors_total``) and returned in the answer's ``verifier_errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from reward_server.errors import ModelLoadError, NotReadyError
+from reward_server.scoring.items import (
+    Conversations,
+    Items,
+    Pairs,
+    PolicyTexts,
+    Sequences,
+    Texts,
+)
+from reward_server.scoring.served import ItemResult
+from reward_server.text.policy_template import recover_conversations
+from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
+
+if TYPE_CHECKING:
+    from reward_server.config import ModelSpec
+    from reward_server.scoring.served import ServingContext
+    from reward_server.text.policy_template import PolicyTemplate
+
+__all__ = ["VerifierModel", "load_verifier", "tasks"]
+
+logger = logging.getLogger(__name__)
+
+#: Messages: the prompt of a conversation, the messages before its response.
+Messages = list[dict[str, str]]
+
+
+def _label(labels: tuple[Any, ...] | None, i: int) -> Any:
+    return None if labels is None else labels[i]
+
+
+def _from_conversations(conversations: Any, labels: tuple[Any, ...] | None) -> list[Task]:
+    """The last message is the response, the messages before it the prompt."""
+    return [
+        Task(prompt=list(conv[:-1]), response=conv[-1]["content"], label=_label(labels, i))
+        for i, conv in enumerate(conversations)
+    ]
+
+
+def tasks(items: Items, template: PolicyTemplate | None) -> list[Task]:
+    """The items as the verifier reads them: prompt (the query, the messages before the
+    response, or None for a bare text), response and label."""
+    if isinstance(items, Pairs):
+        return [
+            Task(prompt=q, response=r, label=_label(items.labels, i))
+            for i, (q, r) in enumerate(zip(items.queries, items.responses, strict=True))
+        ]
+    if isinstance(items, Conversations):
+        return _from_conversations(items.conversations, items.labels)
+    if isinstance(items, PolicyTexts) and template is not None:
+        prompts = list(items.prompts) if items.prompts is not None else None
+        recovered = recover_conversations(template, items.texts, prompts)
+        return _from_conversations(recovered, items.labels)
+    if isinstance(items, Texts | PolicyTexts):
+        return [
+            Task(prompt=None, response=text, label=_label(items.labels, i))
+            for i, text in enumerate(items.texts)
+        ]
+    assert isinstance(items, Sequences)
+    return [
+        Task(prompt=s[0] if len(s) == 2 else None, response=s[-1], label=None)
+        for s in items.sequences
+    ]
+
+
+def _result(verdict: Verdict) -> ItemResult:
+    return ItemResult(
+        score=verdict.score,
+        num_tokens=0,  # a verifier reads text, not tokens
+        truncated=False,
+        error=verdict.error,
+        extras=tuple(sorted(verdict.extras.items())),
+    )
+
+
+class VerifierModel:
+    """A ``kind: verifier`` entry, served: its pool of worker processes."""
+
+    kind = "verifier"
+    scorer = None
+    scheduler = None
+    max_batch_tokens: int | None = None
+    #: Its one value: the score.
+    labels: ClassVar[list[str]] = ["score"]
+
+    def __init__(self, spec: ModelSpec, pool: VerifierPool) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.pool = pool
+        #: True once started, until stop() begins.
+        self.running = False
+        self._ctx: ServingContext | None = None
+
+    @property
+    def queued(self) -> int:
+        """Items being verified now."""
+        return self.pool.busy
+
+    async def start(self, ctx: ServingContext) -> None:
+        """Take the service's context (the pool's workers started at load time)."""
+        self._ctx = ctx
+        ctx.metrics.track_model_queue(self.name, lambda: float(self.pool.busy))
+        ctx.metrics.track_verifier_workers(self.name, lambda: float(self.pool.live_workers))
+        self.running = True
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Refuse new work; the pool itself ends in close()."""
+        self.running = False
+
+    async def score(
+        self, items: Items, *, truncate: bool, max_tokens: int | None
+    ) -> list[ItemResult]:
+        """Verify every item (never raises for a failing item: it scores ``on_error``)."""
+        ctx = self._ctx
+        if ctx is None or not self.running:
+            raise NotReadyError("the verifier is not running")
+        template = ctx.policy_template
+        work = await asyncio.get_running_loop().run_in_executor(
+            ctx.tokenizer, tasks, items, template
+        )
+        verdicts = await self.pool.verify(work)
+        results = [_result(v) for v in verdicts]
+        for verdict in verdicts:
+            if verdict.error is not None:
+                ctx.metrics.on_verifier_error(self.name, verdict.error)
+        ctx.metrics.on_model_items(self.name, len(results), 0)
+        return results
+
+    def info(self) -> dict[str, object]:
+        """The entry's settings for /info (a python verifier's function path, no label)."""
+        entry = self.spec.model_dump(
+            include={
+                "weight",
+                "normalize",
+                "verifier",
+                "function",
+                "pattern",
+                "workers",
+                "timeout_s",
+                "on_error",
+            }
+        )
+        return {"name": self.name, "kind": self.kind, "labels": self.labels, **entry}
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        self.pool.close()
+
+
+def load_verifier(spec: ModelSpec) -> VerifierModel:
+    """Start the worker pool of a ``kind: verifier`` entry (ModelLoadError when its function
+    cannot be imported)."""
+    assert spec.verifier is not None
+    options = VerifierOptions(
+        verifier=spec.verifier,
+        function=spec.function,
+        pattern=spec.pattern,
+        workers=spec.workers,
+        timeout_s=spec.timeout_s,
+        on_error=spec.on_error,
+    )
+    try:
+        pool = VerifierPool(options, spec.name)
+    except ValueError as exc:
+        raise ModelLoadError(f"verifier {spec.name!r}: {exc}") from None
+    pool.start()
+    logger.info(
+        "verifier %s (%s) running on %d worker process(es)", spec.name, spec.verifier, spec.workers
+    )
+    return VerifierModel(spec, pool)
