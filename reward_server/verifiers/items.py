@@ -1,0 +1,45 @@
+"""One item of a verifier (:class:`Task`) and its outcome (:class:`Verdict`), and the
+reasons an item can fail: plain, picklable data, sent to the workers and back as values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+__all__ = ["REASONS", "Reason", "Task", "Verdict"]
+
+#: Why an item got ``on_error`` instead of its verifier's score:
+#:
+#: - ``timeout``: no answer within ``timeout_s`` (a ``math`` item is interrupted in its
+#:   worker; any other kind's worker is killed and replaced);
+#: - ``crash``: the worker process died on the item (replaced);
+#: - ``error``: the verifier raised (the traceback is logged by the server, never sent);
+#: - ``non_finite``: a NaN or infinite score or extra;
+#: - ``bad_result``: neither a number nor a dict with a numeric ``"score"`` and numeric extras.
+Reason = Literal["timeout", "crash", "error", "non_finite", "bad_result"]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One item to verify, as plain data.
+
+    ``prompt``: the query, or the chat messages before the response, or None for a bare
+    text; ``label``: the item's reference (any JSON value), None when it has none.
+    """
+
+    prompt: str | list[dict[str, str]] | None
+    response: str
+    label: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One item's outcome: ``score`` is ``on_error`` whenever ``error`` is set.
+
+    ``extras``: a python verifier's dict result beyond ``"score"`` (empty otherwise).
+    """
+
+    score: float
+    extras: dict[str, float]
+    error: Reason | None = None

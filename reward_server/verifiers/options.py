@@ -1,0 +1,86 @@
+"""What a verifier pool runs (:class:`VerifierOptions`, plain picklable data: it travels
+to the worker processes) and how the options are checked."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, get_args
+
+__all__ = ["VerifierName", "VerifierOptions", "check_options", "split_function"]
+
+VerifierName = Literal["math", "exact", "regex", "python"]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierOptions:
+    """What a :class:`~reward_server.verifiers.VerifierPool` runs and how.
+
+    ``function`` (python only): ``"module:function"`` importable in the workers (they get
+    the server's ``sys.path``), or ``"path/to/file.py:function"`` (a relative path is
+    taken from the server's working directory); the function is called as
+    ``f(prompt, response, label)`` and returns a number or a dict of numbers holding
+    ``"score"``. ``pattern`` (regex only): a response that matches it (``re.search``) scores
+    1.0, else 0.0; without it, each item's label (a string) is its pattern.
+    """
+
+    verifier: VerifierName
+    function: str | None = None
+    pattern: str | None = None
+    workers: int = 1
+    timeout_s: float = 5.0
+    on_error: float = 0.0
+
+
+def split_function(spec: str) -> tuple[str, str]:
+    """``"pkg.mod:func"`` or ``"dir/file.py:func"`` -> (module or file, attribute path).
+
+    A file path is made absolute here, from the current working directory.
+    """
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where.strip() or not attr.strip():
+        raise ValueError(
+            f"function {spec!r} is not 'module:function' or 'path/to/file.py:function'"
+        )
+    where, attr = where.strip(), attr.strip()
+    if where.endswith(".py") or "/" in where:
+        where = str(Path(where).expanduser().resolve())
+    return where, attr
+
+
+def check_options(options: VerifierOptions) -> VerifierOptions:
+    """``options`` with a python file path made absolute, or ValueError with a one-line reason."""
+    names = get_args(VerifierName)
+    if options.verifier not in names:
+        raise ValueError(f"unknown verifier {options.verifier!r}; choose one of {list(names)}")
+    _check_numbers(options)
+    if options.function is not None and options.verifier != "python":
+        raise ValueError(f"function is for the python verifier, not {options.verifier!r}")
+    if options.pattern is not None and options.verifier != "regex":
+        raise ValueError(f"pattern is for the regex verifier, not {options.verifier!r}")
+    if options.verifier == "python":
+        if not options.function:
+            raise ValueError("the python verifier needs function: 'module:function'")
+        where, attr = split_function(options.function)
+        return replace(options, function=f"{where}:{attr}")
+    if options.pattern is not None:
+        if not options.pattern:
+            raise ValueError("pattern is empty (omit it to take each item's label as its pattern)")
+        try:
+            re.compile(options.pattern)
+        except re.error as exc:
+            raise ValueError(f"pattern {options.pattern!r} does not compile: {exc}") from None
+    return options
+
+
+def _check_numbers(options: VerifierOptions) -> None:
+    if isinstance(options.workers, bool) or not isinstance(options.workers, int):
+        raise ValueError(f"workers must be an integer, not {options.workers!r}")
+    if options.workers < 1:
+        raise ValueError(f"workers must be at least 1, not {options.workers}")
+    if not options.timeout_s > 0 or not math.isfinite(options.timeout_s):
+        raise ValueError(f"timeout_s must be a positive number of seconds, not {options.timeout_s}")
+    if not math.isfinite(options.on_error):
+        raise ValueError(f"on_error must be a finite number, not {options.on_error}")
