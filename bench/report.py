@@ -363,6 +363,22 @@ def _ppo(ppo: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def update_block(path: Path, name: str, section: str, heading: str) -> None:
+    """Replace only the ``<!-- bench:NAME:begin -->`` block of ``path`` (a new one goes at
+    the end of the page under ``heading``). Markers count only as whole lines."""
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    block = f"{begin}\n\n{section.strip()}\n\n{end}"
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(
+        "^" + re.escape(begin) + r"$.*?^" + re.escape(end) + "$", re.DOTALL | re.MULTILINE
+    )
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + f"\n\n## {heading}\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
 def update_engines_block(path: Path, section: str) -> None:
     """Replace only the engine block of ``path`` (added at the end of the results block, or
     of the page, when there is none yet)."""

@@ -39,7 +39,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-PARTS = ("throughput", "ppo", "engines")
+PARTS = ("throughput", "ppo", "engines", "verifiers")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a tiny model and workload (a smoke test of the code, not a measurement)",
     )
+    v = p.add_argument_group("verifiers (kind: verifier, the math verifier's pool)")
+    v.add_argument("--verifier-items", type=int, default=400, help="maths answers per round")
+    v.add_argument("--verifier-rounds", type=int, default=3)
+    v.add_argument("--verifier-workers", type=_ints, default=(1, 2))
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -137,6 +141,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
         return args.only
     skipped = {"throughput": args.skip_throughput, "ppo": args.skip_ppo}
     skipped["engines"] = args.skip_engines
+    skipped["verifiers"] = False
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -145,7 +150,6 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     args = build_parser().parse_args(argv)
     from bench.common import machine_info, versions
     from bench.models import prepare_minilm_reward_model
-    from bench.report import render, render_engines, update_engines_block, update_markdown
 
     parts = _selected(args)
     started = time.perf_counter()
@@ -172,6 +176,16 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
         results["engines"], trainer = _run_engines(args, model_path)
         if trainer:
             results["trainer_pattern"] = trainer
+    if "verifiers" in parts:
+        from bench.verifiers import VerifierBenchConfig, run_verifier_bench
+
+        results["verifiers"] = run_verifier_bench(
+            VerifierBenchConfig(
+                items=args.verifier_items,
+                rounds=args.verifier_rounds,
+                workers=args.verifier_workers,
+            )
+        )
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -181,11 +195,28 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     out.write_text(text + "\n", encoding="utf-8")
     results = json.loads(text)  # what the file holds (tuples as lists)
     if not args.no_markdown:
-        if parts == ("engines",):  # the other parts' figures stay as they are
-            update_engines_block(args.markdown, render_engines(results, with_meta=True))
-        else:
-            update_markdown(args.markdown, render(results))
+        _write_markdown(args.markdown, parts, results)
     return results, out
+
+
+def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any]) -> None:
+    """Rewrite the blocks of BENCHMARKS.md the parts measured (the others stay as they are)."""
+    from bench.report import (
+        render,
+        render_engines,
+        update_block,
+        update_engines_block,
+        update_markdown,
+    )
+    from bench.verifiers import render as render_verifiers
+
+    if "verifiers" in parts:
+        update_block(path, "verifiers", render_verifiers(results["verifiers"]), "Verifiers")
+    rest = [part for part in parts if part != "verifiers"]
+    if rest == ["engines"]:
+        update_engines_block(path, render_engines(results, with_meta=True))
+    elif rest:
+        update_markdown(path, render(results))
 
 
 def _run_throughput(args: argparse.Namespace, model_path: str) -> dict[str, Any]:

@@ -259,3 +259,23 @@ def test_the_engine_block_ignores_markers_quoted_in_prose(tmp_path: Path) -> Non
     text = page.read_text(encoding="utf-8")
     assert text.startswith(prose) and "kept" in text
     assert "new" in text and "old" not in text
+
+
+def test_verifier_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    argv = ["--only", "verifiers", "--verifier-items", "16", "--verifier-rounds", "1"]
+    argv += ["--results-dir", str(tmp_path), "--markdown", str(markdown)]
+    results, out = run.run(argv)
+    assert out.exists() and set(results) == {"meta", "verifiers"}
+    figures = results["verifiers"]
+    # The pool and math-verify called inline agree on every item; both rates are measured.
+    assert figures["disagreements"] == 0
+    assert set(figures["items_per_s"]) == {"inline", "pool-1", "pool-2"}
+    assert all(fig["median"] > 0 for fig in figures["items_per_s"].values())
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "<!-- bench:verifiers:begin -->" in text
+    assert "pool, 2 worker(s)" in text
+    # A second run replaces the block instead of adding another.
+    run.run(argv)
+    assert markdown.read_text(encoding="utf-8").count("<!-- bench:verifiers:begin -->") == 1
