@@ -7,10 +7,12 @@ import warnings
 
 from reward_client.results import ScoreResult
 from reward_client.wire import (
+    LABELLED,
     PROTOCOLS,
     VLLM_PROBES,
     VllmSpecials,
     WireRequest,
+    check,
     chunk_size,
     detect,
     parse,
@@ -22,11 +24,13 @@ from reward_client.wire import (
 Parsed = ScoreResult
 
 __all__ = [
+    "LABELLED",
     "PROTOCOLS",
     "VLLM_PROBES",
     "Parsed",
     "VllmSpecials",
     "WireRequest",
+    "check",
     "chunk_size",
     "detect",
     "parse",

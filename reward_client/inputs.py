@@ -79,14 +79,25 @@ def _to_conversations(conversations: Sequence[Conversation]) -> list[list[dict[s
     return out
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with arrays and array scalars (numpy's, which JSON cannot hold, as verl's
+    parquet columns give them) turned into lists and numbers, at any depth."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _to_labels(labels: Sequence[Any], count: int) -> list[Any]:
-    """A list copy of ``labels``, one per item; array values (numpy's, which JSON cannot
-    hold) as lists or numbers."""
+    """A plain copy of ``labels``, one per item."""
     if isinstance(labels, (str, bytes, Mapping)) or not hasattr(labels, "__len__"):
         raise TypeError(f"labels must be a sequence (one label per item), not {type(labels)}")
     if len(labels) != count:
         raise ValueError(f"{len(labels)} labels for {count} items (one label per item)")
-    return [label.tolist() if hasattr(label, "tolist") else label for label in labels]
+    return [_plain(label) for label in labels]
 
 
 def _with_labels(

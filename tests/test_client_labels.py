@@ -124,9 +124,10 @@ def test_labels_that_do_not_fit_fail_before_sending() -> None:
 
 def test_array_labels_go_as_json() -> None:
     recorder = Recorder()
-    labels = [np.int64(3), np.array([1.5, 2.0]), "x", np.str_("y"), None]
+    nested = {"inputs": np.array(["1", "2"], dtype=object), "n": (np.int32(2),)}
+    labels = [np.int64(3), np.array([1.5, 2.0]), nested, np.str_("y"), None]
     sync_client(recorder).score(texts=TEXTS, labels=labels)
-    assert recorder.labels() == [3, [1.5, 2.0], "x", "y", None]
+    assert recorder.labels() == [3, [1.5, 2.0], {"inputs": ["1", "2"], "n": [2]}, "y", None]
 
 
 # ------------------------------------------------------------------------ a real server

@@ -11,6 +11,7 @@ path cannot do: an API key, and a first URL that is down.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 import torch
 from server_proc import ServerProcess, free_port, running_server
 from test_openrlhf_agent import PROMPTS, ScriptedEngine, fetch_openrlhf_utils, load_agent_module
+from test_verl import tei_answer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 import reward_client.integrations.openrlhf as reward_func_module
@@ -145,3 +147,42 @@ def test_reward_func_called_directly(
     assert caplog.messages == [
         "reward_client.integrations.openrlhf ignores the keyword argument 'temperature'"
     ]
+
+
+def test_reward_func_sends_the_labels(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OpenRLHF's labels (its --label_key column) go with the queries, in order."""
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(body["texts"])
+        return httpx.Response(
+            200, json={"scores": [0.5] * n, "tokens": [3] * n, "truncated": [False] * n}
+        )
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    options = {"http_client": http, "max_client_batch": 2}
+    queries = [p + " 7" for p in PROMPTS[:3]]
+    labels = ["7", {"tests": [1, 2]}, None]
+    out = reward_func_module.reward_func(
+        queries, PROMPTS[:3], labels, reward_url="http://rm.test", reward_client_options=options
+    )
+    assert out["rewards"].tolist() == [0.5] * 3
+    assert [b["texts"] for b in bodies] == [queries[:2], queries[2:]]
+    assert [b["labels"] for b in bodies] == [labels[:2], labels[2:]]
+    # A protocol without labels leaves them out, saying so once.
+    monkeypatch.setattr(reward_func_module._warn_once, "seen", set())
+    tei = {
+        "http_client": httpx.Client(transport=httpx.MockTransport(tei_answer)),
+        "protocol": "tei",
+        "max_client_batch": 8,
+    }
+    with caplog.at_level(logging.WARNING, logger=reward_func_module.__name__):
+        for _ in range(2):
+            reward_func_module.reward_func(
+                queries, PROMPTS[:3], labels, reward_url="http://rm.test", reward_client_options=tei
+            )
+    assert caplog.messages == ["protocol 'tei' has no labels: they are not sent"]

@@ -238,3 +238,60 @@ def test_retry_timeout_is_a_budget_in_seconds() -> None:
         asyncio.run(reward(prompts=["a"], completions=["b"]))
     assert now[0] == pytest.approx(45)
     assert RemoteReward(URL, http_client=httpx.AsyncClient()).client.retry_policy.timeout == 600
+
+
+# --- labels from a dataset column -----------------------------------------------------------
+
+#: What TRL passes besides prompts and completions: its own arguments and dataset columns.
+TRL_KWARGS = {"completion_ids": [[1]] * 4, "trainer_state": None, "log_extra": None}
+
+
+def test_label_key_sends_that_column_as_labels() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder, label_key="answer")
+    prompts = ["1+1?", "2+2?", "3+3?", "4+4?"]
+    completions = ["2", "4", "6", "8"]
+    answers = ["2", {"value": 4}, None, ["8"]]
+    scores = asyncio.run(
+        reward(prompts, completions, answer=answers, source=["a"] * 4, **TRL_KWARGS)
+    )
+    assert len(scores) == 4
+    assert (
+        recorder.bodies
+        == [  # chunked with their items (max_client_batch=3)
+            {"queries": prompts[:3], "responses": completions[:3], "labels": answers[:3]},
+            {"queries": prompts[3:], "responses": completions[3:], "labels": answers[3:]},
+        ]
+    )
+
+
+def test_label_key_missing_from_the_columns_names_them() -> None:
+    reward = make_reward(Recorder(), label_key="answer", name="math")
+    with pytest.raises(ValueError, match=r"math: label_key 'answer'.*columns here: solution"):
+        asyncio.run(reward(["q"], ["a"], solution=["x"], **TRL_KWARGS))
+
+
+def test_components_share_the_labels_of_their_request() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(body["queries"])
+        components = {"helpful": [1.0] * n, "exact": [0.0] * n}
+        return httpx.Response(
+            200,
+            json={**answer(body), "scores": [1.0] * n, "components": components},
+        )
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    reward = RemoteReward(URL, http_client=http, max_client_batch=8, label_key="answer")
+    funcs = reward.components(names=["helpful", "exact"])
+
+    async def both() -> list[list[float]]:
+        kwargs = {"answer": ["4", "6"], **TRL_KWARGS}
+        return await asyncio.gather(*(f(["2+2", "3+3"], ["4", "5"], **kwargs) for f in funcs))
+
+    assert asyncio.run(both()) == [[1.0, 1.0], [0.0, 0.0]]
+    assert len(bodies) == 1 and bodies[0]["labels"] == ["4", "6"]
+    assert bodies[0]["components"] is True

@@ -358,3 +358,76 @@ def test_verl_reward_loop_naive_manager(
     # verl passed reward_router_address and reward_model_tokenizer without a warning; the
     # sample without a prompt was named once.
     assert verl_result["warnings"] == [NO_PROMPT_WARNING]
+
+
+# --- ground_truth as the label ------------------------------------------------------------
+
+URL_UNUSED = "http://rm.test"
+
+
+class Recorder:
+    """Mock transport: records /score bodies, answers one score per item."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        n = len(body["labels"])
+        return httpx.Response(
+            200, json={"scores": [0.0] * n, "tokens": [1] * n, "truncated": [False] * n}
+        )
+
+
+def tei_answer(request: httpx.Request) -> httpx.Response:
+    """TEI's /predict answer, to a request that must hold no labels."""
+    body = json.loads(request.content)
+    assert "labels" not in body
+    return httpx.Response(200, json=[[{"score": 0.5, "label": "LABEL_0"}] for _ in body["inputs"]])
+
+
+def mock_options(handler: Any, **options: Any) -> dict[str, Any]:
+    """reward_client_options that send through a mock transport."""
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    return {"http_client": http, "max_client_batch": 8, **options}
+
+
+def test_ground_truth_is_sent_as_the_label(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = Recorder()
+    # As verl's BatchRewardManager passes them: numpy object arrays, nested values too.
+    truths = np.empty(len(EXTRA_INFOS), dtype=object)
+    truths[:] = ["7", {"answers": np.array(["1", "2"], dtype=object)}, 3, None, ["a"]]
+    adapter.compute_score_batch(
+        ["hh"] * len(EXTRA_INFOS),
+        [*RESPONSES, "x"],
+        truths,
+        EXTRA_INFOS,
+        reward_url=URL_UNUSED,
+        reward_client_options=mock_options(recorder),
+    )
+    # One request per input form, each item with its own ground truth.
+    assert {tuple(b): b["labels"] for b in recorder.bodies} == {
+        ("conversations", "labels"): ["7", {"answers": ["1", "2"]}],
+        ("queries", "responses", "labels"): [3],
+        ("texts", "labels"): [None, ["a"]],
+    }
+    # A protocol without labels leaves them out, saying so once.
+    tei = mock_options(tei_answer, protocol="tei")
+    with caplog.at_level(logging.WARNING, logger="reward_client.integrations.verl"):
+        for _ in range(2):
+            adapter.compute_score(
+                "hh", "x", "7", None, reward_url=URL_UNUSED, reward_client_options=tei
+            )
+    assert caplog.messages.count("protocol 'tei' has no labels: they are not sent") == 1
+
+
+def test_ground_truths_reach_a_real_server(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REWARD_URL", server.url)
+    truth = {"answers": np.array(["7", "seven"], dtype=object), "n": np.int64(7)}
+    extra_info = {"prompt": MESSAGES}
+    score = adapter.compute_score("hh", RESPONSES[0], truth, extra_info)
+    expected = server_score(server.url, expected_body(extra_info, RESPONSES[0]))["scores"][0]
+    assert score == pytest.approx(expected, abs=1e-5)  # a reward model ignores the label

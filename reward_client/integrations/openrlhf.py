@@ -18,8 +18,9 @@ This module is such a file; pass its path::
 :func:`reward_func` scores each query as a complete text, as the server's own
 ``/get_reward`` does, through the reward client: chunks, concurrency, failover over
 several URLs or a ``dns+http://`` name, retries for ``retry_timeout`` (600 s by default),
-an API key, and one error when the server is finally out of reach. ``prompts`` and
-``labels`` are not used. It returns ``{"rewards", "scores", "extra_logs"}``: the server's
+an API key, and one error when the server is finally out of reach. ``labels`` go with the
+queries (for the server's verifiers and judges; left out, with a warning, for a protocol
+without labels); ``prompts`` are not used. It returns ``{"rewards", "scores", "extra_logs"}``: the server's
 scores as a float tensor of one value per query (``scores`` equal to ``rewards``), and
 ``extra_logs`` with ``reward_tokens`` (tokens scored) and ``reward_truncated`` (1.0 where
 the server cut the text). torch is imported inside the call; without it the values are
@@ -72,8 +73,11 @@ def reward_func(
         _warn_once(f"kwarg:{name}", "%s ignores the keyword argument %r", __name__, name)
     if isinstance(queries, str):
         raise TypeError("queries must be a list of texts, not a single string")
-    client = _clients.blocking(ClientSettings.read(kwargs))
-    result = client.score_detailed(texts=[str(q) for q in queries])
+    settings = ClientSettings.read(kwargs)
+    client = _clients.blocking(settings)
+    texts = [str(q) for q in queries]
+    labels = None if labels is None else settings.labels(list(labels), _warn_once)
+    result = client.score_detailed(texts=texts, labels=labels)
     rewards = _values(result.scores)
     return {
         "rewards": rewards,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reward_client.client import AsyncRewardClient, RewardClient
+from reward_client.wire import LABELLED
 
 __all__ = ["CLIENT_KWARGS", "ClientCache", "ClientSettings", "WarnOnce", "flag"]
 
@@ -75,6 +76,15 @@ class ClientSettings:
             # Sorted so that equal options give the same cached client.
             options=tuple(sorted((str(k), v) for k, v in dict(options).items())),
         )
+
+    def labels(self, labels: list[Any], warn: WarnOnce) -> list[Any] | None:
+        """``labels`` when the configured protocol carries them (``auto`` is taken to);
+        else None, with a warning once that they are left out."""
+        protocol = dict(self.options).get("protocol", "remote-reward")
+        if protocol == "auto" or protocol in LABELLED:
+            return labels
+        warn(f"labels:{protocol}", "protocol %r has no labels: they are not sent", protocol)
+        return None
 
     def client_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of the client these settings describe."""

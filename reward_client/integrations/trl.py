@@ -10,7 +10,9 @@ Plain-text data (``prompts`` and ``completions`` are strings) is sent as
 ``queries``/``responses``; conversational data (``prompts`` are message lists and each
 completion is a message list such as ``[{"role": "assistant", "content": "..."}]``) is
 sent as ``conversations``, so the reward server renders it with the reward model's own
-chat template and the policy's template never reaches it.
+chat template and the policy's template never reaches it. ``label_key`` names the dataset
+column (one of those keyword arguments) sent as the items' labels, for the server's
+verifiers and judges.
 
 TRL itself is never imported here: the module needs only the reward client.
 """
@@ -48,6 +50,8 @@ class RemoteReward:
     ``protocol``: what the server speaks (``remote-reward``, ``vllm``, ``tei``, ``openrlhf``
     or ``auto``; see :mod:`reward_client.wire`). ``model``: score with this one model of a
     composite server. :meth:`components` gives one reward function per model instead.
+    ``label_key``: the dataset column (TRL passes each as a keyword argument) sent as each
+    completion's label, e.g. ``"answer"`` for a verifier that checks the final answer.
     Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
     ``max_concurrency``, ``on_retry``, ...; see :class:`~reward_client.ClientOptions`)
     go to :class:`~reward_client.AsyncRewardClient`.
@@ -64,6 +68,7 @@ class RemoteReward:
         retry_timeout: float | None = None,
         protocol: str = "remote-reward",
         model: str | None = None,
+        label_key: str | None = None,
         **client_kwargs: Any,
     ) -> None:
         self._client_args: dict[str, Any] = {
@@ -77,6 +82,7 @@ class RemoteReward:
         self.__qualname__ = name
         self.truncate = truncate
         self.model = model
+        self.label_key = label_key
         self._component_names: list[str] | None = None  # from /info, on first use
         # Built now so that bad arguments fail here, not in the first training step.
         self._shared = http_client is not None
@@ -120,15 +126,33 @@ class RemoteReward:
         completions: Sequence[object],
         *,
         components: bool | None = None,
+        labels: Sequence[Any] | None = None,
     ) -> ScoreResult:
         """Scores with token counts, truncation flags and (``components=True``) the
-        per-model breakdown for TRL-style prompts and completions."""
+        per-model breakdown for TRL-style prompts and completions (and their labels)."""
         inputs = _score_inputs(prompts, completions)
         if not inputs:
             return ScoreResult([], [], [])
         return await self.client.score_detailed(
-            **inputs, truncate=self.truncate, model=self.model, components=components
+            **inputs,
+            truncate=self.truncate,
+            model=self.model,
+            components=components,
+            labels=labels,
         )
+
+    def labels(self, kwargs: Mapping[str, Any]) -> list[Any] | None:
+        """The ``label_key`` column among TRL's keyword arguments (None without a key);
+        ValueError naming the columns TRL passed when it is not there."""
+        if self.label_key is None:
+            return None
+        if self.label_key not in kwargs:
+            columns = sorted(k for k in kwargs if k not in _TRL_ARGUMENTS)
+            raise ValueError(
+                f"{self.__name__}: label_key {self.label_key!r} is not a column TRL passed "
+                f"(the dataset's columns here: {', '.join(columns) or 'none'})"
+            )
+        return list(kwargs[self.label_key])
 
     def component_names(self) -> list[str]:
         """The names of the server's models, from its ``/info`` (asked once, blocking)."""
@@ -163,9 +187,13 @@ class RemoteReward:
         self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
     ) -> list[float]:
         """One float per completion, in order (TRL's ``reward_funcs`` signature)."""
-        result = await self.score_detailed(prompts, completions)
+        result = await self.score_detailed(prompts, completions, labels=self.labels(kwargs))
         _log_truncation(self.__name__, result, kwargs)
         return result.scores
+
+
+#: Keyword arguments TRL passes that are not dataset columns.
+_TRL_ARGUMENTS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
 def _log_truncation(name: str, result: ScoreResult, kwargs: Mapping[str, Any]) -> None:
@@ -210,14 +238,19 @@ class _SharedRequest:
         self.consumers = consumers
         self._entries: dict[tuple[int, str], list[Any]] = {}
 
-    async def result(self, prompts: Sequence[object], completions: Sequence[object]) -> ScoreResult:
-        """The breakdown of this batch, requested once."""
+    async def result(
+        self, prompts: Sequence[object], completions: Sequence[object], kwargs: Mapping[str, Any]
+    ) -> ScoreResult:
+        """The breakdown of this batch (``kwargs``: TRL's, holding the labels), requested
+        once."""
         inputs = _score_inputs(prompts, completions)
+        labels = self.reward.labels(kwargs)
         # The batch's inputs are its key, per event loop (a task belongs to its loop).
-        key = (id(asyncio.get_running_loop()), json.dumps(inputs, sort_keys=True))
+        batch = json.dumps([inputs, labels], sort_keys=True, default=repr)
+        key = (id(asyncio.get_running_loop()), batch)
         entry = self._entries.get(key)
         if entry is None:
-            coro = self.reward.score_detailed(prompts, completions, components=True)
+            coro = self.reward.score_detailed(prompts, completions, components=True, labels=labels)
             entry = self._entries[key] = [asyncio.ensure_future(coro), self.consumers]
             while len(self._entries) > self._KEEP:
                 del self._entries[next(iter(self._entries))]
@@ -244,7 +277,7 @@ class RewardComponent:
         self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
     ) -> list[float]:
         """This component's score of each completion, in order."""
-        result = await self._shared.result(prompts, completions)
+        result = await self._shared.result(prompts, completions, kwargs)
         if not len(result):
             return []
         if result.components is None or self.__name__ not in result.components:

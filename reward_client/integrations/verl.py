@@ -19,8 +19,9 @@ module) and calls it with keyword arguments only, merging
 prompt, so the prompt comes from ``extra_info[prompt_key]``, written there by the data
 preprocessing: a list of chat messages is scored as a conversation (the server renders it
 with the reward model's own template), a string as a query/response pair, and without a
-prompt the response alone is scored as a text. ``data_source`` and ``ground_truth`` are not
-used. Each function returns the score as a float, or with ``reward_details`` a dict
+prompt the response alone is scored as a text. ``ground_truth`` is sent as the item's label
+(for the server's verifiers and judges; left out, with a warning, for a protocol without
+labels); ``data_source`` is not used. Each function returns the score as a float, or with ``reward_details`` a dict
 ``{"score", "tokens", "truncated"}`` whose other keys verl logs as extra reward info.
 
 Settings come from keyword arguments (``reward_kwargs``) first, then the environment:
@@ -128,8 +129,14 @@ class _Group:
     columns: dict[str, list[Any]]
 
 
-def _groups(solution_strs: Sequence[str], extra_infos: Sequence[object], key: str) -> list[_Group]:
-    """Split a batch into at most one request per input form, keeping each item's position."""
+def _groups(
+    solution_strs: Sequence[str],
+    extra_infos: Sequence[object],
+    ground_truths: Sequence[Any] | None,
+    key: str,
+) -> list[_Group]:
+    """Split a batch into at most one request per input form, keeping each item's position
+    (and its ground truth as its label, unless ``ground_truths`` is None)."""
     groups: dict[str, _Group] = {}
     for i, (response, extra_info) in enumerate(zip(solution_strs, extra_infos, strict=True)):
         prompt = _prompt(extra_info, key)
@@ -143,6 +150,8 @@ def _groups(solution_strs: Sequence[str], extra_infos: Sequence[object], key: st
             item = {"queries": prompt, "responses": response}
         else:
             item = {"conversations": [*prompt, {"role": "assistant", "content": response}]}
+        if ground_truths is not None:
+            item["labels"] = ground_truths[i]
         group = groups.setdefault(",".join(item), _Group([], {name: [] for name in item}))
         group.positions.append(i)
         for name, value in item.items():
@@ -151,15 +160,21 @@ def _groups(solution_strs: Sequence[str], extra_infos: Sequence[object], key: st
 
 
 def _prepare(
-    solution_strs: Iterable[str], extra_infos: Iterable[object] | None, kwargs: Mapping[str, Any]
+    solution_strs: Iterable[str],
+    ground_truths: Iterable[Any],
+    extra_infos: Iterable[object] | None,
+    kwargs: Mapping[str, Any],
 ) -> tuple[_Settings, int, list[_Group]]:
     """Settings, batch size and per-form requests of one call."""
     settings = _settings(kwargs)
     responses = [str(s) for s in solution_strs]
     extras = [None] * len(responses) if extra_infos is None else list(extra_infos)
-    if len(extras) != len(responses):
-        raise ValueError(f"{len(responses)} solution_strs but {len(extras)} extra_infos")
-    return settings, len(responses), _groups(responses, extras, settings.prompt_key)
+    truths = list(ground_truths)
+    for name, values in (("extra_infos", extras), ("ground_truths", truths)):
+        if len(values) != len(responses):
+            raise ValueError(f"{len(responses)} solution_strs but {len(values)} {name}")
+    labels = settings.client.labels(truths, _warn_once)
+    return settings, len(responses), _groups(responses, extras, labels, settings.prompt_key)
 
 
 def _assemble(
@@ -186,7 +201,7 @@ def compute_score_batch(
     **kwargs: Any,
 ) -> list[Score]:
     """Batched verl reward function (``reward_manager=batch``): one score per response."""
-    settings, size, groups = _prepare(solution_strs, extra_infos, kwargs)
+    settings, size, groups = _prepare(solution_strs, ground_truths, extra_infos, kwargs)
     client = _clients.blocking(settings.client)
     results = [client.score_detailed(**group.columns) for group in groups]
     return _assemble(size, groups, results, settings.details)
@@ -213,6 +228,6 @@ async def compute_score_async(
     **kwargs: Any,
 ) -> Score:
     """Async verl reward function for one response; verl's reward loop awaits it concurrently."""
-    settings, _, groups = _prepare([solution_str], [extra_info], kwargs)
+    settings, _, groups = _prepare([solution_str], [ground_truth], [extra_info], kwargs)
     result = await _clients.for_loop(settings.client).score_detailed(**groups[0].columns)
     return _assemble(1, groups, [result], settings.details)[0]

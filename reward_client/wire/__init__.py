@@ -34,6 +34,7 @@ from reward_client.wire.detect import chunk_size, detect
 from reward_client.wire.vllm import VLLM_PROBES, VllmSpecials, vllm_specials
 
 __all__ = [
+    "LABELLED",
     "PROTOCOLS",
     "VLLM_PROBES",
     "VllmSpecials",
@@ -51,7 +52,7 @@ PROTOCOLS = ("auto", "remote-reward", "vllm", "tei", "openrlhf")
 
 
 #: The protocols whose requests carry labels.
-_LABELLED = ("remote-reward", "openrlhf")
+LABELLED = ("remote-reward", "openrlhf")
 
 
 def check(protocol: str, columns: Mapping[str, list[Any]], fields: Mapping[str, Any]) -> None:
@@ -62,10 +63,10 @@ def check(protocol: str, columns: Mapping[str, list[Any]], fields: Mapping[str, 
             f"protocol {protocol!r} cannot take {', '.join(sorted(fields))}= "
             "(only this project's server, protocol remote-reward)"
         )
-    if "labels" in columns and protocol not in _LABELLED:
+    if "labels" in columns and protocol not in LABELLED:
         raise ValueError(
             f"protocol {protocol!r} cannot take labels= (it has no field for them; "
-            f"protocols {' and '.join(_LABELLED)} do)"
+            f"protocols {' and '.join(LABELLED)} do)"
         )
 
 
