@@ -144,6 +144,9 @@ class PPOConfig(BaseModel):
     dataset_split: str = "train"
     dataset_text_field: str = "prompt"
     """Column holding the prompt: text, or a list of chat messages."""
+    label_column: str | None = None
+    """Column sent with each prompt's rollout as its label (a reference answer, test cases:
+    any JSON value), for the reward server's verifiers and judges; null: no labels."""
     max_prompt_length: int | None = None
     """Prompts longer than this many policy tokens keep their last tokens."""
 

@@ -1,4 +1,5 @@
-"""Prompt data: loading the dataset, reading its prompt column, and each update's seeded batch."""
+"""Prompt data: loading the dataset, reading its prompt (and label) column, and each
+update's seeded batch."""
 
 from __future__ import annotations
 
@@ -16,24 +17,39 @@ __all__ = ["PromptDataset", "batch_indices", "load_prompt_dataset"]
 
 
 class PromptDataset:
-    """Random access to the prompt column of a dataset (a ``datasets.Dataset`` or a list)."""
+    """Random access to the prompt column of a dataset (a ``datasets.Dataset`` or a list) and,
+    when ``label_field`` names one, its label column."""
 
-    def __init__(self, data: Any, field: str = "prompt") -> None:
+    def __init__(self, data: Any, field: str = "prompt", label_field: str | None = None) -> None:
         self._data = data
         self._field = field
+        self._label_field = label_field
         if hasattr(data, "column_names"):
-            if field not in data.column_names:
-                raise ConfigError(
-                    f"the dataset has no {field!r} column (columns: {data.column_names}); "
-                    "set dataset_text_field"
-                )
+            _check_column(data.column_names, field, "dataset_text_field")
+            if label_field is not None:
+                _check_column(data.column_names, label_field, "label_column")
         elif not isinstance(data, Sequence):
             raise TypeError("train_dataset must be a datasets.Dataset or a list")
+        elif label_field is not None:
+            for i, row in enumerate(data):
+                if not isinstance(row, Mapping) or label_field not in row:
+                    raise ConfigError(
+                        f"row {i} of the dataset has no {label_field!r} column (label_column)"
+                    )
         if len(data) == 0:
             raise ConfigError("the training dataset is empty")
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def labels(self, indices: Sequence[int]) -> list[Any] | None:
+        """The labels at ``indices`` (the ``label_field`` column); None without one."""
+        label = self._label_field
+        if label is None:
+            return None
+        if hasattr(self._data, "column_names"):
+            return list(self._data[[int(i) for i in indices]][label])
+        return [self._data[int(i)][label] for i in indices]
 
     def get(self, indices: Sequence[int]) -> list[Prompt]:
         """Prompts at ``indices``, normalised (text or role/content messages)."""
@@ -46,6 +62,12 @@ class PromptDataset:
             value = row[self._field] if isinstance(row, Mapping) else row
             out.append(normalize_prompt(value))
         return out
+
+
+def _check_column(columns: Sequence[str], name: str, key: str) -> None:
+    """ConfigError unless the dataset's ``columns`` hold ``name`` (the config ``key``'s)."""
+    if name not in columns:
+        raise ConfigError(f"the dataset has no {name!r} column (columns: {columns}); set {key}")
 
 
 def load_prompt_dataset(config: PPOConfig) -> Any:

@@ -1,9 +1,11 @@
 """The reward as the trainer calls it: any ``(prompts, responses) -> scores`` callable or a
 :class:`~reward_client.RewardClient`, on a worker thread (overlapped with the rollout's
-forward passes) or inline."""
+forward passes) or inline. With ``label_column`` it is also given ``labels=`` (one per
+prompt)."""
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import math
 import socket
@@ -19,6 +21,7 @@ from ppo_client.rollout import Prompt, RewardInputs, Scores
 
 __all__ = [
     "RewardFn",
+    "check_labels_taken",
     "check_process_reward",
     "default_overlap",
     "default_reward_fn",
@@ -26,7 +29,8 @@ __all__ = [
     "score_rollouts",
 ]
 
-#: Any callable ``(prompts, responses) -> scores`` can be the reward.
+#: Any callable ``(prompts, responses) -> scores`` can be the reward (with ``label_column``:
+#: ``(prompts, responses, labels=labels) -> scores``).
 RewardFn = Callable[[list[Prompt], list[str]], Sequence[float]]
 
 
@@ -50,27 +54,29 @@ def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:
 
     An object with ``score_pairs_detailed`` or ``score_detailed`` (the RewardClient) also
     reports which inputs the server truncated, and a process model's steps; chat prompts go
-    to ``score_detailed`` as conversations ending with the response.
+    to ``score_detailed`` as conversations ending with the response. Labels, when the
+    inputs have them, go as ``labels=``.
     """
     fn: Any = reward_fn
     prompts, responses = inputs.prompts, inputs.responses
+    labelled = {} if inputs.labels is None else {"labels": inputs.labels}
     truncated: list[bool] | None = None
     result: Any = None
     if hasattr(fn, "score_pairs_detailed"):
-        result = fn.score_pairs_detailed(prompts, responses)
+        result = fn.score_pairs_detailed(prompts, responses, **labelled)
         scores, truncated = list(result.scores), list(result.truncated)
     elif hasattr(fn, "score_detailed"):
         if all(isinstance(p, str) for p in prompts):
-            result = fn.score_detailed(queries=prompts, responses=responses)
+            result = fn.score_detailed(queries=prompts, responses=responses, **labelled)
         else:
             conversations = [
                 [*p, {"role": "assistant", "content": r}]
                 for p, r in zip(prompts, responses, strict=True)
             ]
-            result = fn.score_detailed(conversations=conversations)
+            result = fn.score_detailed(conversations=conversations, **labelled)
         scores, truncated = list(result.scores), list(result.truncated)
     else:
-        scores = list(fn(prompts, responses))
+        scores = list(fn(prompts, responses, **labelled))
     if len(scores) != len(responses):
         raise ValueError(
             f"the reward function returned {len(scores)} scores for {len(responses)} responses"
@@ -80,6 +86,24 @@ def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:
         raise ValueError(f"the reward function returned a non-finite score: {scores}")
     steps = [getattr(result, key, None) for key in ("step_scores", "step_ends", "outcome_scores")]
     return Scores(scores, truncated, *steps)
+
+
+def check_labels_taken(reward_fn: object, label_column: str | None) -> None:
+    """Fail at start-up when ``label_column`` is set but the reward takes no ``labels=``
+    (a reward whose signature cannot be read is left to its first call)."""
+    if label_column is None:
+        return
+    names = ("score_pairs_detailed", "score_detailed")
+    fn = next((getattr(reward_fn, n) for n in names if hasattr(reward_fn, n)), reward_fn)
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if not any(p.name == "labels" or p.kind is p.VAR_KEYWORD for p in parameters):
+        raise ConfigError(
+            f"label_column is {label_column!r} but the reward function takes no labels= "
+            "keyword: give it a labels parameter, or unset label_column"
+        )
 
 
 def check_process_reward(reward_fn: object) -> None:

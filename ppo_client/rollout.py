@@ -195,10 +195,12 @@ def generate_responses(
 
 @dataclass
 class RewardInputs:
-    """What the reward function gets: the prompts and the decoded responses."""
+    """What the reward function gets: the prompts, the decoded responses and, with
+    ``label_column``, each prompt's label."""
 
     prompts: list[Prompt]
     responses: list[str]
+    labels: list[Any] | None = None
 
 
 def reward_inputs(
@@ -356,8 +358,15 @@ class RolloutCollector:
         )
 
     @torch.no_grad()
-    def collect(self, model: nn.Module, prompts: list[Prompt], pool: Executor) -> Rollout:
-        """Rollouts of ``prompts`` by the (prepared) ``model``; rewards scored on ``pool``."""
+    def collect(
+        self,
+        model: nn.Module,
+        prompts: list[Prompt],
+        pool: Executor,
+        labels: list[Any] | None = None,
+    ) -> Rollout:
+        """Rollouts of ``prompts`` by the (prepared) ``model``; rewards scored on ``pool``,
+        each rollout sent with its prompt's label when ``labels`` are given."""
         cfg, device = self.config, self.accelerator.device
         enc = encode_prompts(self.tokenizer, prompts, self.pad_token_id, cfg.max_prompt_length)
         if enc.num_truncated:
@@ -384,6 +393,7 @@ class RolloutCollector:
             chunk_texts = reward_inputs(
                 self.tokenizer, prompts[rows], query, qmask, responses, seq_lengths
             )
+            chunk_texts.labels = None if labels is None else labels[rows]
             # (An inline executor scores right here: that time counts as waited, too.)
             submitted = time.perf_counter()
             futures.append(pool.submit(self.score, chunk_texts))

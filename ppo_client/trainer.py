@@ -62,6 +62,7 @@ from ppo_client.precision import use_bf16
 from ppo_client.reporting import RunReport, available_trackers, step_metrics
 from ppo_client.reward import (
     RewardFn,
+    check_labels_taken,
     check_process_reward,
     default_overlap,
     default_reward_fn,
@@ -110,7 +111,7 @@ class PPOTrainer:
         self.stop_token_id = config.resolved_stop_token_id(self.tokenizer.eos_token_id)
         if train_dataset is None:
             train_dataset = load_prompt_dataset(config)
-        self.dataset = PromptDataset(train_dataset, config.dataset_text_field)
+        self.dataset = PromptDataset(train_dataset, config.dataset_text_field, config.label_column)
         self.sizes = BatchSizes.from_config(config, acc.num_processes, len(self.dataset))
         # 2. models and optimiser (a new value head or adapters draw from the seeded RNG)
         self._set_up_models(build_models(config, self.tokenizer, policy, ref_policy, value_model))
@@ -150,6 +151,7 @@ class PPOTrainer:
         """The reward (overlapped or not), the rollout step and the advantage options."""
         cfg, acc = self.config, self.accelerator
         self.reward_fn = reward_fn
+        check_labels_taken(reward_fn, cfg.label_column)
         if cfg.reward_mode == "process":
             check_process_reward(reward_fn)
         self.overlap_reward = (
@@ -220,10 +222,10 @@ class PPOTrainer:
         indices = batch_indices(
             step - 1, len(self.dataset), sizes, cfg.seed, self.accelerator.process_index
         )
-        prompts = self.dataset.get(indices)
+        prompts, labels = self.dataset.get(indices), self.dataset.labels(indices)
         # 2.-3. generate, truncate, decode, score (passes run while the reward works); a
         # signal or a reward that finally fails ends the run here, checkpointed
-        rollout = self._collect(prompts, pool, stop)
+        rollout = self._collect(prompts, labels, pool, stop)
         t1 = time.perf_counter()
         self.state.episode += sizes.batch_size
         # 4.-5. (running-normalised) transformed scores -> KL-penalised per-token rewards,
@@ -269,14 +271,17 @@ class PPOTrainer:
         self.state.reward_window = self.normalizer.state()
         return scores
 
-    def _collect(self, prompts: list[Prompt], pool: Executor, stop: StopSignals) -> Rollout:
-        """The rollout of one update. If it does not finish (a signal, a reward server that
-        stayed away past ``reward_retry_timeout``), the weights are still those of the last
-        completed update: checkpoint that, with the RNG as it then was, and re-raise."""
+    def _collect(
+        self, prompts: list[Prompt], labels: list[Any] | None, pool: Executor, stop: StopSignals
+    ) -> Rollout:
+        """The rollout of one update (each prompt's label sent with its rollouts). If it does
+        not finish (a signal, a reward server that stayed away past
+        ``reward_retry_timeout``), the weights are still those of the last completed update:
+        checkpoint that, with the RNG as it then was, and re-raise."""
         rng = rng_state(self.np_rng)
         try:
             with stop.interruptible():
-                return self.rollouts.collect(self.model, prompts, pool)
+                return self.rollouts.collect(self.model, prompts, pool, labels)
         except BaseException as exc:
             logger.error("update %d did not complete: %s", self.state.step + 1, exc)
             set_rng_state(rng, self.np_rng)
