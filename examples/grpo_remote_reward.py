@@ -11,6 +11,9 @@ The policy and the reward model never share a tokenizer: ``RemoteReward`` sends 
 chat messages) and the server tokenizes with the reward model's own tokenizer and template.
 ``--dataset`` is a hub dataset id or a local ``.jsonl``/``.json``/``.csv`` file with a
 ``prompt`` column. Pass ``--reward-url`` several times to spread requests over servers.
+``--label-column answer`` sends each prompt's reference answer with its completions, for a
+server with verifiers (``examples/math_verifier_models.yaml``; prompts and answers from
+GSM8K: ``examples/gsm8k_prompts.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--dataset", default="trl-lib/tldr", help="Hub id or .jsonl/.json/.csv file.")
     p.add_argument("--dataset-split", default="train")
+    p.add_argument(
+        "--label-column",
+        default=None,
+        help="Column sent with each prompt's completions as their label (a reference answer, "
+        "for the server's verifiers).",
+    )
     p.add_argument("--max-samples", type=int, default=None, help="Use the first N prompts only.")
     p.add_argument("--output-dir", default="runs/grpo-remote-reward")
     p.add_argument("--max-steps", type=int, default=100)
@@ -90,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     dataset = load_prompts(args.dataset, args.dataset_split, args.max_samples)
-    reward = RemoteReward(args.reward_url, api_key=args.reward_api_key)
+    reward = RemoteReward(args.reward_url, api_key=args.reward_api_key, label_key=args.label_column)
     on_gpu = torch.cuda.is_available() and not args.use_cpu
     config = GRPOConfig(
         output_dir=args.output_dir,

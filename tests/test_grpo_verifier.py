@@ -11,6 +11,8 @@ GRPO must then make it say 7. The verifier's own mean score is TRL's
 
 from __future__ import annotations
 
+import json
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +21,14 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset
-from server_proc import ServerProcess, running_server
+from server_proc import ServerProcess, metric, running_server
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 import tiny_models
+from examples import grpo_remote_reward, gsm8k_prompts
 from reward_client.integrations.trl import RemoteReward
+from reward_server.config import read_models_file
 
 QUESTION = "What is 3 + 4?"
 STEPS = 60
@@ -115,3 +119,44 @@ def test_grpo_learns_the_answer_the_math_verifier_checks(
     assert last > first + 0.2, (first, last, means)
     assert last >= 0.4, means
     assert any(h.get("rewards/rm/mean") is not None for h in trainer.state.log_history)
+
+
+def test_the_grpo_example_sends_the_label_column(
+    arithmetic_policy: Path, maths_server: ServerProcess, tmp_path: Path
+) -> None:
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": QUESTION, "answer": "7"}] * 8
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    argv = ["--reward-url", maths_server.url, "--model", str(arithmetic_policy)]
+    argv += ["--dataset", str(data), "--label-column", "answer", "--output-dir", str(tmp_path)]
+    argv += ["--max-steps", "2", "--per-device-train-batch-size", "4", "--num-generations", "4"]
+    argv += ["--max-completion-length", "4", "--use-cpu"]
+    history = grpo_remote_reward.main(argv)
+    rewards = [
+        h["rewards/remote_reward/mean"] for h in history if "rewards/remote_reward/mean" in h
+    ]
+    assert len(rewards) == 2 and all(math.isfinite(r) for r in rewards)
+    verified = metric(maths_server.url, "reward_server_model_items_total", model="correct")
+    assert verified >= 16  # the verifier scored every completion, with its label
+
+
+def test_gsm8k_rows_ask_for_a_boxed_answer_and_carry_the_reference() -> None:
+    examples = [
+        {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+        {"question": "How many cents in $12?", "answer": "12 * 100 = 1200\n#### 1,200"},
+    ]
+    rows = list(gsm8k_prompts.rows(examples))
+    assert [row["answer"] for row in rows] == ["7", "1200"]
+    assert (
+        rows[0]["prompt"][0]["role"] == "system" and "\\boxed{}" in rows[0]["prompt"][0]["content"]
+    )
+    assert rows[1]["prompt"][1] == {"role": "user", "content": examples[1]["question"]}
+    with pytest.raises(ValueError, match="####"):
+        gsm8k_prompts.answer_of("no final answer")
+
+
+def test_the_example_models_file_is_valid() -> None:
+    spec = read_models_file(
+        Path(__file__).resolve().parents[1] / "examples" / "math_verifier_models.yaml"
+    )
+    assert [(m.name, m.kind) for m in spec.models] == [("correct", "verifier"), ("rm", "sequence")]
