@@ -16,7 +16,7 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         max_length: 1024         # per-model: device, dtype, max_length, truncation_side,
         chat_template: auto      #   chat_template, trust_remote_code (default: the server's)
         adapter: null            # optional PEFT adapter (merge_adapter: false)
-        kind: sequence           # sequence | process (a per-step reward model) | verifier
+        kind: sequence           # sequence | process (a per-step reward model) | verifier | judge
         # kind: process only: step_separator ("\\n\\n"), step_tag (null), step_aggregate (min)
       - name: correct            # a rule instead of a model: no `model` key
         kind: verifier
@@ -25,9 +25,20 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         workers: 2               # processes verifying items (default 1)
         timeout_s: 5             # per item; a timeout, crash or error scores on_error
         on_error: 0.0
+      - name: judge              # a causal LM that reads a prompt and answers a token
+        kind: judge
+        model: /models/small-instruct-lm
+        template: |              # Jinja (prompt, response, label, messages) or a .jinja file
+          Question: {{ prompt }}
+          Answer: {{ response }}
+          Is the answer correct? Reply Yes or No.
+        mode: logprobs           # the expected value over score_tokens (generate: not yet)
+        score_tokens: {"Yes": 1.0, "No": 0.0}   # each one token of the judge's tokenizer
 
 What the numbers mean: a model's own score per item is the raw logit of its ``label_index``,
-or with ``objectives`` the sum over its labels of weight x raw logit. The combined score is
+or with ``objectives`` the sum over its labels of weight x raw logit; a judge's, the expected
+value of its score tokens' values under its next-token probabilities renormalised over them
+(:mod:`reward_server.scoring.judge_model`). The combined score is
 ``v_m = weight_m * (s_m - mean_m) / std_m`` (normalize optional), summed (``weighted_sum``),
 averaged (``mean``) or the least (``min``) over the models. Server-wide flags (batching
 limits, auth, --no-truncate, --engine, ...) stay server-wide. Any key not listed here is an
@@ -67,7 +78,7 @@ __all__ = [
     "read_models_file",
 ]
 
-ModelKind = Literal["sequence", "process", "verifier"]
+ModelKind = Literal["sequence", "process", "verifier", "judge"]
 #: The built-in verifiers of ``kind: verifier`` (:mod:`reward_server.verifiers`).
 VerifierName = Literal["math", "exact", "regex", "python"]
 #: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
@@ -79,6 +90,11 @@ StepAggregate = Literal["min", "mean", "last", "prod"]
 PROCESS_KEYS = ("step_separator", "step_tag", "step_aggregate")
 #: Keys of an entry that only a verifier reads.
 VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_error")
+#: Keys of an entry that only a judge reads.
+JUDGE_KEYS = ("template", "mode", "score_tokens")
+#: How a judge scores: the expected value over its score tokens' probabilities of the next
+#: token (``logprobs``), or a score parsed from generated text (``generate``, not yet).
+JudgeMode = Literal["logprobs", "generate"]
 #: Keys of an entry that only a model (not a verifier) reads.
 MODEL_KEYS = ("model", "adapter", "merge_adapter", "label_index", "objectives")
 #: Per-model keys that default to the server's flag of the same name.
@@ -131,6 +147,9 @@ class ModelSpec(BaseModel):
     workers: int = Field(default=1, ge=1, le=256)
     timeout_s: float = Field(default=5.0, gt=0, le=3600)
     on_error: float = 0.0
+    template: str | None = Field(default=None, min_length=1)
+    mode: JudgeMode = "logprobs"
+    score_tokens: dict[str, float] | None = Field(default=None, min_length=2)
 
     @field_validator("weight", "on_error")
     @classmethod
@@ -139,12 +158,17 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{info.field_name} must be a finite number")
         return value
 
-    @field_validator("objectives")
+    @field_validator("objectives", "score_tokens")
     @classmethod
-    def _finite_objectives(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+    def _finite_values(
+        cls, value: dict[str, float] | None, info: ValidationInfo
+    ) -> dict[str, float] | None:
         bad = [k for k, w in (value or {}).items() if not math.isfinite(w)]
+        what = "objective weights" if info.field_name == "objectives" else "score token values"
         if bad:
-            raise ValueError(f"objective weights must be finite numbers ({', '.join(bad)})")
+            raise ValueError(f"{what} must be finite numbers ({', '.join(bad)})")
+        if "" in (value or {}):
+            raise ValueError(f"{info.field_name}: an empty name")
         return value
 
     @model_validator(mode="after")
@@ -155,11 +179,17 @@ class ModelSpec(BaseModel):
             given = [key for key in PROCESS_KEYS if key in self.model_fields_set]
             if given:
                 raise ValueError(f"{', '.join(given)}: only for kind: process")
+        if self.kind != "judge":
+            given = [key for key in JUDGE_KEYS if key in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for kind: judge")
         if self.kind == "verifier":
             return self._consistent_verifier()
         given = [key for key in VERIFIER_KEYS if key in self.model_fields_set]
         if given:
             raise ValueError(f"{', '.join(given)}: only for kind: verifier")
+        if self.kind == "judge":
+            self._consistent_judge()
         if self.model is None:
             raise ValueError("'model' is required")
         return self
@@ -177,6 +207,21 @@ class ModelSpec(BaseModel):
         if self.pattern is not None and self.verifier != "regex":
             raise ValueError("'pattern' is only for verifier: regex")
         return self
+
+    def _consistent_judge(self) -> None:
+        given = [
+            key
+            for key in ("adapter", "merge_adapter", "label_index", "objectives")
+            if key in self.model_fields_set
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not for kind: judge")
+        if self.mode == "generate":
+            raise ValueError("mode: generate is not supported yet; use mode: logprobs")
+        if self.template is None:
+            raise ValueError("kind: judge needs 'template' (Jinja text or a .jinja file)")
+        if self.score_tokens is None:
+            raise ValueError('kind: judge needs \'score_tokens\' (e.g. {"Yes": 1.0, "No": 0.0})')
 
     def load_options(self, server: LoadOptions) -> LoadOptions:
         """The server's load options with this entry's model and per-model keys over them."""

@@ -45,6 +45,7 @@ from reward_server.errors import (
 )
 from reward_server.scoring.aggregate import AggregateName, Weighting, combine
 from reward_server.scoring.items import Items
+from reward_server.scoring.judge_model import load_judge
 from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.served import (
     ItemResult,
@@ -268,14 +269,16 @@ class Service:
         return model
 
     def _load_owned(self, spec: ModelSpec, base: LoadOptions) -> ServedModel:
-        """Load the model (or start the verifier) of ``spec``; closed here at the end."""
+        """Load the model (or the judge, or start the verifier) of ``spec``; closed here at
+        the end."""
+        load = load_judge if spec.kind == "judge" else load_served_model
         if spec.kind == "verifier":
             model = load_verifier(spec)
         elif not self._from_file:
             model = load_served_model(spec, base, self.engine)
         else:
             try:
-                model = load_served_model(spec, spec.load_options(base), self.engine)
+                model = load(spec, spec.load_options(base), self.engine)
             except ModelLoadError as exc:
                 raise ModelLoadError(f"model {spec.name!r} ({spec.model}): {exc}") from exc
         self._owned.append(model)
