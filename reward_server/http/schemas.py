@@ -235,7 +235,7 @@ class ModelInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    kind: str = Field(description="sequence, process or verifier.")
+    kind: str = Field(description="sequence, process, verifier or judge.")
     weight: float
     model: str | None = Field(default=None, description="The model loaded; none for a verifier.")
     labels: list[str] = Field(description="Names of the head's labels that are read.")
