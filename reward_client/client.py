@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -23,6 +23,7 @@ from reward_client.errors import RewardClientError
 from reward_client.flows import Core, Flow, Gather, Resolve, Send, Sleep, advance, results, scores
 from reward_client.inputs import Prompt, ScoreInputs, columns, pair_columns, request_fields
 from reward_client.results import ScoreResult
+from reward_client.wire.openai_chat import CHAT_PATH
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -271,3 +272,10 @@ class AsyncRewardClient(
         """Reward callable: text prompts as query/response pairs, chat prompts as
         conversations; ``labels``: one reference per prompt, for the server's verifiers."""
         return await super().__call__(prompts, responses, labels=labels)
+
+    async def chat_completion(self, body: Mapping[str, Any]) -> object:
+        """``POST /v1/chat/completions`` of an OpenAI-compatible server with ``body``
+        (:mod:`reward_client.wire.openai_chat`), with this client's failover and retries;
+        the decoded JSON answer (RewardServerError when the call finally fails)."""
+        answer, _ = await self._run(self._request("POST", CHAT_PATH, dict(body)))
+        return answer

@@ -34,6 +34,17 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
           Is the answer correct? Reply Yes or No.
         mode: logprobs           # the expected value over score_tokens (generate: not yet)
         score_tokens: {"Yes": 1.0, "No": 0.0}   # each one token of the judge's tokenizer
+      - name: other              # scored by another HTTP service through reward_client
+        kind: remote
+        url: http://rm-host:8000 # or a list; dns+http:// as in reward_client
+        protocol: remote-reward  # remote-reward | vllm | tei | openai-chat (a judge)
+        model: null              # the remote model's name where the protocol needs one
+        api_key_env: OTHER_RM_KEY   # the NAME of an environment variable holding the key
+        timeout_s: 30            # a call's time budget, the client's retries included
+        max_concurrent: 8        # requests in flight to it at once
+        max_rpm: null            # requests per minute (an API judge's rate limit)
+        on_error: 0.0            # the score of an item the remote finally failed on
+        # openai-chat: template, score_pattern (one group), max_tokens (16), temperature (0)
 
 What the numbers mean: a model's own score per item is the raw logit of its ``label_index``,
 or with ``objectives`` the sum over its labels of weight x raw logit; a judge's, the expected
@@ -49,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +90,7 @@ __all__ = [
     "read_models_file",
 ]
 
-ModelKind = Literal["sequence", "process", "verifier", "judge"]
+ModelKind = Literal["sequence", "process", "verifier", "judge", "remote"]
 #: The built-in verifiers of ``kind: verifier`` (:mod:`reward_server.verifiers`).
 VerifierName = Literal["math", "exact", "regex", "python"]
 #: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
@@ -95,6 +107,21 @@ JUDGE_KEYS = ("template", "mode", "score_tokens")
 #: How a judge scores: the expected value over its score tokens' probabilities of the next
 #: token (``logprobs``), or a score parsed from generated text (``generate``, not yet).
 JudgeMode = Literal["logprobs", "generate"]
+#: How a ``kind: remote`` entry talks to its service (the first three: reward_client's).
+RemoteProtocol = Literal["remote-reward", "vllm", "tei", "openai-chat"]
+#: Keys of an entry that only a remote component reads.
+REMOTE_KEYS = (
+    "url",
+    "protocol",
+    "api_key_env",
+    "max_concurrent",
+    "max_rpm",
+    "score_pattern",
+    "max_tokens",
+    "temperature",
+)
+#: Keys a remote component shares with verifiers and judges.
+REMOTE_SHARED_KEYS = ("model", "timeout_s", "on_error", "template")
 #: Keys of an entry that only a model (not a verifier) reads.
 MODEL_KEYS = ("model", "adapter", "merge_adapter", "label_index", "objectives")
 #: Per-model keys that default to the server's flag of the same name.
@@ -107,6 +134,14 @@ INHERITED_KEYS = (
     "trust_remote_code",
     "label_index",
 )
+
+
+def pattern_groups(pattern: str) -> int:
+    """How many groups the regular expression ``pattern`` has (ValueError if it is none)."""
+    try:
+        return re.compile(pattern).groups
+    except re.error as exc:
+        raise ValueError(f"score_pattern is not a regular expression: {exc}") from None
 
 
 class Normalize(BaseModel):
@@ -150,6 +185,14 @@ class ModelSpec(BaseModel):
     template: str | None = Field(default=None, min_length=1)
     mode: JudgeMode = "logprobs"
     score_tokens: dict[str, float] | None = Field(default=None, min_length=2)
+    url: str | list[str] | None = Field(default=None, min_length=1)
+    protocol: RemoteProtocol = "remote-reward"
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    max_concurrent: int = Field(default=8, ge=1, le=4096)
+    max_rpm: int | None = Field(default=None, ge=1)
+    score_pattern: str | None = Field(default=None, min_length=1)
+    max_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
 
     @field_validator("weight", "on_error")
     @classmethod
@@ -173,12 +216,15 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
+        if self.kind == "remote":
+            return self._consistent_remote()
         if self.objectives is not None and self.label_index is not None:
             raise ValueError("give label_index or objectives, not both")
         if self.kind != "process":
             given = [key for key in PROCESS_KEYS if key in self.model_fields_set]
             if given:
                 raise ValueError(f"{', '.join(given)}: only for kind: process")
+        self._no_remote_keys()
         if self.kind != "judge":
             given = [key for key in JUDGE_KEYS if key in self.model_fields_set]
             if given:
@@ -208,6 +254,34 @@ class ModelSpec(BaseModel):
             raise ValueError("'pattern' is only for verifier: regex")
         return self
 
+    def _no_remote_keys(self) -> None:
+        given = [k for k in REMOTE_KEYS if k in self.model_fields_set]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for kind: remote")
+
+    def _consistent_remote(self) -> ModelSpec:
+        allowed = {"name", "kind", "weight", "normalize", *REMOTE_KEYS, *REMOTE_SHARED_KEYS}
+        given = sorted(self.model_fields_set - allowed)
+        if given:
+            raise ValueError(f"{', '.join(given)}: not for kind: remote")
+        if self.url is None:
+            raise ValueError("kind: remote needs 'url' (one base URL or a list)")
+        chat = self.protocol == "openai-chat"
+        if chat and (self.template is None or self.score_pattern is None):
+            raise ValueError("protocol: openai-chat needs 'template' and 'score_pattern'")
+        if chat and self.model is None:
+            raise ValueError("protocol: openai-chat needs 'model' (the remote model's name)")
+        if self.protocol in ("vllm", "tei") and self.model is not None:
+            raise ValueError(f"'model': not for protocol: {self.protocol} (it serves one model)")
+        chat_only = ("template", "score_pattern", "max_tokens", "temperature")
+        given = [key for key in chat_only if key in self.model_fields_set and not chat]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for protocol: openai-chat")
+        groups = 1 if self.score_pattern is None else pattern_groups(self.score_pattern)
+        if groups != 1:
+            raise ValueError(f"score_pattern needs exactly one group, it has {groups}")
+        return self
+
     def _consistent_judge(self) -> None:
         given = [
             key
@@ -227,6 +301,8 @@ class ModelSpec(BaseModel):
         """The server's load options with this entry's model and per-model keys over them."""
         if self.model is None:
             raise ValueError(f"model {self.name!r} is a {self.kind}: it loads no model")
+        if self.kind == "remote":
+            raise ValueError(f"model {self.name!r} is remote: it loads no model")
         own = {key: getattr(self, key) for key in INHERITED_KEYS if getattr(self, key) is not None}
         if self.objectives is not None:
             own["label_index"] = 0  # every label is read; the scorer's own one must exist

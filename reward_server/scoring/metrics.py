@@ -98,6 +98,13 @@ class Metrics:
         self.verifier_workers = self._gauge(
             "verifier_workers", "Live worker processes of each verifier.", model
         )
+        # Remote components (kind: remote).
+        self.remote_errors = self._counter(
+            "remote_errors",
+            "Items a remote component scored on_error, by model and reason (remote_error, "
+            "timeout, parse).",
+            (*model, "reason"),
+        )
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter ``reward_server_<name>_total`` in this registry."""
@@ -128,6 +135,10 @@ class Metrics:
     def on_verifier_error(self, model: str, reason: str) -> None:
         """Count one item a verifier scored on_error, by reason."""
         self.verifier_errors.labels(model=model, reason=reason).inc()
+
+    def on_remote_error(self, model: str, reason: str, items: int = 1) -> None:
+        """Count ``items`` a remote component scored on_error, by reason."""
+        self.remote_errors.labels(model=model, reason=reason).inc(items)
 
     def model_observer(self, model: str) -> BatchObserver:
         """The observer of one model's passes: its own series and the server's."""

@@ -47,6 +47,7 @@ from reward_server.scoring.aggregate import AggregateName, Weighting, combine
 from reward_server.scoring.items import Items
 from reward_server.scoring.judge_model import load_judge
 from reward_server.scoring.metrics import Metrics
+from reward_server.scoring.remote_model import load_remote
 from reward_server.scoring.served import (
     ItemResult,
     ServedModel,
@@ -269,11 +270,13 @@ class Service:
         return model
 
     def _load_owned(self, spec: ModelSpec, base: LoadOptions) -> ServedModel:
-        """Load the model (or the judge, or start the verifier) of ``spec``; closed here at
-        the end."""
+        """Load the model (or the judge, or start the verifier, or the remote) of ``spec``;
+        closed here at the end."""
         load = load_judge if spec.kind == "judge" else load_served_model
         if spec.kind == "verifier":
             model = load_verifier(spec)
+        elif spec.kind == "remote":
+            model = load_remote(spec)
         elif not self._from_file:
             model = load_served_model(spec, base, self.engine)
         else:

@@ -1,0 +1,345 @@
+"""A component scored by another HTTP service: ``kind: remote`` entries of the models file.
+
+Through :mod:`reward_client` (its retry policy, failover over several URLs, ``dns+http://``
+names): another reward server (``protocol: remote-reward``, labels passed on), a vLLM or TEI
+reward model (``vllm``, ``tei``), or an OpenAI-compatible chat endpoint used as a judge
+(``openai-chat``: the entry's Jinja ``template``, rendered as a judge's
+(:mod:`reward_server.text.judge_prompt`), is the one user message of ``POST
+/v1/chat/completions``; the first group of ``score_pattern`` in the reply is the score).
+
+Every HTTP request to the service (retries and the client's own ``/info`` included) waits
+for one of ``max_concurrent`` slots and, with ``max_rpm``, for its turn in a sliding window of
+60 s holding at most ``max_rpm`` request starts. ``timeout_s`` (default 30) is both the time
+limit of one request (from when it has its slot) and the client's retry budget of one call.
+
+Like a verifier's, an item the remote finally failed on is not an error of the request: it
+scores the entry's ``on_error``, its reason (``remote_error``, ``timeout``, or ``parse`` for
+a reply without a number) is counted in ``reward_server_remote_errors_total`` and returned in
+the answer's ``verifier_errors``. The key is read from the environment variable named by
+``api_key_env`` at start-up and never shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import httpx
+
+from reward_client import AsyncRewardClient, RetryPolicy, RewardClientError
+from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
+from reward_server.errors import ModelLoadError, NotReadyError
+from reward_server.scoring.items import Items
+from reward_server.scoring.judge_model import judge_prompts
+from reward_server.scoring.served import ItemResult
+from reward_server.scoring.verifier_model import tasks
+from reward_server.text.judge_prompt import JudgeTemplate
+
+if TYPE_CHECKING:
+    from reward_server.config import ModelSpec
+    from reward_server.scoring.served import ServingContext
+    from reward_server.verifiers import Task
+
+__all__ = ["RATE_WINDOW_S", "RateLimiter", "RemoteModel", "load_remote"]
+
+logger = logging.getLogger(__name__)
+
+#: ``max_rpm``'s window, in seconds.
+RATE_WINDOW_S = 60.0
+#: ``timeout_s`` of a remote entry that does not set it.
+DEFAULT_REMOTE_TIMEOUT_S = 30.0
+
+
+class RateLimiter:
+    """At most ``limit`` starts in any ``window_s`` seconds (a sliding window of the last
+    starts); ``clock`` and ``sleep`` are the test seam."""
+
+    def __init__(
+        self,
+        limit: int,
+        window_s: float = RATE_WINDOW_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._clock = clock
+        self._sleep = sleep
+        self._starts: collections.deque[float] = collections.deque()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        """Wait until one more start keeps the window's count within the limit, and take it."""
+        async with self._lock:  # in arrival order
+            while True:
+                now = self._clock()
+                while self._starts and now - self._starts[0] >= self.window_s:
+                    self._starts.popleft()
+                if len(self._starts) < self.limit:
+                    self._starts.append(now)
+                    return
+                await self._sleep(self._starts[0] + self.window_s - now)
+
+
+class _Limited(httpx.AsyncBaseTransport):
+    """A transport that holds one of ``max_concurrent`` slots (after a rate-limited start)
+    for each request, its answer's body read before the slot is given back."""
+
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        slots: int,
+        rate: RateLimiter | None,
+        timeout_s: float,
+    ) -> None:
+        self.inner = inner
+        self.slots = asyncio.Semaphore(slots)
+        self.rate = rate
+        self.timeout_s = timeout_s
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.rate is not None:
+            await self.rate.acquire()
+        async with self.slots:
+            try:
+                return await asyncio.wait_for(self._send(request), self.timeout_s)
+            except asyncio.TimeoutError:
+                # The client sees it as the timeout it is (retried within its budget).
+                raise httpx.ReadTimeout(
+                    f"no answer within {self.timeout_s:g} s", request=request
+                ) from None
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """The answer, its body read (the slot is held until then)."""
+        response = await self.inner.handle_async_request(request)
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _reason(exc: BaseException) -> str:
+    """``timeout`` where the last failure was a timeout, else ``remote_error``."""
+    cause = exc.__cause__
+    return "timeout" if isinstance(cause, httpx.TimeoutException) else "remote_error"
+
+
+def _inputs(work: list[Task], protocol: str) -> dict[str, Any]:
+    """The items as reward_client's inputs: texts, pairs, or conversations (labels for
+    remote-reward only)."""
+    prompts = [t.prompt for t in work]
+    if all(p is None for p in prompts):
+        inputs: dict[str, Any] = {"texts": [t.response for t in work]}
+    elif all(isinstance(p, str) for p in prompts):
+        inputs = {"queries": prompts, "responses": [t.response for t in work]}
+    else:
+        inputs = {
+            "conversations": [
+                [
+                    *(
+                        [{"role": "user", "content": t.prompt}]
+                        if isinstance(t.prompt, str)
+                        else list(t.prompt or [])
+                    ),
+                    {"role": "assistant", "content": t.response},
+                ]
+                for t in work
+            ]
+        }
+    if protocol == "remote-reward" and any(t.label is not None for t in work):
+        inputs["labels"] = [t.label for t in work]
+    return inputs
+
+
+class RemoteModel:
+    """A ``kind: remote`` entry, served: its reward_client and limits (made in start())."""
+
+    kind = "remote"
+    #: Its one value: the score.
+    labels: ClassVar[list[str]] = ["score"]
+    # Nothing loaded here, no micro-batcher: the remote service does the work.
+    scorer = scheduler = None
+    max_batch_tokens: int | None = None
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        template: JudgeTemplate | None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        rate: RateLimiter | None = None,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.template = template
+        self.timeout_s = (
+            spec.timeout_s if "timeout_s" in spec.model_fields_set else DEFAULT_REMOTE_TIMEOUT_S
+        )
+        self.running = False
+        self._transport = transport  # the test seam (default: httpx's)
+        self._rate = rate
+        self._pattern = re.compile(spec.score_pattern) if spec.score_pattern else None
+        self._ctx: ServingContext | None = None
+        self._client: AsyncRewardClient | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._in_flight = 0
+
+    @property
+    def queued(self) -> int:
+        """Items being scored by the remote now."""
+        return self._in_flight
+
+    def _api_key(self) -> str | None:
+        name = self.spec.api_key_env
+        if name is None:
+            return None
+        key = os.environ.get(name)
+        if not key:
+            raise ModelLoadError(
+                f"remote {self.name!r}: environment variable {name} (api_key_env) is not set"
+            )
+        return key
+
+    def make_client(self) -> AsyncRewardClient:
+        """The entry's client, its HTTP requests through the limits (on the running loop)."""
+        spec = self.spec
+        rate = self._rate
+        if rate is None and spec.max_rpm is not None:
+            rate = RateLimiter(spec.max_rpm)
+        inner = self._transport or httpx.AsyncHTTPTransport()
+        # Waiting for a slot is no pool timeout: the slots queue requests, not the pool.
+        timeout = httpx.Timeout(self.timeout_s, pool=None)
+        http = self._http = httpx.AsyncClient(
+            transport=_Limited(inner, spec.max_concurrent, rate, self.timeout_s), timeout=timeout
+        )
+        protocol = "remote-reward" if spec.protocol == "openai-chat" else spec.protocol
+        return AsyncRewardClient(
+            spec.url or [],
+            self._api_key(),
+            http_client=http,
+            timeout=timeout,
+            retry=RetryPolicy(timeout=self.timeout_s),
+            max_concurrency=spec.max_concurrent,
+            protocol=protocol,
+        )
+
+    async def start(self, ctx: ServingContext) -> None:
+        """Take the service's context and make the client."""
+        self._ctx = ctx
+        ctx.metrics.track_model_queue(self.name, lambda: float(self._in_flight))
+        self._client = self.make_client()
+        self.running = True
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Refuse new work and close the client."""
+        self.running = False
+        http, self._client, self._http = self._http, None, None
+        if http is not None:
+            await http.aclose()
+
+    async def score(
+        self, items: Items, *, truncate: bool, max_tokens: int | None
+    ) -> list[ItemResult]:
+        """Score every item remotely (never raises for a failing remote: ``on_error``)."""
+        ctx, client = self._ctx, self._client
+        if ctx is None or client is None or not self.running:
+            raise NotReadyError("the remote component is not running")
+        work = await asyncio.get_running_loop().run_in_executor(
+            ctx.tokenizer, tasks, items, ctx.policy_template
+        )
+        self._in_flight += len(work)
+        try:
+            if self.spec.protocol == "openai-chat":
+                results = await self._judge(client, items, ctx)
+            else:
+                results = await self._reward(client, work)
+        finally:
+            self._in_flight -= len(work)
+        for result in results:
+            if result.error is not None:
+                ctx.metrics.on_remote_error(self.name, result.error)
+        ctx.metrics.on_model_items(self.name, len(results), 0)
+        return results
+
+    def _failed(self, reason: str) -> ItemResult:
+        return ItemResult(self.spec.on_error, num_tokens=0, truncated=False, error=reason)
+
+    async def _reward(self, client: AsyncRewardClient, work: list[Task]) -> list[ItemResult]:
+        inputs = _inputs(work, self.spec.protocol)
+        if self.spec.model is not None:
+            inputs["model"] = self.spec.model
+        try:
+            result = await client.score_detailed(**inputs)
+        except (RewardClientError, ValueError, TypeError) as exc:
+            reason = _reason(exc)
+            logger.warning("remote %s failed on %d item(s): %s", self.name, len(work), exc)
+            return [self._failed(reason) for _ in work]
+        return [
+            ItemResult(score, num_tokens=tokens, truncated=cut)
+            for score, tokens, cut in zip(
+                result.scores, result.tokens, result.truncated, strict=True
+            )
+        ]
+
+    async def _judge(
+        self, client: AsyncRewardClient, items: Items, ctx: ServingContext
+    ) -> list[ItemResult]:
+        assert self.template is not None and self.spec.model is not None
+        prompts = await asyncio.get_running_loop().run_in_executor(
+            ctx.tokenizer, judge_prompts, items, ctx.policy_template
+        )
+        texts = self.template.render(prompts)
+        return list(await asyncio.gather(*(self._judge_one(client, t) for t in texts)))
+
+    async def _judge_one(self, client: AsyncRewardClient, text: str) -> ItemResult:
+        spec = self.spec
+        assert spec.model is not None and self._pattern is not None
+        body = chat_body(spec.model, text, max_tokens=spec.max_tokens, temperature=spec.temperature)
+        try:
+            answer = await client.chat_completion(body)
+            reply = reply_text(answer)
+        except RewardClientError as exc:
+            logger.warning("remote judge %s failed: %s", self.name, exc)
+            return self._failed(_reason(exc))
+        except ValueError as exc:
+            logger.warning("remote judge %s: %s", self.name, exc)
+            return self._failed("remote_error")
+        score = parse_score(reply, self._pattern)
+        if score is None:
+            return self._failed("parse")
+        return ItemResult(score, num_tokens=0, truncated=False)
+
+    def info(self) -> dict[str, object]:
+        """The entry's settings for /info: the URL, protocol and model, never the key."""
+        shown = ("weight", "normalize", "url", "protocol", "model", "max_concurrent", "max_rpm")
+        chat = ("template", "score_pattern", "max_tokens", "temperature")
+        keys = {*shown, "on_error", *(chat if self.spec.protocol == "openai-chat" else ())}
+        entry = self.spec.model_dump(include=keys)
+        entry["timeout_s"] = self.timeout_s
+        return {"name": self.name, "kind": self.kind, "labels": self.labels, **entry}
+
+    def close(self) -> None:
+        """Nothing left to close: stop() closed the client."""
+
+
+def load_remote(spec: ModelSpec) -> RemoteModel:
+    """A ``kind: remote`` entry: its template compiled and its key's variable checked now
+    (ModelLoadError); the client is made when the service starts."""
+    template = None
+    if spec.template is not None:
+        template = JudgeTemplate.from_setting(spec.template, spec.name)
+    model = RemoteModel(spec, template)
+    model._api_key()  # a missing key fails at start-up, not on the first request
+    logger.info("remote %s: %s at %s", spec.name, spec.protocol, spec.url)
+    return model
