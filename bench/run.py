@@ -5,6 +5,8 @@ Writes ``bench/results/<date>.json`` and the generated tables of ``BENCHMARKS.md
 all-MiniLM-L6-v2 for throughput, PPO and the trainer pattern, a 50M-parameter Llama-style
 reward model for the engine comparison. ``--only engines`` runs the engine part alone and
 rewrites only its block of ``BENCHMARKS.md``; ``--engines-quick`` shrinks it to a smoke test.
+``--only verifiers`` and ``--only judges`` (:mod:`bench.judges`: a judge's items/s in
+logprobs and generate modes) each write their own block too.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-PARTS = ("throughput", "ppo", "engines", "verifiers")
+PARTS = ("throughput", "ppo", "engines", "verifiers", "judges")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -128,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--verifier-items", type=int, default=400, help="maths answers per round")
     v.add_argument("--verifier-rounds", type=int, default=3)
     v.add_argument("--verifier-workers", type=_ints, default=(1, 2))
+    j = p.add_argument_group("judges (kind: judge, logprobs and generate modes on CPU)")
+    j.add_argument("--judge-items", type=int, default=128, help="question/answer items per round")
+    j.add_argument("--judge-rounds", type=int, default=3)
+    j.add_argument("--judge-hidden", type=int, default=256, help="the GPT-2 judge's hidden size")
+    j.add_argument("--judge-layers", type=int, default=4)
+    j.add_argument("--judge-max-new-tokens", type=_ints, default=(8, 32))
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -141,7 +149,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
         return args.only
     skipped = {"throughput": args.skip_throughput, "ppo": args.skip_ppo}
     skipped["engines"] = args.skip_engines
-    skipped["verifiers"] = False
+    skipped["verifiers"] = skipped["judges"] = False
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -186,6 +194,19 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
                 workers=args.verifier_workers,
             )
         )
+    if "judges" in parts:
+        from bench.judges import JudgeBenchConfig, run_judge_bench
+
+        results["judges"] = run_judge_bench(
+            JudgeBenchConfig(
+                items=args.judge_items,
+                rounds=args.judge_rounds,
+                hidden=args.judge_hidden,
+                layers=args.judge_layers,
+                max_new_tokens=args.judge_max_new_tokens,
+                threads=args.threads,
+            )
+        )
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -201,6 +222,7 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
 
 def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any]) -> None:
     """Rewrite the blocks of BENCHMARKS.md the parts measured (the others stay as they are)."""
+    from bench.judges import render as render_judges
     from bench.report import (
         render,
         render_engines,
@@ -212,7 +234,9 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
 
     if "verifiers" in parts:
         update_block(path, "verifiers", render_verifiers(results["verifiers"]), "Verifiers")
-    rest = [part for part in parts if part != "verifiers"]
+    if "judges" in parts:
+        update_block(path, "judges", render_judges(results["judges"]), "Judges")
+    rest = [part for part in parts if part not in ("verifiers", "judges")]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))
     elif rest:

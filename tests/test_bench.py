@@ -279,3 +279,21 @@ def test_verifier_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> No
     # A second run replaces the block instead of adding another.
     run.run(argv)
     assert markdown.read_text(encoding="utf-8").count("<!-- bench:verifiers:begin -->") == 1
+
+
+def test_judge_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    argv = ["--only", "judges", "--judge-items", "4", "--judge-rounds", "1"]
+    argv += ["--judge-hidden", "32", "--judge-layers", "1", "--judge-max-new-tokens", "2,4"]
+    argv += ["--results-dir", str(tmp_path), "--markdown", str(markdown), "--threads", "1"]
+    results, out = run.run(argv)
+    assert out.exists() and set(results) == {"meta", "judges"}
+    figures = results["judges"]
+    assert set(figures["items_per_s"]) == {"logprobs", "generate-2", "generate-4"}
+    assert all(fig["median"] > 0 for fig in figures["items_per_s"].values())
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "<!-- bench:judges:begin -->" in text
+    assert "generate, max_new_tokens 4" in text and "## Judges" in text
+    run.run(argv)
+    assert markdown.read_text(encoding="utf-8").count("<!-- bench:judges:begin -->") == 1

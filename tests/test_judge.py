@@ -287,12 +287,14 @@ def test_a_score_token_of_several_tokens_is_refused_at_start(
     assert "exactly one token" in line
 
 
-def test_generate_mode_is_refused_as_not_yet_supported(
+def test_generate_mode_without_a_pattern_is_refused_at_start(
     judges: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    path = models_file(tmp_path, [judge_entry(judges["gpt2"], mode="generate")])
-    line = _start_line(path, monkeypatch, capsys, status=2)
-    assert "models[0]: mode: generate is not supported yet" in line, line
+    """(mode: generate itself: tests/test_judge_generate.py)"""
+    entry = {k: v for k, v in judge_entry(judges["gpt2"], mode="generate").items()}
+    del entry["score_tokens"]
+    line = _start_line(models_file(tmp_path, [entry]), monkeypatch, capsys, status=2)
+    assert "models[0]: mode: generate needs 'score_pattern'" in line, line
 
 
 @pytest.mark.parametrize(

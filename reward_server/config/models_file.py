@@ -32,7 +32,7 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
           Question: {{ prompt }}
           Answer: {{ response }}
           Is the answer correct? Reply Yes or No.
-        mode: logprobs           # the expected value over score_tokens (generate: not yet)
+        mode: logprobs           # the expected value over score_tokens, or generate:
         score_tokens: {"Yes": 1.0, "No": 0.0}   # each one token of the judge's tokenizer
       - name: other              # scored by another HTTP service through reward_client
         kind: remote
@@ -45,10 +45,13 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         max_rpm: null            # requests per minute (an API judge's rate limit)
         on_error: 0.0            # the score of an item the remote finally failed on
         # openai-chat: template, score_pattern (one group), max_tokens (16), temperature (0)
+        # mode: generate: score_pattern (a regex, one group: the number), max_new_tokens (32),
+        # temperature (0: greedy) and top_p, on_error (0.0: the score of no match)
 
 What the numbers mean: a model's own score per item is the raw logit of its ``label_index``,
 or with ``objectives`` the sum over its labels of weight x raw logit; a judge's, the expected
-value of its score tokens' values under its next-token probabilities renormalised over them
+value of its score tokens' values under its next-token probabilities renormalised over them,
+or in ``mode: generate`` the number its score_pattern finds in its generated answer
 (:mod:`reward_server.scoring.judge_model`). The combined score is
 ``v_m = weight_m * (s_m - mean_m) / std_m`` (normalize optional), summed (``weighted_sum``),
 averaged (``mean``) or the least (``min``) over the models. Server-wide flags (batching
@@ -102,10 +105,12 @@ StepAggregate = Literal["min", "mean", "last", "prod"]
 PROCESS_KEYS = ("step_separator", "step_tag", "step_aggregate")
 #: Keys of an entry that only a verifier reads.
 VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_error")
+#: Keys of a judge in ``mode: generate`` only.
+GENERATE_KEYS = ("score_pattern", "max_new_tokens", "temperature", "top_p")
 #: Keys of an entry that only a judge reads.
-JUDGE_KEYS = ("template", "mode", "score_tokens")
+JUDGE_KEYS = ("template", "mode", "score_tokens", *GENERATE_KEYS)
 #: How a judge scores: the expected value over its score tokens' probabilities of the next
-#: token (``logprobs``), or a score parsed from generated text (``generate``, not yet).
+#: token (``logprobs``), or a score parsed from generated text (``generate``).
 JudgeMode = Literal["logprobs", "generate"]
 #: How a ``kind: remote`` entry talks to its service (the first three: reward_client's).
 RemoteProtocol = Literal["remote-reward", "vllm", "tei", "openai-chat"]
@@ -193,6 +198,8 @@ class ModelSpec(BaseModel):
     score_pattern: str | None = Field(default=None, min_length=1)
     max_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=0.0, ge=0)
+    max_new_tokens: int = Field(default=32, ge=1, le=4096)
+    top_p: float | None = Field(default=None, gt=0, le=1)
 
     @field_validator("weight", "on_error")
     @classmethod
@@ -231,14 +238,19 @@ class ModelSpec(BaseModel):
                 raise ValueError(f"{', '.join(given)}: only for kind: judge")
         if self.kind == "verifier":
             return self._consistent_verifier()
-        given = [key for key in VERIFIER_KEYS if key in self.model_fields_set]
-        if given:
-            raise ValueError(f"{', '.join(given)}: only for kind: verifier")
+        self._no_verifier_keys()
         if self.kind == "judge":
             self._consistent_judge()
         if self.model is None:
             raise ValueError("'model' is required")
         return self
+
+    def _no_verifier_keys(self) -> None:
+        # A judge in mode: generate scores on_error when its pattern finds no number.
+        shared = ("on_error",) if self.kind == "judge" else ()
+        given = [k for k in VERIFIER_KEYS if k in self.model_fields_set and k not in shared]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for kind: verifier")
 
     def _consistent_verifier(self) -> ModelSpec:
         given = [key for key in (*MODEL_KEYS, *INHERITED_KEYS) if key in self.model_fields_set]
@@ -255,7 +267,9 @@ class ModelSpec(BaseModel):
         return self
 
     def _no_remote_keys(self) -> None:
-        given = [k for k in REMOTE_KEYS if k in self.model_fields_set]
+        # A judge in mode: generate reads score_pattern and temperature too.
+        mine = GENERATE_KEYS if self.kind == "judge" else ()
+        given = [k for k in REMOTE_KEYS if k in self.model_fields_set and k not in mine]
         if given:
             raise ValueError(f"{', '.join(given)}: only for kind: remote")
 
@@ -290,12 +304,30 @@ class ModelSpec(BaseModel):
         ]
         if given:
             raise ValueError(f"{', '.join(given)}: not for kind: judge")
-        if self.mode == "generate":
-            raise ValueError("mode: generate is not supported yet; use mode: logprobs")
         if self.template is None:
             raise ValueError("kind: judge needs 'template' (Jinja text or a .jinja file)")
+        if self.mode == "generate":
+            self._consistent_generate()
+            return
+        given = [k for k in (*GENERATE_KEYS, "on_error") if k in self.model_fields_set]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for mode: generate")
         if self.score_tokens is None:
             raise ValueError('kind: judge needs \'score_tokens\' (e.g. {"Yes": 1.0, "No": 0.0})')
+
+    def _consistent_generate(self) -> None:
+        if "score_tokens" in self.model_fields_set:
+            raise ValueError("score_tokens: only for mode: logprobs (generate: score_pattern)")
+        if self.score_pattern is None:
+            raise ValueError("mode: generate needs 'score_pattern' (e.g. 'Score: (\\d+)')")
+        try:
+            groups = re.compile(self.score_pattern).groups
+        except re.error as exc:
+            raise ValueError(f"score_pattern {self.score_pattern!r}: {exc}") from None
+        if groups != 1:
+            raise ValueError(f"score_pattern needs exactly one group (the score), not {groups}")
+        if self.top_p is not None and self.temperature == 0:
+            raise ValueError("top_p samples: give a temperature above 0 too (0: greedy)")
 
     def load_options(self, server: LoadOptions) -> LoadOptions:
         """The server's load options with this entry's model and per-model keys over them."""

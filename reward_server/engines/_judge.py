@@ -1,5 +1,7 @@
 """LLM judges run with torch, in process: a causal LM scores a prompt by its next-token
-distribution over a few score tokens (``kind: judge``, ``mode: logprobs``).
+distribution over a few score tokens (``kind: judge``, ``mode: logprobs``), or answers it
+in text (``mode: generate``: :meth:`JudgeLM.generate_batch`, the score parsed by the served
+model).
 
 Not an engine of its own (``--engine`` names what runs the sequence models): the server loads
 a judge with :func:`load`, taking the transformers engine's loading steps (device, dtype,
@@ -15,6 +17,10 @@ The score of one row of token ids (the rendered prompt, ending where the answer 
 Rows are right-padded into one forward pass; a causal LM's logits at a real token do not see
 the padding after it, so a row scores the same alone and in any batch. Only the logits of the
 rows' last positions are computed (``logits_to_keep``), not the whole ``(B, T, V)``.
+
+In ``mode: generate`` the rows are left-padded into one ``generate`` call per batch (greedy
+unless a temperature is given), up to ``max_new_tokens`` new tokens or the end of text; each
+row's new tokens up to its first end-of-text token are decoded without special tokens.
 """
 
 from __future__ import annotations
@@ -35,12 +41,26 @@ from reward_server.text.judge_prompt import JudgeRenderer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JudgeLM", "load", "score_token_ids"]
+__all__ = ["Generation", "JudgeLM", "load", "score_token_ids"]
 
 
-def load(options: LoadOptions, score_tokens: Mapping[str, float]) -> JudgeLM:
-    """Load the judge of ``options`` on the calling thread (ModelLoadError with one line)."""
-    return JudgeLM.from_options(options, score_tokens)
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """How a judge in ``mode: generate`` answers: greedy at temperature 0, else sampled."""
+
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float | None = None
+
+
+def load(
+    options: LoadOptions,
+    score_tokens: Mapping[str, float] | None,
+    generation: Generation | None = None,
+) -> JudgeLM:
+    """Load the judge of ``options`` on the calling thread (ModelLoadError with one line):
+    with ``score_tokens`` in logprobs mode, with ``generation`` in generate mode."""
+    return JudgeLM.from_options(options, score_tokens or {}, generation)
 
 
 def _auto_class(config: Any, options: LoadOptions) -> Any:
@@ -89,8 +109,11 @@ class JudgeLM(NetworkModel):
     kind = "judge"
     rendering: JudgeRenderer
 
-    def __init__(self, network: Network, score_tokens: Mapping[str, float]) -> None:
+    def __init__(
+        self, network: Network, score_tokens: Mapping[str, float], generation: Generation | None
+    ) -> None:
         super().__init__(network)
+        self.generation = generation
         self.score_tokens = dict(score_tokens)
         texts = list(self.score_tokens)
         self.token_ids = score_token_ids(self.tokenizer, texts, self.name)
@@ -106,19 +129,29 @@ class JudgeLM(NetworkModel):
         return model.get_base_model() if hasattr(model, "get_base_model") else model
 
     @classmethod
-    def from_options(cls, options: LoadOptions, score_tokens: Mapping[str, float]) -> JudgeLM:
+    def from_options(
+        cls,
+        options: LoadOptions,
+        score_tokens: Mapping[str, float],
+        generation: Generation | None = None,
+    ) -> JudgeLM:
         """Load the judge; any failure is a ModelLoadError with a one-line reason."""
         with load_errors(options.model):
-            return cls._build(options, score_tokens)
+            return cls._build(options, score_tokens, generation)
 
     @classmethod
-    def _build(cls, options: LoadOptions, score_tokens: Mapping[str, float]) -> JudgeLM:
+    def _build(
+        cls,
+        options: LoadOptions,
+        score_tokens: Mapping[str, float],
+        generation: Generation | None,
+    ) -> JudgeLM:
         """The transformers engine's loading steps, with a causal LM."""
         # A causal LM has no labels to choose from: the server's --label-index is not its.
         options = dataclasses.replace(options, label_index=0)
         loaded = load_parts(options, _auto_class, kind="causal-lm")
         renderer = JudgeRenderer.for_model(loaded.tokenizer, options, loaded.max_length)
-        judge = cls(loaded.network(renderer, options.adapter), score_tokens)
+        judge = cls(loaded.network(renderer, options.adapter), score_tokens, generation)
         logger.info(
             "loaded judge %s (%s) on %s in %s, max_length %d, score tokens %s (ids %s)",
             judge.name,
@@ -191,8 +224,61 @@ class JudgeLM(NetworkModel):
         probs = self.probabilities(batch).double()  # (B, K)
         return (probs @ self._values).tolist()
 
+    def _end_ids(self) -> list[int]:
+        """The token ids that end an answer: the model's generation config's, else EOS."""
+        config = getattr(self.model, "generation_config", None)
+        eos = getattr(config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        ends = eos if isinstance(eos, list) else [eos]
+        return [int(e) for e in ends if e is not None]
+
+    @torch.inference_mode()
+    def generate_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """Each row's answer: the text of its new tokens, left-padded into one ``generate``
+        call (greedy at temperature 0)."""
+        if not batch:
+            return []
+        from transformers import GenerationConfig
+
+        gen = self.generation or Generation()
+        pad = self.rendering.pad_token_id
+        right, lengths = _pad(batch, pad)
+        width = right.shape[1]
+        ids = torch.full_like(right, pad)
+        mask = torch.zeros_like(right)
+        for b, length in enumerate(lengths.tolist()):
+            ids[b, width - length :] = right[b, :length]
+            mask[b, width - length :] = 1
+        ends = self._end_ids()
+        sample = gen.temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=gen.max_new_tokens,
+            do_sample=sample,
+            temperature=gen.temperature if sample else None,
+            top_p=gen.top_p if sample else None,
+            top_k=None,
+            pad_token_id=pad,
+            eos_token_id=ends or None,
+        )
+        out = self.model.generate(  # type: ignore[operator]
+            input_ids=ids.to(self._torch_device),
+            attention_mask=mask.to(self._torch_device),
+            generation_config=config,
+        )
+        answers = []
+        for row in out[:, width:].tolist():
+            for i, token in enumerate(row):
+                if token in ends:
+                    row = row[:i]
+                    break
+            answers.append(self.tokenizer.decode(row, skip_special_tokens=True))
+        return answers
+
     def info(self) -> dict[str, object]:
         """Static facts about the loaded judge, for GET /info."""
+        if self.generation is not None:
+            return {**self.network_info(), **dataclasses.asdict(self.generation)}
         return {
             **self.network_info(),
             "score_tokens": dict(self.score_tokens),

@@ -8,13 +8,23 @@ value of the configured ``score_tokens`` under the judge's next-token distributi
 renormalised over those tokens (:mod:`reward_server.engines._judge`: one forward pass per
 batch). Its score is weighted, normalised and combined like any other model's.
 
-``mode: logprobs`` on the transformers engine only, for now.
+In ``mode: generate`` the judge answers in text instead (greedy unless ``temperature`` is
+above 0, up to ``max_new_tokens``; one left-padded ``generate`` call per micro-batch) and the
+score is the number that the first match of ``score_pattern`` captures in its one group, as
+a float. An answer without a match (or whose group is not a finite number) scores the entry's
+``on_error`` with the reason ``parse`` in the answer's ``verifier_errors``, counted in
+``reward_server_verifier_errors_total{model,reason="parse"}`` (the verifiers' counter).
+The prompt is cut to ``max_length - max_new_tokens`` tokens, leaving room for the answer.
+
+Both modes on the transformers engine only, for now.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -40,6 +50,10 @@ class JudgeScorer(Scorer, Protocol):
     which renders a rendered template as the user turn of its chat template."""
 
     score_tokens: dict[str, float]
+
+    def generate_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """Each row's answer text (``mode: generate``)."""
+        ...
 
     def render_prompts(self, contents: Sequence[str]) -> list[str]:
         """Each content as the one user message of the chat template, generation prompt on."""
@@ -74,6 +88,8 @@ class JudgeModel(BatchedModel):
         super().__init__(spec, scorer)
         self.judge = scorer
         self.template = template
+        self.generates = spec.mode == "generate"
+        self.pattern = re.compile(spec.score_pattern) if spec.score_pattern else None
 
     @property
     def labels(self) -> list[str]:
@@ -89,27 +105,73 @@ class JudgeModel(BatchedModel):
         texts = self.judge.render_prompts(self.template.render(prompts))
         # A request's own limit (max_tokens) always truncates, as for the other models.
         cut = truncate if max_tokens is None else True
+        if self.generates:
+            # Room for the answer: the prompt at most max_length - max_new_tokens tokens.
+            room = self.judge.max_length - self.spec.max_new_tokens
+            max_tokens = room if max_tokens is None else min(max_tokens, room)
         return self.judge.encode(texts, truncate=cut, max_length=max_tokens)
 
+    def parse(self, answer: str) -> float | None:
+        """The score in a generated answer: the first match's group as a float; None when
+        nothing matches or the group is not a finite number."""
+        assert self.pattern is not None
+        match = self.pattern.search(answer)
+        if match is None or match.group(1) is None:
+            return None
+        try:
+            value = float(match.group(1))
+        except ValueError:
+            return None
+        return value if math.isfinite(value) else None
+
     def finish(self, prepared: Sequence[Tokenized], values: Sequence[Any]) -> list[ItemResult]:
-        """Each row's expected value as the item's score."""
+        """Each row's expected value (or parsed answer) as the item's score."""
+        if self.generates:
+            return self._parsed(prepared, values)
         scores = [row[0] for row in _check_rows(values, len(prepared))]
         return [
             ItemResult(score=score, num_tokens=item.num_tokens, truncated=item.truncated)
             for item, score in zip(prepared, scores, strict=True)
         ]
 
+    def _parsed(self, prepared: Sequence[Tokenized], answers: Sequence[Any]) -> list[ItemResult]:
+        """Each answer's parsed score; on_error with reason ``parse`` (counted) where none."""
+        if len(answers) != len(prepared):
+            raise RuntimeError(f"{len(answers)} answers for {len(prepared)} rows")
+        metrics = self._context().metrics
+        results = []
+        for item, answer in zip(prepared, answers, strict=True):
+            score = self.parse(answer)
+            if score is None:
+                logger.debug("judge %s: no score in %r", self.name, answer)
+                metrics.on_verifier_error(self.name, "parse")
+            results.append(
+                ItemResult(
+                    score=self.spec.on_error if score is None else score,
+                    num_tokens=item.num_tokens,
+                    truncated=item.truncated,
+                    error="parse" if score is None else None,
+                )
+            )
+        return results
+
     def batch_function(
         self,
     ) -> tuple[Callable[[list[Sequence[int]]], Sequence[Any]], Callable[[Any], Any]]:
-        """The expected score-token value of each row."""
+        """The expected score-token value of each row, or its generated answer."""
+        if self.generates:
+            return self.judge.generate_batch, str
         return self.judge.score_batch, float
 
     def info(self) -> dict[str, object]:
-        """The judge's facts for /info: the model's, and its mode, score tokens and template."""
-        entry = self.spec.model_dump(
-            include={"weight", "normalize", "mode", "score_tokens", "template"}
-        )
+        """The judge's facts for /info: the model's, and its mode, score tokens (or pattern,
+        generation settings and on_error) and template."""
+        keys = {"weight", "normalize", "mode", "template"}
+        if self.generates:
+            keys |= {"score_pattern", "max_new_tokens", "temperature", "top_p", "on_error"}
+        else:
+            keys.add("score_tokens")
+        entry = self.spec.model_dump(include=keys)
         own = {"name": self.name, "kind": self.kind, "labels": self.labels}
         return {**self.scorer.info(), **entry, **own}
 
@@ -119,8 +181,19 @@ def load_judge(spec: ModelSpec, options: LoadOptions, engine: str) -> JudgeModel
     thread): its template, then its causal LM; ModelLoadError when either fails."""
     if engine != DEFAULT_ENGINE:
         raise ModelLoadError(f"judges run on the {DEFAULT_ENGINE} engine, not {engine!r} (not yet)")
-    assert spec.template is not None and spec.score_tokens is not None
+    assert spec.template is not None
     template = JudgeTemplate.from_setting(spec.template, spec.name)
     module = importlib.import_module("reward_server.engines._judge")
-    scorer = cast("JudgeScorer", module.load(options, spec.score_tokens))
+    if spec.mode == "generate":
+        generation = module.Generation(spec.max_new_tokens, spec.temperature, spec.top_p)
+        scorer = cast("JudgeScorer", module.load(options, None, generation))
+        if scorer.max_length - spec.max_new_tokens < 1:
+            scorer.close()
+            raise ModelLoadError(
+                f"max_new_tokens {spec.max_new_tokens} leaves no room for a prompt in the "
+                f"max_length {scorer.max_length} of {spec.name!r}"
+            )
+    else:
+        assert spec.score_tokens is not None
+        scorer = cast("JudgeScorer", module.load(options, spec.score_tokens))
     return JudgeModel(spec, scorer, template)
