@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-ppo", action="store_true")
     p.add_argument("--skip-engines", action="store_true")
+    p.add_argument("--skip-verifiers", action="store_true")
+    p.add_argument("--skip-judges", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -149,7 +151,8 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
         return args.only
     skipped = {"throughput": args.skip_throughput, "ppo": args.skip_ppo}
     skipped["engines"] = args.skip_engines
-    skipped["verifiers"] = skipped["judges"] = False
+    skipped["verifiers"] = args.skip_verifiers
+    skipped["judges"] = args.skip_judges
     return tuple(part for part in PARTS if not skipped[part])
 
 

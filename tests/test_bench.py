@@ -80,6 +80,8 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--ppo-batch", "4",
             "--ppo-response-length", "6",
             "--skip-engines",
+            "--skip-verifiers",  # each has a tiny-size test of its own below
+            "--skip-judges",
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
