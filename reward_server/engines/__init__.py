@@ -114,6 +114,7 @@ class BatchStats:
     queue_wait_s: tuple[float, ...]  # per row: time from submit to the pass starting
     inference_s: float
     error: BaseException | None  # None when the pass succeeded
+    cached_tokens: int = 0  # prompt tokens an engine's prefix cache served (vLLM)
 
 
 @dataclass(frozen=True, slots=True)

