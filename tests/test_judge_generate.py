@@ -50,13 +50,15 @@ def _line(response: str) -> str:
     return f"{_prompt(response)} {ANSWERS.get(response.split()[-1]) or GARBAGE['odd']}"
 
 
-def train_judge(path: Path, steps: int = 700) -> Path:
-    """A tiny GPT-2 taught to answer the rubric (the loss on the answer only)."""
+def train_judge(path: Path, steps: int = 700, **shape: int) -> Path:
+    """A tiny GPT-2 taught to answer the rubric (the loss on the answer only); ``shape``:
+    :func:`tiny_models.gpt2_causal_lm`'s sizes instead of the default ones."""
     rng = random.Random(0)
     firsts = [*ANSWERS, *GARBAGE]
     corpus = [_line(_response(rng, rng.choice(firsts))) for _ in range(500)]
     tok = tiny_models.byte_bpe_tokenizer(corpus, vocab_size=300, pad_is_eos=True)
-    model = tiny_models.gpt2_causal_lm(tok, seed=0, n_positions=64, n_embd=64)
+    sizes = {"n_positions": 64, "n_embd": 64, **shape}
+    model = tiny_models.gpt2_causal_lm(tok, seed=0, **sizes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _step in range(steps):

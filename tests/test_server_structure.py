@@ -31,6 +31,7 @@ NEEDS_TORCH = {
     "reward_server.engines.transformers",
     "reward_server.engines._process_reward",
     "reward_server.engines._judge",
+    "reward_server.engines._vllm_judge",
     "reward_server.engines._checkpoint",
     "reward_server.engines.vllm",
     "reward_server.http.ray_serve",

@@ -41,7 +41,7 @@ from reward_server.text.judge_prompt import JudgeRenderer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Generation", "JudgeLM", "load", "score_token_ids"]
+__all__ = ["Generation", "JudgeLM", "causal_lm_class", "load", "score_token_ids"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ def load(
     return JudgeLM.from_options(options, score_tokens or {}, generation)
 
 
-def _auto_class(config: Any, options: LoadOptions) -> Any:
+def causal_lm_class(config: Any, options: LoadOptions) -> Any:
     """``AutoModelForCausalLM``, once the config names a causal LM (a classifier's checkpoint
     would load with a random LM head)."""
     from transformers import AutoModelForCausalLM
@@ -149,7 +149,7 @@ class JudgeLM(NetworkModel):
         """The transformers engine's loading steps, with a causal LM."""
         # A causal LM has no labels to choose from: the server's --label-index is not its.
         options = dataclasses.replace(options, label_index=0)
-        loaded = load_parts(options, _auto_class, kind="causal-lm")
+        loaded = load_parts(options, causal_lm_class, kind="causal-lm")
         renderer = JudgeRenderer.for_model(loaded.tokenizer, options, loaded.max_length)
         judge = cls(loaded.network(renderer, options.adapter), score_tokens, generation)
         logger.info(

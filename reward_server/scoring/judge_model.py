@@ -16,7 +16,9 @@ a float. An answer without a match (or whose group is not a finite number) score
 ``reward_server_verifier_errors_total{model,reason="parse"}`` (the verifiers' counter).
 The prompt is cut to ``max_length - max_new_tokens`` tokens, leaving room for the answer.
 
-Both modes on the transformers engine only, for now.
+Both modes run on the transformers engine (:mod:`reward_server.engines._judge`) and on the
+vLLM engine (:mod:`reward_server.engines._vllm_judge`: continuous batching, the prefix cache
+shared by prompts that begin alike, e.g. a GRPO group's).
 """
 
 from __future__ import annotations
@@ -179,11 +181,12 @@ class JudgeModel(BatchedModel):
 def load_judge(spec: ModelSpec, options: LoadOptions, engine: str) -> JudgeModel:
     """Load the judge of a ``kind: judge`` entry on the calling thread (the service's compute
     thread): its template, then its causal LM; ModelLoadError when either fails."""
-    if engine != DEFAULT_ENGINE:
-        raise ModelLoadError(f"judges run on the {DEFAULT_ENGINE} engine, not {engine!r} (not yet)")
+    modules = {DEFAULT_ENGINE: "_judge", "vllm": "_vllm_judge"}
+    if engine not in modules:
+        raise ModelLoadError(f"judges run on the {' or '.join(modules)} engine, not {engine!r}")
     assert spec.template is not None
     template = JudgeTemplate.from_setting(spec.template, spec.name)
-    module = importlib.import_module("reward_server.engines._judge")
+    module = importlib.import_module(f"reward_server.engines.{modules[engine]}")
     if spec.mode == "generate":
         generation = module.Generation(spec.max_new_tokens, spec.temperature, spec.top_p)
         scorer = cast("JudgeScorer", module.load(options, None, generation))
