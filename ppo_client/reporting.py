@@ -273,6 +273,8 @@ class RunReport:
                     "score": float(r.raw_scores[i]),
                     "reward": float(scores[i]),
                 }
+                if r.texts.labels is not None:  # label_column: what the reward compared with
+                    row["label"] = r.texts.labels[i]
                 if r.step_scores is not None and r.step_tokens is not None:
                     # Where each step's score went: the policy tokens, up to the stop token.
                     row["response_ids"] = r.responses[i, : int(r.seq_lengths[i]) + 1].tolist()

@@ -378,7 +378,7 @@ class RolloutCollector:
         chunk = cfg.local_rollout_forward_batch_size
         futures: list[Future[Scores]] = []
         chunks: list[RolloutTensors] = []
-        texts = RewardInputs([], [])
+        texts = RewardInputs([], [], labels)
         reward_wait_s = 0.0  # time this thread was blocked on the reward function
         for start in range(0, queries.size(0), chunk):
             rows = slice(start, start + chunk)

@@ -40,13 +40,25 @@ def test_a_reward_callable_gets_each_prompts_label(gpt2_policy: Path, tmp_path: 
         calls.append((list(prompts), list(labels)))
         return [0.0] * len(responses)
 
-    cfg = make_config(gpt2_policy, tmp_path / "run", total_episodes=16, label_column="answer")
+    cfg = make_config(
+        gpt2_policy,
+        tmp_path / "run",
+        total_episodes=16,
+        label_column="answer",
+        num_sample_generations=2,
+        num_samples_to_log=8,
+    )
     PPOTrainer(cfg, train_dataset=labelled_rows(), reward_fn=reward).train()
     assert [len(prompts) for prompts, _ in calls] == [8, 8]
     for prompts, labels in calls:
         assert [label["text"] for label in labels] == prompts  # each with its own prompt
     rows = [label["row"] for _, labels in calls for label in labels]
     assert len(set(rows)) == 16  # one draw without replacement per pass over the data
+    # samples.jsonl shows each logged rollout with its own label.
+    lines = (tmp_path / "run" / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+    samples = [json.loads(line) for line in lines]
+    assert len(samples) == 16
+    assert all(s["label"]["text"] == s["prompt"] for s in samples), samples
 
 
 def test_the_client_sends_the_labels_with_the_items(gpt2_policy: Path, tmp_path: Path) -> None:
