@@ -23,9 +23,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["Decoder", "char_ends", "token_for_offset"]
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["Decoder", "char_ends", "step_rewards", "step_tokens", "token_for_offset"]
 
 
 class Decoder(Protocol):
@@ -85,3 +90,35 @@ def token_for_offset(ends: Sequence[int], offset: int) -> int | None:
         return None
     # The first token whose prefix covers characters 0..offset-1: ends[k] >= offset.
     return bisect.bisect_left(ends, offset)
+
+
+def step_tokens(
+    tokenizer: PreTrainedTokenizerBase,
+    responses: torch.Tensor,
+    seq_lengths: torch.Tensor,
+    step_ends: Sequence[Sequence[int]],
+) -> list[list[int]]:
+    """For each response, the index of the policy token holding each step's last character.
+
+    The offsets count characters of each response as :func:`reward_inputs` decoded it
+    (its tokens up to the stop token, special tokens skipped); a step ending at offset 0
+    (an empty response) goes on the last response token.
+    """
+    out = []
+    for row, n, ends in zip(responses.cpu(), seq_lengths.cpu(), step_ends, strict=True):
+        last = int(n)
+        spans = char_ends(tokenizer, row[: last + 1].tolist(), skip_special_tokens=True)
+        indices = [token_for_offset(spans, end) for end in ends]
+        out.append([last if k is None else k for k in indices])
+    return out
+
+
+def step_rewards(
+    shape: torch.Size, step_scores: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """Dense rewards (B, T): each step's score added on its token (steps may share one)."""
+    dense = torch.zeros(shape, dtype=torch.float32)
+    for i, (scores, indices) in enumerate(zip(step_scores, tokens, strict=True)):
+        for score, k in zip(scores, indices, strict=True):
+            dense[i, k] += float(score)
+    return dense

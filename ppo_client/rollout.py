@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from ppo_client.config import PPOConfig
     from ppo_client.models import PolicyAndValue, Reference
+    from ppo_client.vllm_rollout import VllmRollout
 
 __all__ = [
     "EncodedPrompts",
@@ -46,8 +47,6 @@ __all__ = [
     "position_ids_from_mask",
     "reward_inputs",
     "sampling_config",
-    "step_rewards",
-    "step_tokens",
 ]
 
 logger = logging.getLogger(__name__)
@@ -276,6 +275,7 @@ class Rollout(RolloutTensors):
     step_scores: list[list[float]] | None = None  # reward_mode process: each step's score,
     step_tokens: list[list[int]] | None = None  # the token it is placed on,
     step_rewards: torch.Tensor | None = None  # and all of them as (B, T) dense rewards
+    engine_logprobs: torch.Tensor | None = None  # (B, T) vLLM's log-prob of each sampled token
 
 
 def _join(results: Sequence[Scores]) -> Scores:
@@ -296,44 +296,37 @@ def _join(results: Sequence[Scores]) -> Scores:
     )
 
 
-def step_tokens(
-    tokenizer: PreTrainedTokenizerBase,
-    responses: torch.Tensor,
-    seq_lengths: torch.Tensor,
-    step_ends: Sequence[Sequence[int]],
-) -> list[list[int]]:
-    """For each response, the index of the policy token holding each step's last character.
-
-    The offsets count characters of each response as :func:`reward_inputs` decoded it
-    (its tokens up to the stop token, special tokens skipped); a step ending at offset 0
-    (an empty response) goes on the last response token.
-    """
-    out = []
-    for row, n, ends in zip(responses.cpu(), seq_lengths.cpu(), step_ends, strict=True):
-        last = int(n)
-        spans = offsets.char_ends(tokenizer, row[: last + 1].tolist(), skip_special_tokens=True)
-        indices = [offsets.token_for_offset(spans, end) for end in ends]
-        out.append([last if k is None else k for k in indices])
-    return out
-
-
-def step_rewards(
-    shape: torch.Size, step_scores: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]]
-) -> torch.Tensor:
-    """Dense rewards (B, T): each step's score added on its token (steps may share one)."""
-    dense = torch.zeros(shape, dtype=torch.float32)
-    for i, (scores, indices) in enumerate(zip(step_scores, tokens, strict=True)):
-        for score, k in zip(scores, indices, strict=True):
-            dense[i, k] += float(score)
-    return dense
-
-
 def _concat(chunks: Sequence[RolloutTensors]) -> dict[str, torch.Tensor]:
     """Each tensor of the chunks concatenated along the batch, in chunk order: (B, ...)."""
     return {
         f.name: torch.cat([getattr(c, f.name) for c in chunks], 0)
         for f in dataclasses.fields(RolloutTensors)
     }
+
+
+@dataclass
+class _Batch:
+    """One update's prompts on their way through the rollout, and the reward requests sent
+    for them: ``groups[k]`` holds the rows whose scores ``futures[k]`` brings."""
+
+    prompts: list[Prompt]
+    queries: torch.Tensor  # (B, P) left-padded
+    query_mask: torch.Tensor
+    labels: list[Any] | None
+    pool: Executor
+    futures: list[Future[Scores]] = field(default_factory=list)
+    groups: list[list[int]] = field(default_factory=list)
+    texts: RewardInputs = field(default_factory=lambda: RewardInputs([], []))
+    engine_logprobs: torch.Tensor | None = None
+
+
+def _reorder(scored: Scores, rows: Sequence[int]) -> Scores:
+    """Scores given for ``rows`` (in that order) back in row order 0..B-1."""
+    if list(rows) == sorted(rows):
+        return scored
+    where = {row: k for k, row in enumerate(rows)}
+    order = [where[row] for row in range(len(rows))]
+    return Scores(*(None if col is None else [col[k] for k in order] for col in scored))
 
 
 @dataclass
@@ -349,6 +342,7 @@ class RolloutCollector:
     score: ScoreFn
     stop_token_id: int | None
     pad_token_id: int
+    engine: VllmRollout | None = None  # rollout_engine vllm; None: transformers' generate
     gen_config: GenerationConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -375,40 +369,18 @@ class RolloutCollector:
         query_mask = enc.attention_mask.to(device)
         wrapper: PolicyAndValue = self.accelerator.unwrap_model(model)
         wrapper.eval()
-        chunk = cfg.local_rollout_forward_batch_size
-        futures: list[Future[Scores]] = []
-        chunks: list[RolloutTensors] = []
-        texts = RewardInputs([], [], labels)
-        reward_wait_s = 0.0  # time this thread was blocked on the reward function
-        for start in range(0, queries.size(0), chunk):
-            rows = slice(start, start + chunk)
-            query, qmask = queries[rows], query_mask[rows]
-            # a. sample (pure sampling at the configured temperature)
-            responses = generate_responses(wrapper.policy, query, qmask, self.gen_config, chunk)
-            # b. truncate at the stop token; the response ends at index seq_len (inclusive)
-            seq_lengths = ppo.sequence_lengths(responses, self.stop_token_id)  # (b,)
-            resp_mask = ppo.response_mask(seq_lengths, cfg.response_length)  # (b, T)
-            responses = responses.masked_fill(~resp_mask, self.pad_token_id)
-            # c. decode to text and score it on the worker thread
-            chunk_texts = reward_inputs(
-                self.tokenizer, prompts[rows], query, qmask, responses, seq_lengths
-            )
-            chunk_texts.labels = None if labels is None else labels[rows]
-            # (An inline executor scores right here: that time counts as waited, too.)
-            submitted = time.perf_counter()
-            futures.append(pool.submit(self.score, chunk_texts))
-            reward_wait_s += time.perf_counter() - submitted
-            texts.prompts.extend(chunk_texts.prompts)
-            texts.responses.extend(chunk_texts.responses)
-            # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
-            chunks.append(self._passes(wrapper, query, qmask, responses, resp_mask, seq_lengths))
+        batch = _Batch(prompts, queries, query_mask, labels, pool)
+        if self.engine is not None:
+            tensors, waits = self._engine_rollout(wrapper, batch)
+        else:
+            tensors, waits = self._chunked_rollout(wrapper, batch)
         # e. collect the scores; only the time spent blocked here is network the GPU did not hide
         waited = time.perf_counter()
-        results = [f.result() for f in futures]
-        reward_wait_s += time.perf_counter() - waited
+        results = [f.result() for f in batch.futures]
+        reward_wait_s = waits + time.perf_counter() - waited
         wrapper.train()
-        scored = _join(results)
-        tensors = _concat(chunks)
+        scored = _reorder(_join(results), [row for rows in batch.groups for row in rows])
+        texts = batch.texts
         if cfg.reward_mode == "process":
             return Rollout(
                 **tensors,
@@ -417,6 +389,7 @@ class RolloutCollector:
                 texts=texts,
                 truncated=scored.truncated,
                 reward_wait_s=reward_wait_s,
+                engine_logprobs=batch.engine_logprobs,
             )
         return Rollout(
             **tensors,
@@ -425,7 +398,113 @@ class RolloutCollector:
             raw_scores=torch.tensor(scored.scores, dtype=torch.float32, device=device),
             truncated=scored.truncated,
             reward_wait_s=reward_wait_s,
+            engine_logprobs=batch.engine_logprobs,
         )
+
+    def _cut(self, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Responses truncated at the stop token (the rest padded), their lengths and mask."""
+        seq_lengths = ppo.sequence_lengths(responses, self.stop_token_id)  # (b,)
+        resp_mask = ppo.response_mask(seq_lengths, self.config.response_length)  # (b, T)
+        return responses.masked_fill(~resp_mask, self.pad_token_id), seq_lengths, resp_mask
+
+    def _submit(self, batch: _Batch, rows: list[int], responses: torch.Tensor) -> float:
+        """Decode ``rows`` (their responses given) and send them to the reward on the pool;
+        the seconds this thread was blocked doing so (an inline executor scores here)."""
+        index = torch.tensor(rows, dtype=torch.long)
+        cut, seq_lengths, _ = self._cut(responses)
+        inputs = reward_inputs(
+            self.tokenizer,
+            [batch.prompts[r] for r in rows],
+            batch.queries[index.to(batch.queries.device)],
+            batch.query_mask[index.to(batch.queries.device)],
+            cut,
+            seq_lengths,
+        )
+        inputs.labels = None if batch.labels is None else [batch.labels[r] for r in rows]
+        submitted = time.perf_counter()
+        batch.futures.append(batch.pool.submit(self.score, inputs))
+        batch.groups.append(rows)
+        return time.perf_counter() - submitted
+
+    def _chunked_rollout(
+        self, wrapper: PolicyAndValue, batch: _Batch
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """transformers: per chunk, sample, send to the reward, and run the passes while
+        the reward works."""
+        chunk = self.config.local_rollout_forward_batch_size
+        chunks: list[RolloutTensors] = []
+        waits = 0.0
+        for start in range(0, batch.queries.size(0), chunk):
+            rows = slice(start, start + chunk)
+            query, qmask = batch.queries[rows], batch.query_mask[rows]
+            # a. sample (pure sampling at the configured temperature)
+            responses = generate_responses(wrapper.policy, query, qmask, self.gen_config, chunk)
+            # b. truncate at the stop token; the response ends at index seq_len (inclusive)
+            responses, seq_lengths, resp_mask = self._cut(responses)
+            # c. decode to text and score it on the worker thread
+            waits += self._submit(batch, list(range(start, start + len(query))), responses)
+            # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
+            chunks.append(self._passes(wrapper, query, qmask, responses, resp_mask, seq_lengths))
+        tensors = _concat(chunks)
+        batch.texts = self._texts(batch, tensors)
+        return tensors, waits
+
+    def _engine_rollout(
+        self, wrapper: PolicyAndValue, batch: _Batch
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """vLLM: the policy's weights into the engine, every response sampled at once with
+        the finished ones sent to the reward as they finish, then the passes by chunk."""
+        cfg, engine = self.config, self.engine
+        assert engine is not None
+        engine.sync(wrapper.policy)
+        cpu_rows = zip(batch.queries.cpu(), batch.query_mask.cpu(), strict=True)
+        ids = [q[m.bool()].tolist() for q, m in cpu_rows]
+        device = batch.queries.device
+        waits = [0.0]
+
+        def send(rows: list[int], responses: torch.Tensor) -> None:  # as rows finish
+            waits[0] += self._submit(batch, rows, responses[rows].to(device))
+
+        streaming = cfg.stream_rewards
+        group = cfg.reward_stream_size
+        sampled = engine.generate(ids, on_finished=send if streaming else None, group_size=group)
+        engine.sleep()
+        if not streaming:
+            for start in range(0, len(ids), group):
+                send(list(range(start, min(start + group, len(ids)))), sampled.responses)
+        responses = sampled.responses.to(device)
+        responses, seq_lengths, resp_mask = self._cut(responses)
+        chunks = []
+        chunk = cfg.local_rollout_forward_batch_size
+        for start in range(0, len(ids), chunk):
+            rows = slice(start, start + chunk)
+            chunks.append(
+                self._passes(
+                    wrapper,
+                    batch.queries[rows],
+                    batch.query_mask[rows],
+                    responses[rows],
+                    resp_mask[rows],
+                    seq_lengths[rows],
+                )
+            )
+        tensors = _concat(chunks)
+        batch.engine_logprobs = sampled.logprobs.to(device).masked_fill(~resp_mask, 0.0)
+        batch.texts = self._texts(batch, tensors)
+        return tensors, waits[0]
+
+    def _texts(self, batch: _Batch, tensors: dict[str, torch.Tensor]) -> RewardInputs:
+        """What the reward saw of every rollout, in prompt order (for samples.jsonl)."""
+        texts = reward_inputs(
+            self.tokenizer,
+            batch.prompts,
+            batch.queries,
+            batch.query_mask,
+            tensors["responses"],
+            tensors["seq_lengths"],
+        )
+        texts.labels = batch.labels
+        return texts
 
     def _process_rewards(
         self, scored: Scores, responses: torch.Tensor, seq_lengths: torch.Tensor
@@ -441,8 +520,8 @@ class RolloutCollector:
         outcome = scored.outcome_scores
         if outcome is None:
             outcome = [0.0] * len(scored.scores)
-        tokens = step_tokens(self.tokenizer, responses, seq_lengths, scored.step_ends)
-        dense = step_rewards(responses.shape, scored.step_scores, tokens)
+        tokens = offsets.step_tokens(self.tokenizer, responses, seq_lengths, scored.step_ends)
+        dense = offsets.step_rewards(responses.shape, scored.step_scores, tokens)
         return {
             "raw_scores": torch.tensor(outcome, dtype=torch.float32, device=responses.device),
             "step_scores": scored.step_scores,

@@ -11,8 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 import tiny_models
-from ppo_client.offsets import char_ends, token_for_offset
-from ppo_client.rollout import step_rewards, step_tokens
+from ppo_client.offsets import char_ends, step_rewards, step_tokens, token_for_offset
 
 #: Characters of 2, 3 and 4 UTF-8 bytes that no tiny vocabulary holds.
 MULTI_BYTE = ["é", "ß", "€", "日", "本", "🙂", "👍"]
