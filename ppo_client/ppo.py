@@ -215,18 +215,33 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
-    """PPO clipped surrogate: masked mean of max(-A * r, -A * clip(r, 1 - eps, 1 + eps))."""
+    """PPO clipped surrogate: masked mean of max(-A * r, -A * clip(r, 1 - eps, 1 + eps)),
+    each token's term times its ``weights`` (a constant, e.g. :func:`truncated_is_weights`)
+    when given."""
     log_ratio = new_logprobs - old_logprobs  # (B, T)
     ratio = torch.exp(log_ratio)
     pg_losses = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.max(pg_losses, pg_losses2), mask)
+    per_token = torch.max(pg_losses, pg_losses2)
+    if weights is not None:
+        per_token = per_token * weights.detach()
+    loss = masked_mean(per_token, mask)
     with torch.no_grad():
         clipfrac = masked_mean((pg_losses2 > pg_losses).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
         mean_ratio = masked_mean(ratio, mask)
     return PolicyLoss(loss, clipfrac, approxkl, mean_ratio)
+
+
+def truncated_is_weights(
+    trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance weights for tokens sampled by another engine (vLLM) whose
+    probabilities differ a little from the trainer's: ``min(pi_trainer / pi_engine, cap)``
+    per token, ``exp(trainer - engine)`` in log space, as a constant of the loss."""
+    return torch.exp(trainer_logprobs - engine_logprobs).clamp(max=cap).detach()
 
 
 def value_loss(

