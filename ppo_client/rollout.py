@@ -276,6 +276,7 @@ class Rollout(RolloutTensors):
     step_tokens: list[list[int]] | None = None  # the token it is placed on,
     step_rewards: torch.Tensor | None = None  # and all of them as (B, T) dense rewards
     engine_logprobs: torch.Tensor | None = None  # (B, T) vLLM's log-prob of each sampled token
+    generate_s: float = 0.0  # seconds sampling and decoding (no passes, no reward wait)
 
 
 def _join(results: Sequence[Scores]) -> Scores:
@@ -318,6 +319,7 @@ class _Batch:
     groups: list[list[int]] = field(default_factory=list)
     texts: RewardInputs = field(default_factory=lambda: RewardInputs([], []))
     engine_logprobs: torch.Tensor | None = None
+    generate_s: float = 0.0  # sampling (with the engine's weight sync) and decoding
 
 
 def _reorder(scored: Scores, rows: Sequence[int]) -> Scores:
@@ -390,6 +392,7 @@ class RolloutCollector:
                 truncated=scored.truncated,
                 reward_wait_s=reward_wait_s,
                 engine_logprobs=batch.engine_logprobs,
+                generate_s=batch.generate_s,
             )
         return Rollout(
             **tensors,
@@ -399,6 +402,7 @@ class RolloutCollector:
             truncated=scored.truncated,
             reward_wait_s=reward_wait_s,
             engine_logprobs=batch.engine_logprobs,
+            generate_s=batch.generate_s,
         )
 
     def _cut(self, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -410,6 +414,7 @@ class RolloutCollector:
     def _submit(self, batch: _Batch, rows: list[int], responses: torch.Tensor) -> float:
         """Decode ``rows`` (their responses given) and send them to the reward on the pool;
         the seconds this thread was blocked doing so (an inline executor scores here)."""
+        decoding = time.perf_counter()
         index = torch.tensor(rows, dtype=torch.long)
         cut, seq_lengths, _ = self._cut(responses)
         inputs = reward_inputs(
@@ -422,6 +427,7 @@ class RolloutCollector:
         )
         inputs.labels = None if batch.labels is None else [batch.labels[r] for r in rows]
         submitted = time.perf_counter()
+        batch.generate_s += submitted - decoding
         batch.futures.append(batch.pool.submit(self.score, inputs))
         batch.groups.append(rows)
         return time.perf_counter() - submitted
@@ -438,9 +444,11 @@ class RolloutCollector:
             rows = slice(start, start + chunk)
             query, qmask = batch.queries[rows], batch.query_mask[rows]
             # a. sample (pure sampling at the configured temperature)
+            sampling = time.perf_counter()
             responses = generate_responses(wrapper.policy, query, qmask, self.gen_config, chunk)
             # b. truncate at the stop token; the response ends at index seq_len (inclusive)
             responses, seq_lengths, resp_mask = self._cut(responses)
+            batch.generate_s += time.perf_counter() - sampling
             # c. decode to text and score it on the worker thread
             waits += self._submit(batch, list(range(start, start + len(query))), responses)
             # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
@@ -456,6 +464,7 @@ class RolloutCollector:
         the finished ones sent to the reward as they finish, then the passes by chunk."""
         cfg, engine = self.config, self.engine
         assert engine is not None
+        sampling = time.perf_counter()
         engine.sync(wrapper.policy)
         cpu_rows = zip(batch.queries.cpu(), batch.query_mask.cpu(), strict=True)
         ids = [q[m.bool()].tolist() for q, m in cpu_rows]
@@ -468,6 +477,8 @@ class RolloutCollector:
         streaming = cfg.stream_rewards
         group = cfg.reward_stream_size
         sampled = engine.generate(ids, on_finished=send if streaming else None, group_size=group)
+        # Sync, sampling and the decoding of the rollouts sent meanwhile; not their waits.
+        batch.generate_s = time.perf_counter() - sampling - waits[0]
         engine.sleep()
         if not streaming:
             for start in range(0, len(ids), group):

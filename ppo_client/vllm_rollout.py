@@ -45,6 +45,11 @@ CPU_KV_SHARE = 0.05
 _ENGINE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 
 
+def _physical_memory() -> int:
+    """This machine's RAM in bytes."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 @dataclass
 class Sampled:
     """A batch of sampled responses, in the order of their prompts."""
@@ -113,12 +118,16 @@ class VllmRollout:
             "seed": seed,
             "skip_tokenizer_init": True,  # token ids in, token ids out
             "logprobs_mode": "processed_logprobs",  # after the temperature, as the trainer's
-            "gpu_memory_utilization": memory_share
-            or (CPU_KV_SHARE if self.device == "cpu" else 0.3),
             "enable_sleep_mode": self.sleeps,
         }
         if self.device == "cpu":
+            # The KV cache's size, explicitly: vLLM's CPU worker would otherwise subtract
+            # this whole process (the trainer's models and optimiser) from its share.
+            share = memory_share or CPU_KV_SHARE
+            args["kv_cache_memory_bytes"] = int(share * _physical_memory())
             args["enforce_eager"] = True  # torch.compile's start-up costs more than it saves
+        else:
+            args["gpu_memory_utilization"] = memory_share or 0.3
         if max_model_len is not None:
             args["max_model_len"] = max_model_len
         args.update(engine_args or {})
