@@ -965,6 +965,7 @@ IMAGE_CODE = {
 # Imported only by a feature that comes with an extra the image leaves out on purpose.
 OPTIONAL_IMPORTS = {
     "server": {"vllm"},  # --engine vllm: the server-vllm image
+    "trainer": {"vllm"},  # rollout_engine: vllm (pip install 'remote-reward[vllm]')
     "demo": {"vllm"},
 }
 
