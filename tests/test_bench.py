@@ -328,6 +328,7 @@ def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_pat
     assert "logprob_gap_mean" not in figures["variants"]["transformers"]
     assert figures["policy"]["parameters"] > 0
     assert set(figures["ratios"]) == {
+        "generate transformers/vllm",
         "rollout transformers/vllm",
         "step transformers/vllm",
         "reward wait vllm-no-stream/vllm",
