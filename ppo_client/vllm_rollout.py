@@ -175,11 +175,15 @@ class VllmRollout:
     # ------------------------------------------------------------------ sampling
 
     def _params(self, *, greedy: bool = False, max_tokens: int | None = None) -> Any:
-        """One row's sampling parameters, with its own seed."""
+        """One row's sampling parameters, with its own seed (greedy: no seed, no stop
+        token, ``max_tokens`` long)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seeds).item())
+        seed = None
+        if not greedy:
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seeds).item())
+        stop = self.stop_token_id is not None and not greedy
         return SamplingParams(
             n=1,
             max_tokens=max_tokens or self.response_length,
@@ -187,8 +191,8 @@ class VllmRollout:
             top_k=0,
             top_p=1.0,
             min_p=0.0,
-            seed=None if greedy else seed,
-            stop_token_ids=[] if self.stop_token_id is None else [self.stop_token_id],
+            seed=seed,
+            stop_token_ids=[self.stop_token_id] if stop else [],
             ignore_eos=True,  # only the stop token ends a response, as with transformers
             logprobs=0,  # the sampled token's
             detokenize=False,
@@ -207,27 +211,33 @@ class VllmRollout:
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
-        tag = f"rollout-{self._requests}"
+        tag = f"rollout-{self._requests}-"
         self._requests += 1
-        for i, ids in enumerate(queries):
-            prompt = TokensPrompt(prompt_token_ids=[int(t) for t in ids])
-            engine.add_request(f"{tag}-{i}", prompt, self._params())
+        ids = [f"{tag}{i}" for i in range(len(queries))]
         n = len(queries)
         responses = torch.full((n, self.response_length), self.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros((n, self.response_length), dtype=torch.float32)
         pending: list[int] = []
         done = 0
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if not out.finished:
-                    continue
-                row = int(out.request_id.rsplit("-", 1)[1])
-                self._fill(out.outputs[0], responses[row], logprobs[row])
-                pending.append(row)
-                done += 1
-                if on_finished is not None and (len(pending) >= group_size or done == n):
-                    on_finished(sorted(pending), responses)
-                    pending = []
+        try:
+            for request_id, query in zip(ids, queries, strict=True):
+                prompt = TokensPrompt(prompt_token_ids=[int(t) for t in query])
+                engine.add_request(request_id, prompt, self._params())
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if not out.finished or not out.request_id.startswith(tag):
+                        continue
+                    row = int(out.request_id.removeprefix(tag))
+                    self._fill(out.outputs[0], responses[row], logprobs[row])
+                    pending.append(row)
+                    done += 1
+                    if on_finished is not None and (len(pending) >= group_size or done == n):
+                        on_finished(sorted(pending), responses)
+                        pending = []
+        except BaseException:
+            # A stop signal or a failing reward call: nothing of this batch stays in vLLM.
+            engine.abort_request(ids)
+            raise
         if done != n:
             raise RuntimeError(f"vLLM finished {done} of {n} rollouts")
         return Sampled(responses, logprobs)
@@ -244,7 +254,6 @@ class VllmRollout:
         from vllm.inputs import TokensPrompt
 
         params = self._params(greedy=True, max_tokens=max_tokens)
-        params.stop_token_ids = []
         out = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(query))], params, use_tqdm=False
         )

@@ -174,3 +174,28 @@ def test_ppo_client_train_with_vllm_against_a_real_reward_server(
                 queries=[s["query"] for s in samples], responses=[s["response"] for s in samples]
             )
         assert again == pytest.approx([s["score"] for s in samples], abs=1e-5)
+
+
+def test_a_batch_that_fails_midway_leaves_nothing_in_the_engine(policy: Path) -> None:
+    """A reward call that raises while rows still generate: the batch's other rows are
+    aborted in vLLM, and the next batch gets its own rows only."""
+    engine = VllmRollout(
+        str(policy), response_length=8, temperature=1.0, stop_token_id=None, pad_token_id=0, seed=0
+    )
+    queries = [[5, 6, 7], [8, 9], [10, 11, 12, 13]] * 4
+
+    def fail(rows: list[int], responses: torch.Tensor) -> None:
+        raise RuntimeError("the reward server went away")
+
+    try:
+        with pytest.raises(RuntimeError, match="went away"):
+            engine.generate(queries, on_finished=fail, group_size=1)
+        seen: list[int] = []
+        sampled = engine.generate(
+            queries[:5], on_finished=lambda rows, _: seen.extend(rows), group_size=2
+        )
+    finally:
+        engine.close()
+    assert sorted(seen) == list(range(5))
+    assert sampled.responses.shape == (5, 8) and sampled.logprobs.shape == (5, 8)
+    assert bool((sampled.logprobs < 0).all())  # every token sampled, with its log-prob
