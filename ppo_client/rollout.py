@@ -317,17 +317,31 @@ class _Batch:
     pool: Executor
     futures: list[Future[Scores]] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)
-    texts: RewardInputs = field(default_factory=lambda: RewardInputs([], []))
+    sent: list[RewardInputs] = field(default_factory=list)  # what futures[k] scores
+
+    def texts(self) -> RewardInputs:
+        """What the reward saw of every rollout, in prompt order (decoded once, when sent)."""
+        order = _row_order([row for group in self.groups for row in group])
+        prompts = [p for inputs in self.sent for p in inputs.prompts]
+        responses = [r for inputs in self.sent for r in inputs.responses]
+        return RewardInputs([prompts[k] for k in order], [responses[k] for k in order], self.labels)
+
     engine_logprobs: torch.Tensor | None = None
     generate_s: float = 0.0  # sampling (with the engine's weight sync) and decoding
+
+
+def _row_order(rows: Sequence[int]) -> list[int]:
+    """For values given in the order of ``rows`` (a permutation of 0..B-1): where row 0,
+    1, ... of them is."""
+    where = {row: k for k, row in enumerate(rows)}
+    return [where[row] for row in range(len(rows))]
 
 
 def _reorder(scored: Scores, rows: Sequence[int]) -> Scores:
     """Scores given for ``rows`` (in that order) back in row order 0..B-1."""
     if list(rows) == sorted(rows):
         return scored
-    where = {row: k for k, row in enumerate(rows)}
-    order = [where[row] for row in range(len(rows))]
+    order = _row_order(rows)
     return Scores(*(None if col is None else [col[k] for k in order] for col in scored))
 
 
@@ -382,7 +396,7 @@ class RolloutCollector:
         reward_wait_s = waits + time.perf_counter() - waited
         wrapper.train()
         scored = _reorder(_join(results), [row for rows in batch.groups for row in rows])
-        texts = batch.texts
+        texts = batch.texts()
         if cfg.reward_mode == "process":
             return Rollout(
                 **tensors,
@@ -430,6 +444,7 @@ class RolloutCollector:
         batch.generate_s += submitted - decoding
         batch.futures.append(batch.pool.submit(self.score, inputs))
         batch.groups.append(rows)
+        batch.sent.append(inputs)
         return time.perf_counter() - submitted
 
     def _chunked_rollout(
@@ -453,9 +468,7 @@ class RolloutCollector:
             waits += self._submit(batch, list(range(start, start + len(query))), responses)
             # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
             chunks.append(self._passes(wrapper, query, qmask, responses, resp_mask, seq_lengths))
-        tensors = _concat(chunks)
-        batch.texts = self._texts(batch, tensors)
-        return tensors, waits
+        return _concat(chunks), waits
 
     def _engine_rollout(
         self, wrapper: PolicyAndValue, batch: _Batch
@@ -499,23 +512,8 @@ class RolloutCollector:
                     seq_lengths[rows],
                 )
             )
-        tensors = _concat(chunks)
         batch.engine_logprobs = sampled.logprobs.to(device).masked_fill(~resp_mask, 0.0)
-        batch.texts = self._texts(batch, tensors)
-        return tensors, waits[0]
-
-    def _texts(self, batch: _Batch, tensors: dict[str, torch.Tensor]) -> RewardInputs:
-        """What the reward saw of every rollout, in prompt order (for samples.jsonl)."""
-        texts = reward_inputs(
-            self.tokenizer,
-            batch.prompts,
-            batch.queries,
-            batch.query_mask,
-            tensors["responses"],
-            tensors["seq_lengths"],
-        )
-        texts.labels = batch.labels
-        return texts
+        return _concat(chunks), waits[0]
 
     def _process_rewards(
         self, scored: Scores, responses: torch.Tensor, seq_lengths: torch.Tensor
