@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_judge
 import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from test_judge import models_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tiny_models
-from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelsFileError, parse_models_file
-from reward_server.http.app import create_app
+
+#: The fixture ``serve(entries, **settings)``: a TestClient of an app per models file.
+serve = test_judge.serve
 
 TEMPLATE = "Rate: {{ response }}\nVerdict:"  # (Jinja drops a last newline)
 PATTERN = r"Score: (\d+)"
@@ -112,22 +112,6 @@ def entry(folder: Path, **extra: Any) -> dict[str, Any]:
         "max_new_tokens": 8,
         **extra,
     }
-
-
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Any]:
-    clients: list[TestClient] = []
-
-    def start(entries: list[dict[str, Any]], **overrides: Any) -> TestClient:
-        path = models_file(tmp_path, entries)
-        app = create_app(ServerSettings(models=str(path), max_wait_ms=1.0, **overrides))
-        client = TestClient(app).__enter__()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 def parse_errors(client: TestClient) -> float:
