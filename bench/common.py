@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -9,6 +10,7 @@ import re
 import statistics
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 #: Environment that keeps a process that never runs a model from spawning math threads.
@@ -141,3 +143,11 @@ def cpu_seconds() -> float:
     """CPU time (user + system) of this process and its reaped children, seconds."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def report_part(result: dict[str, Any], markdown: str, json_path: Path | None) -> None:
+    """What a part's own command (``python -m bench.<part>``) ends with: its Markdown block
+    on stdout and, with ``--json``, every figure in that file."""
+    print(markdown)
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")

@@ -16,7 +16,6 @@ figure is the median over rounds (min and max beside it). ``python -m bench.judg
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import random
 import sys
@@ -26,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_info, summary
+from bench.common import machine_info, report_part, summary
 
 logger = logging.getLogger(__name__)
 
@@ -194,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     result = run_judge_bench(cfg)
-    print(render(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    report_part(result, render(result), args.json)
     return 0
 
 

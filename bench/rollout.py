@@ -27,7 +27,6 @@ and the reward server: the ratios are this machine's, not a GPU's.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -38,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_info, summary
+from bench.common import machine_info, report_part, summary
 
 logger = logging.getLogger(__name__)
 
@@ -337,9 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         given["steps"] = args.steps
     cfg = quick_config(**given) if args.quick else RolloutBenchConfig(**given)
     result = run_rollout_bench(cfg)
-    print(render(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    report_part(result, render(result), args.json)
     return 0
 
 

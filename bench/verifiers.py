@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import random
 import sys
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_info, summary
+from bench.common import machine_info, report_part, summary
 from reward_server.verifiers import Task, VerifierOptions, VerifierPool
 
 logger = logging.getLogger(__name__)
@@ -201,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     result = run_verifier_bench(cfg)
-    print(render(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    report_part(result, render(result), args.json)
     return 1 if result["disagreements"] else 0
 
 
