@@ -400,6 +400,26 @@ CHATML_TEMPLATE = (
 )
 
 
+def _wide_head_config(
+    config_class: type, tok: PreTrainedTokenizerBase, vocab_size: int, positions: int, **more: Any
+) -> Any:
+    """A 2-layer decoder config with two 64-wide attention heads (one KV head), untied."""
+    return config_class(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=positions,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        **more,
+    )
+
+
 def save_wide_head_reward_model(
     path: str | Path,
     *,
@@ -441,20 +461,7 @@ def save_wide_head_reward_model(
     if oov_token is not None:
         tok.add_special_tokens({"additional_special_tokens": [oov_token]})
     torch.manual_seed(seed)
-    cfg = config_class(
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        num_labels=num_labels,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    cfg = _wide_head_config(config_class, tok, vocab_size, 512, num_labels=num_labels)
     model = AutoModelForSequenceClassification.from_config(cfg)
     _scale_head(model, seed)
     model.save_pretrained(path)
@@ -470,18 +477,6 @@ def save_wide_head_policy(
     from transformers import Qwen2Config
 
     tok = byte_bpe_tokenizer(corpus, vocab_size=350, pad_is_eos=True)
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    cfg = _wide_head_config(Qwen2Config, tok, len(tok), 256)
     torch.manual_seed(seed)
     return save(path, AutoModelForCausalLM.from_config(cfg), tok)
