@@ -1,13 +1,19 @@
 """Tenants: who shares this server (issue 23). A tenant is a name, a scheduling weight and
 optional limits; ``--api-keys FILE`` lists them with the SHA-256 of each one's key.
 
-The keys file's loading and reloading live here too (plain data, no HTTP)."""
+The keys file's loading and reloading live here too (plain data, no HTTP), and
+:data:`current_tenant`, the tenant of the request being served: the HTTP layer's auth
+dependency sets it in the request's task, and the schedulers read it where they queue work
+(the context is copied into the tasks a request starts), so no signature between the route
+and a scheduler has to carry it. It lives in this lowest layer so that both the scoring
+core and the engines' own schedulers can read it."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_TENANT", "Tenant"]
+__all__ = ["DEFAULT_TENANT", "Tenant", "current_tenant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,3 +33,6 @@ class Tenant:
 
 #: Every request when the server has no keys file (no key, or one ``--api-key``).
 DEFAULT_TENANT = Tenant("default")
+
+#: The tenant of the request being served (DEFAULT_TENANT outside a request).
+current_tenant: ContextVar[Tenant] = ContextVar("reward_server_tenant", default=DEFAULT_TENANT)
