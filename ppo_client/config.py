@@ -55,6 +55,8 @@ class RewardEnvironment(BaseSettings):
     reward_url: str | None = Field(default=None, validation_alias="REWARD_URL")
     """One URL or a comma-separated list."""
     reward_api_key: str | None = Field(default=None, validation_alias="REWARD_API_KEY")
+    reward_ca_bundle: str | None = Field(default=None, validation_alias="REWARD_CA_BUNDLE")
+    """The CA bundle an https reward server's certificate is checked against."""
 
     def overrides(self) -> dict[str, str]:
         """The config keys the environment sets."""
@@ -89,6 +91,7 @@ class PPOConfig(BaseModel):
     bf16 on a GPU that supports it and on a CPU with native bfloat16 (AVX512-BF16 or AMX),
     else float32; false: accelerate's own setting (``accelerate launch --mixed_precision``)."""
     trust_remote_code: bool = False
+    """Allow model code from the checkpoint folder or hub repo to run (only for models you trust)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy and value forward passes."""
 
@@ -96,7 +99,9 @@ class PPOConfig(BaseModel):
     use_peft: bool = False
     """Train LoRA adapters on policy and value model; the reference is the policy with its adapter disabled."""
     lora_r: int = 16
+    """LoRA rank (with ``use_peft``)."""
     lora_alpha: int = 32
+    """LoRA scaling alpha (with ``use_peft``)."""
     lora_dropout: float = 0.0
     """Stored in the adapter config; dropout is switched off during PPO in any case."""
     lora_target_modules: list[str] | str | None = None
@@ -106,6 +111,13 @@ class PPOConfig(BaseModel):
     reward_url: str | list[str] | None = None
     """Base URL(s) of the reward server(s); several are used round-robin with failover."""
     reward_api_key: str | None = None
+    """Sent to the reward server as ``Authorization: Bearer``."""
+    reward_ca_bundle: str | None = Field(default=None, min_length=1)
+    """PEM file (or folder) of the CA(s) that signed an https reward server's certificate,
+    e.g. a self-signed one; default: the system's CAs (or $SSL_CERT_FILE)."""
+    reward_tls_verify: bool = True
+    """Check an https reward server's certificate; false skips the check (testing only:
+    anyone on the path can then read the API key)."""
     reward_timeout: float = 60.0
     """Seconds one reward request may take."""
     reward_retry_timeout: float = Field(default=600.0, ge=0)
@@ -118,6 +130,7 @@ class PPOConfig(BaseModel):
     reward_baseline: float = 0.0
     """Subtracted from every score: score' = (score - reward_baseline) * reward_scale."""
     reward_scale: float = 1.0
+    """The score used for training is ``(score - reward_baseline) * reward_scale``."""
     reward_normalization: Literal["none", "running"] = "none"
     """Whiten each score before the baseline and scale: "running" maps it to
     (score - mean) / std over the last ``reward_normalization_window`` scores of the run
@@ -141,7 +154,9 @@ class PPOConfig(BaseModel):
     dataset_name: str | None = None
     """A local .jsonl/.json/.csv/.parquet file, a ``save_to_disk`` folder or a datasets id."""
     dataset_config: str | None = None
+    """Configuration name of a hub dataset."""
     dataset_split: str = "train"
+    """Split of a hub dataset."""
     dataset_text_field: str = "prompt"
     """Column holding the prompt: text, or a list of chat messages."""
     label_column: str | None = None
@@ -152,8 +167,11 @@ class PPOConfig(BaseModel):
 
     # --- run -----------------------------------------------------------------------------
     output_dir: str = "ppo_output"
+    """Everything the run writes: metrics, samples, checkpoints, the final models."""
     seed: int = 42
+    """Seed of the data order, sampling and the initial value head."""
     run_name: str | None = None
+    """Tracker project name."""
     report_to: str | list[str] = "none"
     """Trackers passed to accelerate ("tensorboard", "wandb", "trackio", "all", "none")."""
     logging_steps: int = 10
@@ -169,35 +187,51 @@ class PPOConfig(BaseModel):
     num_samples_to_log: int = 4
     """Rollouts written to samples.jsonl each time."""
     disable_tqdm: bool = False
+    """No progress bar."""
 
     # --- batch sizes (TRL names) ---------------------------------------------------------
     total_episodes: int | None = Field(default=None, ge=1)
     """Number of prompts to train on; default ``num_train_epochs * len(dataset)``."""
     num_train_epochs: float = 3.0
+    """Used when ``total_episodes`` is not set: ``num_train_epochs x len(dataset)`` prompts."""
     per_device_train_batch_size: int = Field(default=8, ge=1)
+    """Micro-batch size of a forward/backward pass."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Micro-batches per optimiser step."""
     num_mini_batches: int = Field(default=1, ge=1)
+    """Optimiser steps per PPO epoch."""
     local_rollout_forward_batch_size: int = Field(default=64, ge=1)
     """Per-rank chunk size of generation and no-grad forward passes in the rollout."""
 
     # --- optimiser -----------------------------------------------------------------------
     learning_rate: float = 5e-5
+    """AdamW learning rate."""
     lr_scheduler_type: str = "linear"
+    """Learning-rate schedule (transformers' names), stepped once per update."""
     warmup_steps: int = 0
+    """Warm-up updates of the schedule."""
     warmup_ratio: float = 0.0
+    """Warm-up as a share of the updates (when ``warmup_steps`` is 0)."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     adam_beta1: float = 0.9
+    """AdamW beta1."""
     adam_beta2: float = 0.999
+    """AdamW beta2."""
     adam_epsilon: float = 1e-8
+    """AdamW epsilon."""
     max_grad_norm: float | None = None
     """Clip the gradient norm before each optimiser step (TRL's PPO does not clip)."""
 
     # --- generation ----------------------------------------------------------------------
     response_length: int = Field(default=53, ge=1)
+    """New tokens per response."""
     stop_token: Literal["eos"] | None = None
     """"eos": stop at the tokenizer's EOS token (exclusive with ``stop_token_id``)."""
     stop_token_id: int | None = None
+    """Token id a response stops at (instead of ``stop_token``)."""
     temperature: float = Field(default=0.7, gt=0)
+    """Sampling temperature; log-probs use ``logits / temperature``."""
     missing_eos_penalty: float | None = None
     """Subtracted from the score of a response without the stop token."""
     rollout_engine: Literal["transformers", "vllm"] = "transformers"
@@ -209,6 +243,10 @@ class PPOConfig(BaseModel):
     cache; default 0.3), or on a CPU the share of RAM for its KV cache (default 0.05)."""
     vllm_engine_args: dict[str, Any] = Field(default_factory=dict)
     """rollout_engine vllm: more arguments of ``vllm.LLM`` (e.g. ``{enforce_eager: false}``)."""
+    vllm_lora: Literal["adapter", "merged"] = "adapter"
+    """rollout_engine vllm with use_peft: the engine gets the policy's LoRA adapter after each
+    update (vLLM's LoRA support, in memory; the base weights are loaded once), or
+    ``merged``: all weights, the adapter merged in (for adapters vLLM cannot serve)."""
     stream_rewards: bool = True
     """rollout_engine vllm: send finished rollouts to the reward while the others still
     generate, ``reward_stream_size`` at a time; false: after the last one finishes."""
@@ -220,14 +258,23 @@ class PPOConfig(BaseModel):
 
     # --- PPO -----------------------------------------------------------------------------
     num_ppo_epochs: int = Field(default=4, ge=1)
+    """Passes over each batch of rollouts."""
     whiten_rewards: bool = False
+    """Whiten the per-token rewards (scale only); needs at least 8 rollouts per mini-batch."""
     kl_coef: float = 0.05
+    """Per-token KL penalty coefficient."""
     kl_estimator: Literal["k1", "k3"] = "k1"
+    """``k1`` (log p - log p_ref) or ``k3`` ((r - 1) - log r)."""
     cliprange: float = 0.2
+    """Policy ratio clip."""
     vf_coef: float = 0.1
+    """Weight of the value loss."""
     cliprange_value: float = 0.2
+    """Value clip around the rollout values."""
     gamma: float = 1.0
+    """GAE discount."""
     lam: float = 0.95
+    """GAE lambda."""
 
     # ------------------------------------------------------------------------- validation
 
@@ -272,6 +319,11 @@ class PPOConfig(BaseModel):
             given = [k for k in _VLLM_ONLY if k in self.model_fields_set]
             if given:
                 raise ConfigError(f"{', '.join(given)}: only for rollout_engine: vllm")
+        if self.reward_ca_bundle is not None and not self.reward_tls_verify:
+            raise ConfigError(
+                "reward_ca_bundle checks the server's certificate, reward_tls_verify: false "
+                "skips the check: set one of them"
+            )
         if self.reward_mode == "process" and self.reward_protocol not in ("remote-reward", "auto"):
             raise ConfigError(
                 f"reward_mode process needs this project's reward server (step scores); "
@@ -408,6 +460,7 @@ _NONE_WORDS = frozenset({"none", "null", "~", ""})
 _VLLM_ONLY = (
     "vllm_memory_share",
     "vllm_engine_args",
+    "vllm_lora",
     "stream_rewards",
     "reward_stream_size",
     "rollout_is_cap",
