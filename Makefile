@@ -20,7 +20,7 @@ VERL_STAMP := $(VERL_DIR)/.installed
 TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
 	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1
 
-.PHONY: setup test lint format demo bench soak clean
+.PHONY: setup test lint format demo bench soak clean docs
 
 setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL)
 
@@ -84,6 +84,11 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m bench.run
+
+# The documentation site into site/ (strict: a broken link, a missing page or a bad
+# reference fails; offline: no fonts or CDN at build time). tests/test_docs.py builds it too.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 soak: setup
 	$(BIN)/python -m pytest -m soak -p no:cacheprovider
