@@ -230,6 +230,9 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     out = args.results_dir / (args.name or f"{default_name}.json")
     text = json.dumps(results, indent=2)
     out.write_text(text + "\n", encoding="utf-8")
+    from bench.charts import render_charts
+
+    render_charts(out)  # its charts beside it, for the docs' Benchmarks page
     results = json.loads(text)  # what the file holds (tuples as lists)
     if not args.no_markdown:
         _write_markdown(args.markdown, parts, results)
