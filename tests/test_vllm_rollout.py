@@ -3,8 +3,10 @@ process that gets the policy's weights before every rollout.
 
 - Greedy equality: after PPO updates, the engine's greedy continuation of a prompt equals the
   trainer's own greedy decoding (argmax of the policy's forward, token by token) from the
-  updated weights, over 16 tokens in float32, for a full policy and a LoRA policy (its
-  adapter merged into the weights the engine gets).
+  updated weights, over 16 tokens in float32, for a full policy and a LoRA policy: its
+  adapter loaded through vLLM's LoRA support from memory (``vllm_lora: adapter``, a new
+  adapter id each update, the base weights never sent again), or merged into the weights
+  the engine gets (``vllm_lora: merged``). An adapter vLLM cannot serve is an error.
 - ``ppo-client train`` with ``rollout_engine: vllm`` against a real reward server: every
   logged score is the server's score of the logged sample, the engine/trainer log-prob gap
   is logged and small, and the run resumes from its checkpoint.
@@ -33,7 +35,7 @@ from transformers import AutoModelForCausalLM
 
 import tiny_models
 from ppo_client import PPOTrainer
-from ppo_client.vllm_rollout import VllmRollout
+from ppo_client.vllm_rollout import VllmRollout, adapter_rank
 from reward_client import RewardClient
 
 require_counterpart(
@@ -68,29 +70,38 @@ def greedy(model: torch.nn.Module, ids: list[int], steps: int) -> list[int]:
     return row[len(ids) :]
 
 
-@pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("mode", ["full", "lora", "lora_merged"])
 def test_the_engine_decodes_greedily_as_the_updated_policy(
-    peft: bool, policy: Path, tmp_path: Path
+    mode: str, policy: Path, tmp_path: Path
 ) -> None:
-    """PPO updates with the vLLM engine, then the updated policy's weights into an engine
-    started from the checkpoint the run began with."""
-    extra: dict[str, Any] = {"use_peft": True, "lora_r": 8, "lora_alpha": 16} if peft else {}
+    """PPO updates with the vLLM engine, then the updated policy's weights (or its adapter)
+    into an engine started from the checkpoint the run began with."""
+    peft = mode != "full"
+    extra: dict[str, Any] = {}
+    if peft:  # every linear layer: vLLM's packed qkv_proj and gate_up_proj get theirs too
+        extra = {"use_peft": True, "lora_r": 8, "lora_alpha": 16}
+        vllm_lora = "merged" if mode == "lora_merged" else "adapter"
+        extra |= {"lora_target_modules": "all-linear", "vllm_lora": vllm_lora}
     cfg = make_config(
         policy,
         tmp_path / "run",
         rollout_engine="vllm",
-        total_episodes=16,
+        total_episodes=24,
         learning_rate=2e-2,
         **extra,
     )
     rows = [{"prompt": p} for p in PROMPTS]
     trainer = PPOTrainer(cfg, train_dataset=rows, reward_fn=length_reward)
     env = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING",)}
-    trainer.train()
+    history = trainer.train()
     assert trainer.rollouts.engine is None  # closed at the end of train()
     assert {k: os.environ.get(k) for k in env} == env  # its in-process setting undone
+    # The engine sampled from the policy of each step: its log-probs are the trainer's.
+    assert len(history) == 3
+    assert all(row["rollout/logprob_gap_max"] < 1e-3 for row in history), history
     updated = trainer.accelerator.unwrap_model(trainer.model).policy.eval()
     prompt = trainer.tokenizer("the movie was")["input_ids"]
+    rank = adapter_rank(updated) if mode == "lora" else None
     engine = VllmRollout(
         str(policy),
         response_length=GREEDY_TOKENS,
@@ -98,11 +109,27 @@ def test_the_engine_decodes_greedily_as_the_updated_policy(
         stop_token_id=None,
         pad_token_id=trainer.pad_token_id,
         seed=0,
+        lora_rank=rank,
     )
     try:
         before = engine.greedy(prompt, GREEDY_TOKENS)
         engine.sync(updated)
         got = engine.greedy(prompt, GREEDY_TOKENS)
+        if mode == "lora":
+            lora = engine.llm.llm_engine.vllm_config.lora_config
+            assert rank == 8 and lora.max_lora_rank == 8 and lora.max_loras == 1
+            first = engine.lora_request.lora_int_id
+            engine.sync(updated)  # a second update: a new adapter replaces the first
+            assert engine.greedy(prompt, GREEDY_TOKENS) == got
+            assert engine.lora_request.lora_int_id == first + 1
+            loaded = engine.llm.collective_rpc(
+                lambda worker: sorted(worker.model_runner.lora_manager.list_adapters())
+            )
+            assert loaded == [[first + 1]]
+            # The base weights in the engine are still the checkpoint's: never re-sent.
+            assert engine.greedy(prompt, GREEDY_TOKENS, adapter=False) == before
+        else:
+            assert engine.lora_request is None
     finally:
         engine.close()
     want = greedy(updated, prompt, GREEDY_TOKENS)
@@ -110,9 +137,35 @@ def test_the_engine_decodes_greedily_as_the_updated_policy(
     # The weights did move: the checkpoint the run started from decodes otherwise.
     start = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
     assert before == greedy(start, prompt, GREEDY_TOKENS) != want
-    if peft:  # the trainer's base weights are untouched by the merge
+    if peft:  # the trainer's base weights are untouched by the merge or the adapter's load
         with updated.disable_adapter():
             assert greedy(updated, prompt, GREEDY_TOKENS) == before
+
+
+def test_an_adapter_vllm_cannot_serve_is_an_error(policy: Path) -> None:
+    """A LoRA on the embeddings: vLLM has no LoRA layer for Qwen2's, so loading the adapter
+    fails with the modules named, instead of sampling without that part of it."""
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    config = LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "embed_tokens"])
+    lora = get_peft_model(base, config)
+    engine = VllmRollout(
+        str(policy),
+        response_length=4,
+        temperature=1.0,
+        stop_token_id=None,
+        pad_token_id=0,
+        seed=0,
+        lora_rank=adapter_rank(lora),
+    )
+    try:
+        with pytest.raises(ValueError, match=r"embed_tokens.*vllm_lora: merged"):
+            engine.sync(lora)
+        assert engine.lora_request is None  # requests keep going to the base weights
+        assert len(engine.greedy([5, 6, 7], 4)) == 4
+    finally:
+        engine.close()
 
 
 def test_ppo_client_train_with_vllm_against_a_real_reward_server(
