@@ -155,9 +155,47 @@ def _load(service: Service) -> bool:
     return False
 
 
+def hash_key_main(argv: Sequence[str]) -> int:
+    """``reward-server hash-key``: the key_sha256 of a key for the keys file (--api-keys)."""
+    import getpass
+    import secrets
+
+    from reward_server.config.tenants import hash_key
+
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} hash-key",
+        description="Print the key_sha256 of an API key for --api-keys. The key is read from "
+        "stdin (prompted for, unechoed, on a terminal), never from the command line, where "
+        'ps would show it. Same as: printf %s "$KEY" | sha256sum',
+    )
+    parser.add_argument(
+        "--new",
+        action="store_true",
+        help="make a new random key instead and print it (give it to the tenant) and its hash",
+    )
+    args = parser.parse_args(argv)
+    if args.new:
+        key = secrets.token_urlsafe(32)
+        print(f"key: {key}")
+        print(f"key_sha256: {hash_key(key)}")
+        return 0
+    # HTTP drops the spaces around a header value, so a key never has any: strip them (and
+    # the newline of `echo "$KEY" |`).
+    raw = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.read()
+    key = raw.strip()
+    if not key:
+        print(f"{PROG} hash-key: error: no key on stdin", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, load the model, serve until SIGTERM/SIGINT; return the exit code."""
-    settings = parse_settings(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["hash-key"]:
+        return hash_key_main(args[1:])
+    settings = parse_settings(args)
     _configure_logging(settings.log_level)
     from reward_server.http.app import create_app
 

@@ -13,6 +13,7 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reward_server.config.models_file import ModelsFile, ModelsFileError, read_models_file
+from reward_server.config.tenants import TenantsFileError, TenantTable, read_tenants_file
 
 ENV_PREFIX = "REWARD_SERVER_"
 
@@ -166,6 +167,14 @@ class ServerSettings(BaseSettings):
     machine cannot see in ps.
     """
 
+    api_keys: str | None = Field(default=None, min_length=1)
+    """A YAML file of tenants sharing the server, instead of --api-key: per tenant a name,
+    key_sha256 (the hex SHA-256 of its key: printf %s "$KEY" | sha256sum), weight and
+    optional tokens_per_s and queue_share. Each key authenticates as its tenant (metrics by
+    tenant name); the file is reloaded on SIGHUP and when it changes, a broken file keeping
+    the old tenants.
+    """
+
     trust_remote_code: bool = Field(default=False)
     """Allow model code from the model folder or hub repo to run. Only for models you trust."""
 
@@ -215,6 +224,7 @@ class ServerSettings(BaseSettings):
     """
 
     _models_file: ModelsFile | None = PrivateAttr(default=None)
+    _tenants: TenantTable | None = PrivateAttr(default=None)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -244,6 +254,30 @@ class ServerSettings(BaseSettings):
         except ModelsFileError as exc:
             raise ValueError(f"--models: {exc}") from None
         return self
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ServerSettings:
+        """At most one of --api-key and --api-keys; the keys file read and checked now."""
+        if self.api_keys is None:
+            if self.api_key is not None:
+                self._tenants = TenantTable.single_key(self.api_key.get_secret_value())
+            return self
+        if self.api_key is not None:
+            raise ValueError(
+                "give --api-key or --api-keys, not both (one key is one tenant: list it in "
+                f"the keys file, or unset {ENV_PREFIX}API_KEY)"
+            )
+        try:
+            self._tenants = read_tenants_file(self.api_keys)
+        except TenantsFileError as exc:
+            raise ValueError(f"--api-keys: {exc}") from None
+        return self
+
+    @property
+    def tenants(self) -> TenantTable | None:
+        """The tenants at start-up: the keys file's, one "default" tenant for --api-key, or
+        None without a key."""
+        return self._tenants
 
     @property
     def models_file(self) -> ModelsFile | None:

@@ -7,7 +7,11 @@ answer; any exception -> the error table (:mod:`reward_server.http.errors`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -15,6 +19,7 @@ from fastapi import FastAPI
 
 from reward_server import __version__
 from reward_server.config import ServerSettings
+from reward_server.config.tenants import TenantKeys
 from reward_server.engines import Scorer
 from reward_server.http.compat import openrlhf, protocol_error_bodies, slime, tei, vllm
 from reward_server.http.errors import install_error_handlers
@@ -24,6 +29,8 @@ from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.service import Service
 
 __all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
 
 
 def create_app(
@@ -36,12 +43,17 @@ def create_app(
     given (``model``: --model's scorer; ``models``: models-file entries' scorers by name)."""
     metrics = Metrics()
     service = Service(settings, model, metrics, models=models)
+    tenant_keys = TenantKeys(
+        settings.tenants, settings.api_keys, on_reload=metrics.on_tenant_reload
+    )
+    metrics.track_tenants(lambda: len(tenant_keys.table.tenants) if tenant_keys.table else 1)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
         try:
-            yield
+            async with _reloading(tenant_keys):
+                yield
         finally:
             await service.stop()
 
@@ -53,12 +65,13 @@ def create_app(
     )
     app.state.service = service
     app.state.metrics = metrics
+    app.state.tenant_keys = tenant_keys
     app.include_router(router)  # /score, /health, /info, /metrics
     app.include_router(openrlhf.router)  # OpenRLHF's /get_reward
     app.include_router(vllm.router)  # vLLM's /classify, /pooling, /v1/models
     app.include_router(tei.router)  # TEI's /predict
     app.include_router(slime.router)  # slime's remote_rm: /slime/reward
-    if settings.api_key is None:
+    if settings.tenants is None:
         _drop_security_from_openapi(app)
     install_error_handlers(app)
     app.add_middleware(
@@ -69,6 +82,40 @@ def create_app(
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _reloading(keys: TenantKeys) -> AsyncIterator[None]:
+    """While the app serves, reload the keys file (--api-keys) on SIGHUP and when it changes.
+
+    uvicorn handles only SIGINT and SIGTERM; SIGHUP's default action would end the server,
+    so with a keys file the loop takes it over (main thread only: an app run on another
+    thread, as by a test client, still reloads on change). Without a keys file SIGHUP keeps
+    its default.
+    """
+    if keys.path is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    hup = getattr(signal, "SIGHUP", None)
+    on_hup = hup is not None and threading.current_thread() is threading.main_thread()
+    if on_hup:
+        loop.add_signal_handler(hup, keys.reload, "SIGHUP")
+    watch = asyncio.create_task(keys.watch(), name="keys-file-watch")
+    logger.info(
+        "%d tenants from %s; reloaded on %s",
+        len(keys.table.tenants) if keys.table else 0,
+        keys.path,
+        "SIGHUP and on change" if on_hup else "change",
+    )
+    try:
+        yield
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        if on_hup:
+            loop.remove_signal_handler(hup)
 
 
 def _drop_security_from_openapi(app: FastAPI) -> None:

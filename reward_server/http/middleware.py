@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reward_server.http.auth import TENANT_STATE
 from reward_server.http.errors import (
     BodyTooLargeError,
     ErrorBody,
@@ -161,3 +162,7 @@ class MetricsMiddleware(_HTTPMiddleware):
             self.metrics.request_seconds.labels(endpoint=endpoint).observe(
                 time.perf_counter() - begin
             )
+            # Set by the auth dependency once the key matched (401s belong to no tenant).
+            tenant = scope.get("state", {}).get(TENANT_STATE)
+            if tenant is not None:
+                self.metrics.on_tenant_request(tenant, endpoint, int(status))

@@ -113,7 +113,7 @@ async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
             "max_client_batch": service.max_client_batch,
             "max_queue": s.max_queue,
             "max_body_bytes": s.max_body_bytes,
-            "auth": s.api_key is not None,
+            "auth": s.tenants is not None,
             "policy_tokenizer": s.policy_tokenizer,
             "engine": service.engine,
             "models": service.models_info(),

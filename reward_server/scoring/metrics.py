@@ -72,6 +72,7 @@ class Metrics:
         self.queued = self._gauge("queue_items", "Items waiting to be scored.")
         self.ready = self._gauge("ready", "1 when the server accepts work.")
         self._model_series()
+        self._tenant_series()
 
     def _model_series(self) -> None:
         """The series by served model (the server's series above sum over the models) and
@@ -115,6 +116,53 @@ class Metrics:
             "timeout, parse).",
             (*model, "reason"),
         )
+
+    def _tenant_series(self) -> None:
+        """The series by tenant (issue 23): names come from the keys file (--api-keys), or
+        "default" without one, so the label set stays bounded. The server-wide series above
+        keep their names and sum over the tenants."""
+        tenant = ("tenant",)
+        self.tenant_requests = self._counter(
+            "tenant_requests",
+            "HTTP requests that authenticated, by tenant, endpoint and status.",
+            (*tenant, "endpoint", "status"),
+        )
+        self.tenant_errors = self._counter(
+            "tenant_errors",
+            "Error answers to authenticated requests, by tenant and status.",
+            (*tenant, "status"),
+        )
+        self.tenant_items = self._counter("tenant_items", "Items scored, by tenant.", tenant)
+        self.tenant_tokens = self._counter(
+            "tenant_tokens", "Tokens scored (unpadded), by tenant.", tenant
+        )
+        self.tenants = self._gauge(
+            "tenants", "Tenants now in force (the keys file's; 1 without --api-keys)."
+        )
+        self.tenant_reloads = self._counter(
+            "tenant_reloads",
+            "Reloads of the keys file by outcome (ok; error: the old tenants stay).",
+            ("outcome",),
+        )
+
+    def track_tenants(self, count: Callable[[], float]) -> None:
+        """Read the number of tenants in force from ``count`` whenever metrics are scraped."""
+        self.tenants.set_function(count)
+
+    def on_tenant_reload(self, ok: bool) -> None:
+        """Count one reload of the keys file."""
+        self.tenant_reloads.labels(outcome="ok" if ok else "error").inc()
+
+    def on_tenant_request(self, tenant: str, endpoint: str, status: int) -> None:
+        """Count one answered request of ``tenant`` (an error too, by status)."""
+        self.tenant_requests.labels(tenant=tenant, endpoint=endpoint, status=str(status)).inc()
+        if status >= 400:
+            self.tenant_errors.labels(tenant=tenant, status=str(status)).inc()
+
+    def on_tenant_items(self, tenant: str, items: int, tokens: int) -> None:
+        """Count the items and tokens ``tenant`` had scored in one request."""
+        self.tenant_items.labels(tenant=tenant).inc(items)
+        self.tenant_tokens.labels(tenant=tenant).inc(tokens)
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter ``reward_server_<name>_total`` in this registry."""

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelSpec
+from reward_server.config.tenants import current_tenant
 from reward_server.engines import LoadOptions, Scheduler, Scorer
 from reward_server.errors import (
     ClientDisconnectedError,
@@ -501,6 +502,8 @@ class Service:
         tokens = sum(r.num_tokens for rs in scored.results.values() for r in rs)
         self.metrics.tokens.inc(tokens)
         self.metrics.truncated.inc(sum(scored.truncated))
+        # The request's tenant, set by the auth dependency in this very task.
+        self.metrics.on_tenant_items(current_tenant.get().name, n_items, tokens)
 
 
 def _aggregate(
