@@ -16,6 +16,7 @@ built-in exception it is a kind of, so callers may catch either::
     ├── TooManyItemsError         (ValueError)    more items than one request may carry
     ├── EmptyTextError            (ValueError)    an item encodes to no tokens
     ├── QueueFullError            (RuntimeError)  the queue is full: retry after retry_after
+    │   └── TenantLimitError                      a tenant is over its queue share or rate
     ├── BatcherClosedError        (RuntimeError)  not started, or stopping
     ├── UnauthorizedError         (PermissionError)
     ├── ModelNotFoundError        (LookupError)   another server's route names another model
@@ -49,6 +50,7 @@ __all__ = [
     "ScoringError",
     "ServiceError",
     "StepsTruncatedError",
+    "TenantLimitError",
     "TextTooLongError",
     "TooManyItemsError",
     "UnauthorizedError",
@@ -111,6 +113,11 @@ class QueueFullError(ServiceError, RuntimeError):
     def __init__(self, retry_after: float, message: str | None = None) -> None:
         super().__init__(message or f"queue full, retry after {retry_after:.2f}s")
         self.retry_after = retry_after
+
+
+class TenantLimitError(QueueFullError):
+    """One tenant is over its own limit (its share of the queue, or its rate in tokens per
+    second); ``str(e)`` names the limit. Other tenants are still admitted."""
 
 
 class BatcherClosedError(ServiceError, RuntimeError):

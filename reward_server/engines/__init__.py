@@ -115,6 +115,8 @@ class BatchStats:
     inference_s: float
     error: BaseException | None  # None when the pass succeeded
     cached_tokens: int = 0  # prompt tokens an engine's prefix cache served (vLLM)
+    # per row, as queue_wait_s: the tenant it came from (empty: not known)
+    tenants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from reward_server.errors import (
     ResponseNotFoundError,
     ScoringError,
     StepsTruncatedError,
+    TenantLimitError,
     TextTooLongError,
     TooManyItemsError,
     UnauthorizedError,
@@ -89,7 +90,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
         ResponseNotFoundError: "response_not_found",
         UnknownModelError: "unknown_model",
     },
-    429: {QueueFullError: "queue_full"},
+    429: {QueueFullError: "queue_full", TenantLimitError: "tenant_limit"},
     # nginx's "client closed request": nobody reads it, but metrics count it.
     499: {ClientDisconnectedError: "client_disconnected"},
     500: {ScoringError: "model_error", **_LOAD_ERRORS},
@@ -173,6 +174,8 @@ def _message(exc: BaseException, status: int) -> str:
             f"item {exc.index} has {exc.num_tokens} tokens, over the limit of "
             f"{exc.max_length}, and truncation is off"
         )
+    if isinstance(exc, TenantLimitError):
+        return str(exc)  # names the tenant and its own limit (a share or a rate)
     if isinstance(exc, QueueFullError):
         return f"the scoring queue is full; retry in {_retry_after(exc)} s"
     if isinstance(exc, BatcherClosedError):

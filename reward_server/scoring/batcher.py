@@ -18,6 +18,17 @@ padding the short ones.
 
 When requests arrive further apart than ``max_wait_ms`` (one client waiting for its own
 answers), waiting for company is pure latency, so the first item goes out at once.
+
+Tenants (issue 23): items wait in one queue per tenant (:data:`current_tenant` at submit).
+While one tenant alone has work, windows form as above from its queue. When several have
+work, each window is one tenant's turn of deficit round robin on tokens
+(:class:`~reward_server.config.fairness.DeficitRoundRobin`: ``max_batch_tokens * weight``
+tokens a turn), so backlogged tenants share the passes in proportion to their weights and
+a tenant that floods the server gets only what the others leave. A window formed while
+one tenant was alone gives way at its next pass boundary to a tenant that arrives (its
+unstarted items go back to the front of their queue), so a newcomer waits for at most one
+pass. Admission is per tenant too: a tenant over its queue share or its rate limit gets
+:class:`~reward_server.errors.TenantLimitError` (429) while the others are admitted.
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from reward_server.config.fairness import DeficitRoundRobin, TenantAdmission, TokenBuckets
+from reward_server.config.tenants import Tenant, current_tenant
 from reward_server.engines import BatchLimits, BatchObserver, BatchStats
 from reward_server.errors import BatcherClosedError, QueueFullError
 
@@ -187,6 +200,7 @@ class _Request:
     results: list[Any]
     remaining: int  # items without a result yet
     unstarted: int  # items admitted whose micro-batch has not started
+    tenant: str  # the name of the tenant that submitted it
 
 
 @dataclass(eq=False, slots=True)
@@ -198,6 +212,24 @@ class _Item:
     request: _Request
     index: int
     enqueued: float = field(default=0.0)
+    seq: int = 0  # arrival order, to put unstarted items back where they were
+
+
+@dataclass(eq=False, slots=True)
+class _TenantQueue:
+    """One tenant's waiting items, oldest first, and its latest record (weight, limits)."""
+
+    tenant: Tenant
+    items: deque[_Item] = field(default_factory=deque)
+
+
+@dataclass(eq=False, slots=True)
+class _Window:
+    """Items taken together to be sorted and cut into micro-batches."""
+
+    items: list[_Item]
+    tenant: str  # whose turn (the only tenant of the window)
+    contended: bool  # formed as a fair turn while several tenants had work
 
 
 class Batcher:
@@ -216,12 +248,14 @@ class Batcher:
         split_overhead_tokens: float | None = None,
         executor: Executor | None = None,
         convert: Callable[[Any], Any] = float,
+        buckets: TokenBuckets | None = None,
     ) -> None:
         """``convert``: checks and converts each row's result (a float by default; a list of
         every label's logit for a scorer's ``logits_batch``). ``split_overhead_tokens``: what one extra forward pass costs, in padded tokens;
         None learns it from the passes run (the usual choice). ``executor``: where
         ``run_batch`` runs (one worker: the service's compute thread, which the caller shuts
-        down); None starts a private thread, shut down by :meth:`stop`."""
+        down); None starts a private thread, shut down by :meth:`stop`. ``buckets``: the
+        tenants' rate-limit buckets (None: the server's, shared by every served model)."""
         if max_batch_tokens < 1 or max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_tokens, max_batch_size and max_queue must be positive")
         if max_wait_ms < 0 or sort_window < 1:
@@ -236,8 +270,12 @@ class Batcher:
         self.max_queue = max_queue
         self.sort_window = sort_window
         self._observer = observer
-        self._queue: deque[_Item] = deque()
+        self._queues: dict[str, _TenantQueue] = {}  # by tenant name
         self._queued = 0  # admitted items of live requests whose micro-batch has not started
+        self._admission = TenantAdmission(max_queue, buckets)
+        # A turn is worth one micro-batch's token budget per unit of weight.
+        self._drr = DeficitRoundRobin(quantum=max_batch_tokens)
+        self._seq = itertools.count()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -299,9 +337,14 @@ class Batcher:
 
     def _fail_queued(self, exc: BaseException) -> None:
         """Fail every request that still has items in the queue."""
-        while self._queue:
-            item = self._queue.popleft()
-            self._finish_request(item.request, exc)
+        for queue in self._queues.values():
+            while queue.items:
+                item = queue.items.popleft()
+                self._finish_request(item.request, exc)
+
+    def tenant_queued(self, name: str) -> int:
+        """Items of tenant ``name`` admitted and waiting for their micro-batch to start."""
+        return self._admission.queued(name)
 
     # ------------------------------------------------------------------ submit
 
@@ -320,19 +363,43 @@ class Batcher:
             raise ValueError("cannot score an empty row (zero tokens)")
         if self._queued + n > self.max_queue:
             raise QueueFullError(self._retry_after(self._queued + n - self.max_queue))
+        tenant = current_tenant.get()
+        self._admission.admit(
+            tenant,
+            n,
+            sum(len(row) for row in items),
+            rate=self._rate,
+            share_of_rate=self._share_of_rate(tenant),
+        )
         loop = asyncio.get_running_loop()
         request = _Request(
-            future=loop.create_future(), results=[math.nan] * n, remaining=n, unstarted=n
+            future=loop.create_future(),
+            results=[math.nan] * n,
+            remaining=n,
+            unstarted=n,
+            tenant=tenant.name,
         )
         now = time.monotonic()
         if self._last_submit is not None:
             self._gaps.append(now - self._last_submit)
         self._last_submit = now
-        self._queue.extend(
-            _Item(ids=ids, length=len(ids), request=request, index=i, enqueued=now)
+        queue = self._queues.get(tenant.name)
+        if queue is None:
+            queue = self._queues[tenant.name] = _TenantQueue(tenant)
+        queue.tenant = tenant  # a reloaded keys file may have changed its weight
+        queue.items.extend(
+            _Item(
+                ids=ids,
+                length=len(ids),
+                request=request,
+                index=i,
+                enqueued=now,
+                seq=next(self._seq),
+            )
             for i, ids in enumerate(items)
         )
         self._queued += n
+        self._drr.wake(tenant.name)
         self._wakeup.set()
         try:
             return await request.future
@@ -346,9 +413,20 @@ class Batcher:
             return 1.0
         return min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, excess / self._rate))
 
+    def _share_of_rate(self, tenant: Tenant) -> float:
+        """The part of the passes ``tenant`` gets now: its weight over the weights of the
+        tenants with work (itself included)."""
+        others = sum(
+            q.tenant.weight
+            for name, q in self._queues.items()
+            if name != tenant.name and self._admission.queued(name) > 0
+        )
+        return tenant.weight / (tenant.weight + others)
+
     def _finish_request(self, request: _Request, exc: BaseException | None) -> None:
         """End a request early (failure or cancellation): release its unstarted items."""
         self._queued -= request.unstarted
+        self._admission.release(request.tenant, request.unstarted)
         request.unstarted = 0
         if not request.future.done():
             if exc is None:
@@ -365,33 +443,72 @@ class Batcher:
             window = await self._collect()
             if window is None:
                 return
-            for batch in self._split(window):
+            batches = self._split(window.items)
+            for i, batch in enumerate(batches):
+                if i and not window.contended and self._others_have_work(window.tenant):
+                    # Formed while this tenant was alone: another one arrived, so the rest
+                    # goes back and the next window is a fair turn.
+                    self._put_back(window.tenant, [it for b in batches[i:] for it in b])
+                    break
                 try:
                     await self._run(batch)
                 except Exception:  # a bug here must not kill the consumer
                     logger.exception("unexpected error while running a micro-batch")
+            self._drr.end(window.tenant, self._head(window.tenant) is not None)
 
-    def _pop_live(self) -> _Item | None:
-        """The next queued item whose request is still waiting, or None."""
-        while self._queue:
-            item = self._queue.popleft()
+    def _head(self, name: str) -> int | None:
+        """Tokens of tenant ``name``'s next live item (dropping dead ones), or None."""
+        queue = self._queues.get(name)
+        if queue is None:
+            return None
+        while queue.items:
+            item = queue.items[0]
             if not item.request.future.done():
-                return item
+                return item.length
+            queue.items.popleft()
         return None
 
-    async def _collect(self) -> list[_Item] | None:
-        """Block for the first item, then gather more per the batching rules."""
+    def _pop_live(self, name: str) -> _Item | None:
+        """Tenant ``name``'s next queued item whose request is still waiting, or None."""
+        if self._head(name) is None:
+            return None
+        return self._queues[name].items.popleft()
+
+    def _with_work(self) -> list[str]:
+        """Names of the tenants with live items queued."""
+        return [name for name in self._queues if self._head(name) is not None]
+
+    def _others_have_work(self, name: str) -> bool:
+        return any(other != name and self._head(other) is not None for other in self._queues)
+
+    def _weight(self, name: str) -> float:
+        return self._queues[name].tenant.weight
+
+    def _put_back(self, name: str, items: list[_Item]) -> None:
+        """Return unstarted items to the front of their tenant's queue, in arrival order."""
+        queue = self._queues[name]
+        queue.items.extendleft(sorted(items, key=lambda it: it.seq, reverse=True))
+
+    async def _collect(self) -> _Window | None:
+        """Block for work, then gather a window: one tenant's fair turn when several have
+        work, else the batching rules below on the one tenant's queue."""
         assert self._wakeup is not None
         while True:
             if self._abort:
                 return None
-            first = self._pop_live()
-            if first is not None:
+            busy = self._with_work()
+            if len(busy) > 1:
+                return self._turn()
+            if busy:
                 break
             if self._closing:
                 return None
             self._wakeup.clear()
             await self._wakeup.wait()
+        name = busy[0]
+        self._drr.serve(name)
+        first = self._pop_live(name)
+        assert first is not None
         window = [first]
         max_len = first.length
         deadline = first.enqueued + self.max_wait_s
@@ -405,13 +522,13 @@ class Batcher:
         # not at all when requests arrive further apart than the wait (nobody would come).
         sparse = self._arrivals_sparse()
         while not batch_full():
-            item = self._pop_live()
+            item = self._pop_live(name)
             if item is not None:
                 window.append(item)
                 max_len = max(max_len, item.length)
                 continue
             timeout = deadline - time.monotonic()
-            if timeout <= 0 or self._closing or sparse:
+            if timeout <= 0 or self._closing or sparse or self._others_have_work(name):
                 break
             self._wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -421,12 +538,28 @@ class Batcher:
         max_tokens = self.max_batch_tokens * self.sort_window
         tokens = sum(it.length for it in window)
         while len(window) < max_rows and tokens < max_tokens:
-            item = self._pop_live()
+            item = self._pop_live(name)
             if item is None:
                 break
             window.append(item)
             tokens += item.length
-        return window
+        return _Window(window, name, contended=False)
+
+    def _turn(self) -> _Window:
+        """The next tenant's turn of deficit round robin: its items while its credit covers
+        them (at most ``sort_window`` micro-batches of rows)."""
+        name = self._drr.begin(self._head, self._weight)
+        assert name is not None  # called only while several tenants have work
+        window: list[_Item] = []
+        max_rows = self.max_batch_size * self.sort_window
+        while len(window) < max_rows:
+            head = self._head(name)
+            if head is None or not self._drr.charge(name, head):
+                break
+            item = self._pop_live(name)
+            assert item is not None
+            window.append(item)
+        return _Window(window, name, contended=True)
 
     def _arrivals_sparse(self) -> bool:
         """True when the typical gap between submits is longer than ``max_wait_ms``."""
@@ -461,6 +594,7 @@ class Batcher:
         started = time.monotonic()
         for it in live:
             it.request.unstarted -= 1
+            self._admission.release(it.request.tenant, 1)
         self._queued -= len(live)
         width = max(it.length for it in live)
         error: BaseException | None = None
@@ -483,6 +617,7 @@ class Batcher:
                 queue_wait_s=tuple(started - it.enqueued for it in live),
                 inference_s=inference_s,
                 error=error,
+                tenants=tuple(it.request.tenant for it in live),
             )
         )
 

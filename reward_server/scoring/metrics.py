@@ -66,6 +66,12 @@ class Metrics:
         self.queue_wait = self._histogram(
             "queue_wait_seconds", "Time an item waited before its forward pass.", _TIME_BUCKETS
         )
+        self.tenant_queue_wait = self._histogram(
+            "tenant_queue_wait_seconds",
+            "Time an item waited before its forward pass (vLLM: before vLLM got it), by tenant.",
+            _TIME_BUCKETS,
+            ("tenant",),
+        )
         self.inference = self._histogram(
             "inference_seconds", "Duration of one forward pass.", _TIME_BUCKETS
         )
@@ -216,6 +222,8 @@ class Metrics:
             self.padding_efficiency.observe(stats.real_tokens / stats.padded_tokens)
         for wait in stats.queue_wait_s:
             self.queue_wait.observe(wait)
+        for tenant, wait in zip(stats.tenants, stats.queue_wait_s, strict=False):
+            self.tenant_queue_wait.labels(tenant=tenant).observe(wait)
         self.inference.observe(stats.inference_s)
 
     def render(self) -> bytes:
