@@ -1,0 +1,294 @@
+"""The documentation site is checked like code.
+
+- ``mkdocs build --strict`` passes (offline: no fonts or CDN), and a broken internal link in
+  a scratch copy of the docs makes it fail.
+- The reference tables are generated from the code: a settings class with one more field
+  gets one more row, with no hand edit.
+- Every fenced block marked ``<!-- run -->`` on the line before it runs (shell blocks in
+  bash, Python blocks in this interpreter), against a real server of a tiny model whose URL
+  is in ``REWARD_URL``: only blocks that need no GPU and no hub download carry the marker.
+- Every section the README had before it became a front page has a heading in the site.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from pydantic import Field
+from server_proc import ServerProcess, running_server
+
+from ppo_client.config import PPOConfig
+from reward_server.config.models_file import ModelSpec
+from reward_server.config.settings import ENV_PREFIX, ServerSettings
+from reward_server.http.errors import ERRORS
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+BIN = Path(sys.executable).parent
+MKDOCS = BIN / "mkdocs"
+sys.path.insert(0, str(DOCS))
+
+import gen_reference  # noqa: E402  (docs/ is put on the path just above)
+
+#: The ``## `` and ``### `` headings of README.md before its sections moved into the site
+#: (``git show 2467046:README.md``); each must still be a heading of some docs page.
+OLD_README_HEADINGS = [
+    "Why",
+    "Two commands",
+    "What `make demo` does",
+    "Serving a real reward model",
+    "Training a real policy against it",
+    "Server",
+    "Flags",
+    "Endpoints",
+    "Labels: references for verifiers",
+    "Errors",
+    "Metrics",
+    "Training: PPO against the reward server",
+    "Command line",
+    "Python",
+    "Long runs: when the reward server goes away",
+    "What the reward function receives",
+    "Configuration keys",
+    "Outputs",
+    "Rollouts on vLLM",
+    "Where this differs from TRL's PPOTrainer (on purpose)",
+    "Using the server from TRL's GRPO/RLOO, OpenRLHF and verl",
+    "Engines",
+    "A 70B reward model over several GPUs",
+    "Protocols",
+    "Composite rewards",
+    "The client side",
+    "Process reward models",
+    "Verifiers: rule-based rewards beside the models",
+    "Judges: a causal LM that reads a rubric",
+    "Remote components: another service as one of the models",
+    "Scaling out",
+    "Kubernetes",
+    "Ray Serve",
+    "Clients that follow replicas (`dns+http://`)",
+    "Docker",
+    "The demo in a container",
+    "Serving a reward model",
+    "Training against it",
+    "API key",
+    "GPUs",
+    "Several server replicas",
+    "What is tested without a Docker engine",
+    "Reliability",
+    "Last soak run",
+    "What the tests check",
+    "Troubleshooting",
+    "Architecture",
+    "Development",
+]
+
+
+def mkdocs_build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """``mkdocs build --strict`` of the site whose mkdocs.yml is in ``root``, into ``site``."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [str(MKDOCS), "build", "--strict", "--site-dir", str(site)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    result = mkdocs_build(REPO, site)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return site
+
+
+# --------------------------------------------------------------------------- the build
+
+
+def test_the_strict_build_passes_with_generated_reference_pages(site: Path) -> None:
+    flags = (site / "reference" / "server-flags" / "index.html").read_text()
+    assert "--max-batch-tokens" in flags and "REWARD_SERVER_MAX_BATCH_TOKENS" in flags
+    ppo = (site / "reference" / "ppo-config" / "index.html").read_text()
+    assert (
+        "reward_retry_timeout" in ppo
+        and "REWARD_URL" in (site / "reference" / "server-flags" / "index.html").read_text()
+    )
+    assert "step_aggregate" in (site / "reference" / "models-file" / "index.html").read_text()
+    assert "queue_full" in (site / "reference" / "errors" / "index.html").read_text()
+    assert (
+        "reward_server_queue_items" in (site / "reference" / "metrics" / "index.html").read_text()
+    )
+    api = (site / "reference" / "http-api" / "index.html").read_text()
+    assert "POST /score" in api and "ScoreRequest" in api
+    # The OpenAPI document is the app's own, written at build time.
+    assert '"/score"' in (site / "reference" / "openapi.json").read_text()
+    # mkdocstrings rendered the Python API.
+    assert "AsyncRewardClient" in (site / "api" / "reward_client" / "index.html").read_text()
+
+
+def test_pictures_are_in_the_site(site: Path) -> None:
+    bench = (site / "benchmarks" / "index.html").read_text()
+    charts = re.findall(r'src="\.\./(charts/[^"]+\.svg)"', bench)
+    assert {Path(c).name.rsplit("-", 1)[-1] for c in charts} >= {"throughput.svg", "latency.svg"}
+    for chart in charts:
+        assert (site / chart).read_text().lstrip().startswith("<?xml")
+    quick = (site / "quickstart" / "index.html").read_text()
+    assert "images/reward_curve.png" in quick
+    assert (site / "images" / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    architecture = (site / "architecture" / "index.html").read_text()
+    assert architecture.count('class="mermaid"') >= 2
+
+
+def test_a_broken_internal_link_fails_the_strict_build(tmp_path: Path) -> None:
+    """A scratch copy of the site's sources, one link pointed at a page that is not there."""
+    shutil.copy(REPO / "mkdocs.yml", tmp_path)
+    shutil.copy(REPO / "BENCHMARKS.md", tmp_path)
+    shutil.copytree(DOCS, tmp_path / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "bench" / "results", tmp_path / "bench" / "results")
+    for package in ("reward_client", "reward_server", "ppo_client"):
+        (tmp_path / package).symlink_to(REPO / package)
+    page = tmp_path / "docs" / "quickstart.md"
+    text = page.read_text()
+    assert "(../reference/server-flags.md)" not in text
+    page.write_text(text.replace("](guides/ppo.md", "](guides/no-such-page.md", 1))
+    assert page.read_text() != text
+    result = mkdocs_build(tmp_path, tmp_path / "site")
+    assert result.returncode != 0
+    # It fails for that link alone: the copy is otherwise the site that builds.
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
+    assert warnings, result.stderr[-3000:]
+    assert all("no-such-page.md" in line for line in warnings), warnings
+
+
+# ------------------------------------------------------------ generated from the code
+
+
+class _MoreSettings(ServerSettings):
+    docs_probe_limit: int = Field(default=7, ge=1)
+    """A setting added after the docs were written."""
+
+
+class _MoreKeys(PPOConfig):
+    docs_probe_key: float = 0.5
+    """A run key added after the docs were written."""
+
+
+class _MoreModelKeys(ModelSpec):
+    docs_probe_entry: str = "x"
+
+
+def test_a_new_setting_gets_its_row_with_no_hand_edit() -> None:
+    table = gen_reference.flags_table(_MoreSettings, ENV_PREFIX)
+    row = next(line for line in table.splitlines() if "--docs-probe-limit" in line)
+    assert "`REWARD_SERVER_DOCS_PROBE_LIMIT`" in row and "`7`" in row and "added after" in row
+    assert "docs-probe" not in gen_reference.server_flags()
+    keys = gen_reference.keys_table(_MoreKeys, flags=True)
+    row = next(line for line in keys.splitlines() if "`docs_probe_key`" in line)
+    assert "`--docs_probe_key`" in row and "`0.5`" in row and "added after" in row
+    entry = gen_reference.keys_table(_MoreModelKeys)
+    assert any("`docs_probe_entry`" in line for line in entry.splitlines())
+
+
+def test_the_generated_tables_cover_the_code() -> None:
+    flags = gen_reference.server_flags()
+    for name in ServerSettings.model_fields:
+        assert f"`--{name.replace('_', '-')}`" in flags
+        assert f"`{ENV_PREFIX}{name.upper()}`" in flags
+    assert "`--max-batch-tokens` | `REWARD_SERVER_MAX_BATCH_TOKENS`" in flags
+    keys = gen_reference.ppo_tables()
+    assert all(f"`{name}`" in keys for name in PPOConfig.field_names())
+    entries = gen_reference.models_file_tables()
+    assert all(f"`{name}`" in entries for name in ModelSpec.model_fields)
+    errors = gen_reference.errors_table()
+    assert all(f"`{kind}`" in errors for _, kind in ERRORS.values())
+
+
+# --------------------------------------------------------------------- runnable blocks
+
+
+class Block(NamedTuple):
+    page: str
+    line: int
+    language: str
+    code: str
+
+
+RUN_MARKER = "<!-- run -->"
+FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def runnable_blocks() -> list[Block]:
+    """Every fenced block right after a ``<!-- run -->`` line, in every page under docs/."""
+    blocks = []
+    for path in sorted(DOCS.rglob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            if before.strip() == RUN_MARKER:
+                line = text.count("\n", 0, match.start()) + 1
+                page = str(path.relative_to(DOCS))
+                blocks.append(Block(page, line, match.group(1), match.group(2)))
+    return blocks
+
+
+BLOCKS = runnable_blocks()
+
+
+def test_the_guides_have_runnable_blocks() -> None:
+    languages = {block.language for block in BLOCKS}
+    assert len(BLOCKS) >= 5 and {"bash", "python"} <= languages, BLOCKS
+
+
+@pytest.fixture(scope="module")
+def docs_server(bert_rm: Path) -> Iterator[ServerProcess]:
+    with running_server(bert_rm) as server:
+        yield server
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:{b.line}" for b in BLOCKS])
+def test_runnable_block(block: Block, docs_server: ServerProcess, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "REWARD_URL": docs_server.url,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    if block.language in ("bash", "sh", "shell"):
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", block.code]
+    elif block.language == "python":
+        cmd = [sys.executable, "-c", block.code]
+    else:
+        pytest.fail(f"{block.page}:{block.line}: no runner for {block.language} blocks")
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (
+        f"{block.page}:{block.line} failed:\n{result.stdout}\n{result.stderr[-3000:]}"
+    )
+
+
+# ------------------------------------------------------------- the README's old sections
+
+
+def _headings() -> set[str]:
+    found = set()
+    for path in DOCS.rglob("*.md"):
+        text = FENCE.sub("", path.read_text(encoding="utf-8"))  # no "# comment" in code
+        found |= {m.group(1).strip() for m in re.finditer(r"^#{1,6} (.+)$", text, re.MULTILINE)}
+    return found
+
+
+def test_every_section_of_the_old_readme_has_a_home_in_the_site() -> None:
+    headings = _headings()
+    missing = [heading for heading in OLD_README_HEADINGS if heading not in headings]
+    assert not missing, f"old README sections with no heading in docs/: {missing}"
