@@ -49,7 +49,7 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         return self._run(self._info())
 
     def _score_inputs(self, inputs: ScoreInputs) -> Flow[ScoreResult]:
-        fields = request_fields(inputs.get("model"), inputs.get("components"))
+        fields = request_fields(inputs.get("model"), inputs.get("components"), inputs.get("cache"))
         return self._score(columns(inputs), inputs.get("truncate"), fields)
 
     def score_detailed(self, **inputs: Unpack[ScoreInputs]) -> ResultT:

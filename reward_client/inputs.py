@@ -39,6 +39,8 @@ class ScoreInputs(TypedDict, total=False):
     the per-model breakdown even from a one-model server (remote-reward protocol only).
     ``labels``: one reference per item (any JSON value: a reference answer, test cases),
     read by the server's verifiers and judges (remote-reward and openrlhf protocols only).
+    ``cache``: False has the server score every item afresh, bypassing its score cache
+    (None: the server's default, cached; remote-reward protocol only).
     """
 
     texts: Sequence[str] | None
@@ -49,6 +51,7 @@ class ScoreInputs(TypedDict, total=False):
     model: str | None
     components: bool | None
     labels: Sequence[Any] | None
+    cache: bool | None
 
 
 def _to_str_list(name: str, values: Sequence[str]) -> list[str]:
@@ -162,8 +165,8 @@ def _pair_form(prompts: Sequence[Prompt], responses: Sequence[str]) -> dict[str,
     return {"conversations": _to_conversations(conversations)}
 
 
-def request_fields(model: object, components: object) -> dict[str, Any]:
-    """The ``model``/``components`` request fields that are set, checked."""
+def request_fields(model: object, components: object, cache: object = None) -> dict[str, Any]:
+    """The ``model``/``components``/``cache`` request fields that are set, checked."""
     fields: dict[str, Any] = {}
     if model is not None:
         if not isinstance(model, str) or not model:
@@ -173,6 +176,10 @@ def request_fields(model: object, components: object) -> dict[str, Any]:
         if not isinstance(components, bool):
             raise TypeError(f"components must be a bool, got {components!r}")
         fields["components"] = components
+    if cache is not None:
+        if not isinstance(cache, bool):
+            raise TypeError(f"cache must be a bool, got {cache!r}")
+        fields["cache"] = cache
     return fields
 
 

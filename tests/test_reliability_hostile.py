@@ -520,6 +520,7 @@ def test_no_request_can_name_a_model_or_a_file(server: ServerProcess) -> None:
         "model",  # selects one of the served models by name, nothing else
         "components",
         "labels",  # references handed to verifiers as values, never opened or loaded
+        "cache",  # a bool: whether the score cache may answer
     }
     assert schema["ScoreRequest"]["additionalProperties"] is False
     assert set(schema["GetRewardRequest"]["properties"]) == {"query", "prompts", "labels"}

@@ -161,6 +161,21 @@ class ServerSettings(BaseSettings):
     near max_client_batch x the longest expected text.
     """
 
+    score_cache_size: int = Field(default=65536, ge=0)
+    """Most scores the score cache keeps (entries, shared by the served models): an item whose
+    exact token ids the same model scored before is answered from it, and identical items of
+    one request are scored once. 0 turns both off. On for sequence, process and logprobs or
+    greedy judge models; never for sampling judges, verifiers and remote models. A request
+    skips it with "cache": false.
+    """
+
+    score_cache_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    """Most bytes the score cache holds: each entry counts its token ids (4 bytes each), its
+    value (8 bytes per float: a process model keeps one per token) and 200 bytes of
+    overhead; the least recently used entries go first when this or --score-cache-size is
+    passed. 256 MiB keeps about 100k entries of 512-token texts.
+    """
+
     api_key: SecretStr | None = Field(default=None)
     """Require 'Authorization: Bearer <key>' on /score, /get_reward and /info (/health and /metrics
     stay open). Prefer the environment variable REWARD_SERVER_API_KEY, which other users of the

@@ -77,7 +77,12 @@ async def score(
 ) -> ScoreResponse:
     """Score texts, query/response pairs or conversations with the reward model(s)."""
     scored = await service.score(
-        request.receive, "/score", _request_items(body), truncate=body.truncate, model=body.model
+        request.receive,
+        "/score",
+        _request_items(body),
+        truncate=body.truncate,
+        model=body.model,
+        cache=body.cache,
     )
     return _score_response(scored, body)
 

@@ -107,6 +107,14 @@ class ScoreRequest(BaseModel):
         description="Return each model's own score (always returned when several score).",
     )
     labels: list[Any] | None = labels_field("item")
+    cache: StrictBool = Field(
+        default=True,
+        description="Use the score cache: an item whose exact token ids the same model "
+        "scored before is answered with that score (equal to a fresh one), and identical "
+        "items are scored once. false scores every item afresh and leaves the cache as it "
+        "is. No effect on verifiers, remote models, sampling judges, or with "
+        "--score-cache-size 0.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one_form(self) -> ScoreRequest:

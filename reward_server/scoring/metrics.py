@@ -78,6 +78,7 @@ class Metrics:
         self.queued = self._gauge("queue_items", "Items waiting to be scored.")
         self.ready = self._gauge("ready", "1 when the server accepts work.")
         self._model_series()
+        self._score_cache_series()
         self._tenant_series()
 
     def _model_series(self) -> None:
@@ -169,6 +170,45 @@ class Metrics:
         """Count the items and tokens ``tenant`` had scored in one request."""
         self.tenant_items.labels(tenant=tenant).inc(items)
         self.tenant_tokens.labels(tenant=tenant).inc(tokens)
+
+    def _score_cache_series(self) -> None:
+        """The score cache's series (:mod:`reward_server.scoring.score_cache`)."""
+        model = ("model",)
+        self.score_cache_hits = self._counter(
+            "score_cache_hits",
+            "Items answered from the score cache (scored by an earlier request), by model.",
+            model,
+        )
+        self.score_cache_misses = self._counter(
+            "score_cache_misses",
+            "Rows the score cache did not hold and the model scored, by model.",
+            model,
+        )
+        self.score_cache_duplicates = self._counter(
+            "score_cache_duplicates",
+            "Items answered by an identical item of the same request (scored once), by model.",
+            model,
+        )
+        self.score_cache_entries = self._gauge(
+            "score_cache_entries", "Entries the score cache holds now."
+        )
+        self.score_cache_bytes = self._gauge(
+            "score_cache_bytes", "Bytes counted for the score cache's entries now."
+        )
+
+    def track_score_cache(self, entries: Callable[[], float], size: Callable[[], float]) -> None:
+        """Read the score cache's entries and bytes whenever metrics are scraped."""
+        self.score_cache_entries.set_function(entries)
+        self.score_cache_bytes.set_function(size)
+
+    def on_score_cache(self, model: str, hits: int, misses: int, duplicates: int) -> None:
+        """Count one request's cache hits, misses and in-request duplicates of ``model``."""
+        if hits:
+            self.score_cache_hits.labels(model=model).inc(hits)
+        if misses:
+            self.score_cache_misses.labels(model=model).inc(misses)
+        if duplicates:
+            self.score_cache_duplicates.labels(model=model).inc(duplicates)
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter ``reward_server_<name>_total`` in this registry."""

@@ -249,9 +249,10 @@ class RemoteModel:
             await http.aclose()
 
     async def score(
-        self, items: Items, *, truncate: bool, max_tokens: int | None
+        self, items: Items, *, truncate: bool, max_tokens: int | None, cache: bool = True
     ) -> list[ItemResult]:
-        """Score every item remotely (never raises for a failing remote: ``on_error``)."""
+        """Score every item remotely (never raises for a failing remote: ``on_error``).
+        No score cache: ``cache`` is ignored (see score_cache.caches_kind)."""
         ctx, client = self._ctx, self._client
         if ctx is None or client is None or not self.running:
             raise NotReadyError("the remote component is not running")

@@ -48,6 +48,7 @@ from reward_server.errors import (
 from reward_server.scoring.aggregate import label_weights, own_score
 from reward_server.scoring.batcher import Batcher, BatchLimits
 from reward_server.scoring.items import Items, Pairs, conversations, render
+from reward_server.scoring.score_cache import MISS, ScoreCache, caches_kind, model_identity
 from reward_server.text.steps import StepEncoded, StepOptions, StepScorer, step_results
 
 if TYPE_CHECKING:
@@ -108,13 +109,15 @@ class Tokenized(Protocol):
 @dataclass(frozen=True, slots=True)
 class ServingContext:
     """What the service lends every served model: its two threads, its settings, its
-    metrics and the policy's chat template (``--policy-tokenizer``)."""
+    metrics, the policy's chat template (``--policy-tokenizer``) and the score cache that
+    every served model shares (None: no cache)."""
 
     compute: Executor
     tokenizer: Executor
     settings: ServerSettings
     metrics: Metrics
     policy_template: PolicyTemplate | None = None
+    score_cache: ScoreCache | None = None
 
 
 class ServedModel(Protocol):
@@ -158,9 +161,10 @@ class ServedModel(Protocol):
         ...
 
     async def score(
-        self, items: Items, *, truncate: bool, max_tokens: int | None
+        self, items: Items, *, truncate: bool, max_tokens: int | None, cache: bool = True
     ) -> list[ItemResult]:
-        """One result per item, in order, all or nothing (cancelling drops queued rows)."""
+        """One result per item, in order, all or nothing (cancelling drops queued rows).
+        ``cache`` False: no score cache for this request (models that use one)."""
         ...
 
     def info(self) -> dict[str, object]:
@@ -184,6 +188,9 @@ class BatchedModel(abc.ABC):
         self.scheduler: Scheduler | None = None
         self.max_batch_tokens: int | None = None
         self._ctx: ServingContext | None = None
+        #: The digest of this model's identity, the prefix of its score cache keys; None
+        #: when it is not cached (no cache, or a kind that is not: see caches_kind).
+        self._cache_id: bytes | None = None
 
     # ------------------------------------------------------------------ what a kind says
 
@@ -257,6 +264,11 @@ class BatchedModel(abc.ABC):
         self.scheduler = scheduler
         await scheduler.start()
         ctx.metrics.track_model_queue(self.name, lambda: float(scheduler.queued))
+        cache = ctx.score_cache
+        if cache is not None and cache.enabled and caches_kind(self.spec):
+            engine = f"{type(self.scorer).__module__}.{type(self.scorer).__qualname__}"
+            identity = model_identity(self.spec, self.scorer.info(), engine)
+            self._cache_id = identity.digest()
 
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work; finish (drain) or fail what is queued."""
@@ -264,9 +276,10 @@ class BatchedModel(abc.ABC):
             await self.scheduler.stop(drain=drain)
 
     async def score(
-        self, items: Items, *, truncate: bool, max_tokens: int | None
+        self, items: Items, *, truncate: bool, max_tokens: int | None, cache: bool = True
     ) -> list[ItemResult]:
-        """Prepare on the tokenizer thread, queue the rows, turn their values into results."""
+        """Prepare on the tokenizer thread, queue the rows (those the score cache does not
+        hold, once each), turn their values into results."""
         ctx, scheduler = self._ctx, self.scheduler
         if ctx is None or scheduler is None:
             raise NotReadyError("the model is loading")
@@ -277,11 +290,58 @@ class BatchedModel(abc.ABC):
         for i, item in enumerate(prepared):
             if item.num_tokens == 0:
                 raise EmptyTextError(f"item {i} encodes to no tokens; nothing to score")
-        values = await scheduler.submit([item.input_ids for item in prepared])
-        if len(values) != len(prepared):
-            raise RuntimeError(f"{len(values)} scores for {len(prepared)} items")
-        results = self.finish(prepared, values)
+        rows = [item.input_ids for item in prepared]
+        if cache and ctx.score_cache is not None and self._cache_id is not None:
+            results = await self._score_cached(prepared, rows, ctx, scheduler, ctx.score_cache)
+        else:
+            values = await scheduler.submit(rows)
+            if len(values) != len(prepared):
+                raise RuntimeError(f"{len(values)} scores for {len(prepared)} items")
+            results = self.finish(prepared, values)
         ctx.metrics.on_model_items(self.name, len(results), sum(r.num_tokens for r in results))
+        return results
+
+    async def _score_cached(
+        self,
+        prepared: Sequence[Tokenized],
+        rows: list[list[int]],
+        ctx: ServingContext,
+        scheduler: Scheduler,
+        cache: ScoreCache,
+    ) -> list[ItemResult]:
+        """Results with the score cache: each row's value from the cache, else from the one
+        pass of the first identical row of this request; the new values kept once the
+        results are made (a value that fails the model's checks is never kept)."""
+        assert self._cache_id is not None
+        keys = [cache.key(self._cache_id, ids) for ids in rows]
+        values: list[Any] = [None] * len(rows)
+        todo: dict[bytes, int] = {}  # key -> its row's index in unique
+        unique: list[list[int]] = []  # the rows to score, each once
+        where: list[int] = []  # per item: its row's index in unique, or -1 for a hit
+        hits = duplicates = 0
+        for i, key in enumerate(keys):
+            value = cache.get(key)
+            if value is not MISS:
+                values[i] = value
+                where.append(-1)
+                hits += 1
+                continue
+            if key in todo:
+                duplicates += 1
+            else:
+                todo[key] = len(unique)
+                unique.append(rows[i])
+            where.append(todo[key])
+        fresh = await scheduler.submit(unique) if unique else []
+        if len(fresh) != len(unique):
+            raise RuntimeError(f"{len(fresh)} scores for {len(unique)} rows")
+        for i, j in enumerate(where):
+            if j >= 0:
+                values[i] = fresh[j]
+        results = self.finish(prepared, values)
+        for key, j in todo.items():
+            cache.put(key, fresh[j])
+        ctx.metrics.on_score_cache(self.name, hits, len(unique), duplicates)
         return results
 
     def close(self) -> None:

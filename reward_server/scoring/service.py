@@ -49,6 +49,7 @@ from reward_server.scoring.items import Items
 from reward_server.scoring.judge_model import load_judge
 from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.remote_model import load_remote
+from reward_server.scoring.score_cache import ScoreCache
 from reward_server.scoring.served import (
     ItemResult,
     ServedModel,
@@ -189,6 +190,9 @@ class Service:
         self._tokenizer: ThreadPoolExecutor | None = None
         #: The policy's chat template, undone on /get_reward (--policy-tokenizer).
         self.policy_template: PolicyTemplate | None = None
+        #: Scores by model identity and token ids, shared by the served models
+        #: (--score-cache-size, --score-cache-bytes).
+        self.score_cache = ScoreCache(settings.score_cache_size, settings.score_cache_bytes)
 
     # ------------------------------------------------------------------ what is served
 
@@ -344,7 +348,10 @@ class Service:
             settings=self.settings,
             metrics=self.metrics,
             policy_template=self.policy_template,
+            score_cache=self.score_cache if self.score_cache.enabled else None,
         )
+        cache = self.score_cache
+        self.metrics.track_score_cache(lambda: float(cache.entries), lambda: float(cache.bytes))
         for model in self.served:
             await model.start(context)
         self.draining = False
@@ -424,12 +431,14 @@ class Service:
         truncate: bool | None,
         max_tokens: int | None = None,
         model: str | None = None,
+        cache: bool = True,
     ) -> Scored:
         """Score ``items`` with every model (or the one ``model`` names) and combine them.
 
         ``receive`` is the request's: if the client hangs up, its queued rows are dropped.
         ``truncate`` None keeps the server's setting; ``max_tokens`` truncates each item to
-        at most this many tokens (vLLM's ``truncate_prompt_tokens``).
+        at most this many tokens (vLLM's ``truncate_prompt_tokens``); ``cache`` False scores
+        every item afresh, neither reading nor filling the score cache.
         """
         # Draining does not refuse work here: after SIGTERM uvicorn accepts no new
         # connections, so whatever still arrives was already in flight and is finished;
@@ -444,7 +453,7 @@ class Service:
             )
         do_truncate = (not self.settings.no_truncate) if truncate is None else truncate
         work = _all_or_first_error(
-            [self._score_one(m, endpoint, items, do_truncate, max_tokens) for m in models]
+            [self._score_one(m, endpoint, items, do_truncate, max_tokens, cache) for m in models]
         )
         results = await _cancel_on_disconnect(receive, endpoint, work)
         scored = self._combine(models, results, selected=model is not None)
@@ -458,10 +467,11 @@ class Service:
         items: Items,
         truncate: bool,
         max_tokens: int | None,
+        cache: bool = True,
     ) -> list[ItemResult]:
         """One model's results; a failure that is not in the error table is a ScoringError."""
         try:
-            return await model.score(items, truncate=truncate, max_tokens=max_tokens)
+            return await model.score(items, truncate=truncate, max_tokens=max_tokens, cache=cache)
         except ServiceError:  # these answer through the error table at the edge
             raise
         except Exception as exc:

@@ -125,9 +125,10 @@ class VerifierModel:
         self.running = False
 
     async def score(
-        self, items: Items, *, truncate: bool, max_tokens: int | None
+        self, items: Items, *, truncate: bool, max_tokens: int | None, cache: bool = True
     ) -> list[ItemResult]:
-        """Verify every item (never raises for a failing item: it scores ``on_error``)."""
+        """Verify every item (never raises for a failing item: it scores ``on_error``).
+        No score cache: ``cache`` is ignored (see score_cache.caches_kind)."""
         ctx = self._ctx
         if ctx is None or not self.running:
             raise NotReadyError("the verifier is not running")

@@ -1,0 +1,343 @@
+"""The score cache (issue 23): the LRU's bounds and exact values, the identity its keys
+carry, and a real server that scores identical items once, answers repeated ones from the
+cache exactly as it answered them fresh, and scores afresh when a request says ``"cache":
+false``."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from server_proc import ServerProcess, metric, running_server
+
+import tiny_models
+from reward_client import RewardClient
+from reward_server.config import ModelSpec, ServerSettings
+from reward_server.scoring.score_cache import (
+    ENTRY_OVERHEAD_BYTES,
+    MISS,
+    ModelIdentity,
+    ScoreCache,
+    caches_kind,
+    local_fingerprint,
+    model_identity,
+)
+
+DIGEST = b"m" * 32
+HITS = "reward_server_score_cache_hits_total"
+MISSES = "reward_server_score_cache_misses_total"
+DUPLICATES = "reward_server_score_cache_duplicates_total"
+#: Rows run through the model, every model together (the histogram's sum).
+ROWS = "reward_server_batch_rows_sum"
+
+
+def size_of(ids: list[int], payload: int) -> int:
+    """What the cache counts for an entry of ``ids`` (4 bytes each) with ``payload`` bytes."""
+    return len(ScoreCache.key(DIGEST, ids)) + payload + ENTRY_OVERHEAD_BYTES
+
+
+# ---------------------------------------------------------------------- the LRU
+
+
+def test_the_entry_bound_evicts_the_least_recently_used() -> None:
+    cache = ScoreCache(max_entries=2, max_bytes=10**6)
+    a, b, c = (ScoreCache.key(DIGEST, [n]) for n in (1, 2, 3))
+    cache.put(a, 1.0)
+    cache.put(b, 2.0)
+    assert cache.get(a) == 1.0  # a is now the most recently used: b goes first
+    cache.put(c, 3.0)
+    assert cache.get(b) is MISS
+    assert (cache.get(a), cache.get(c), cache.entries) == (1.0, 3.0, 2)
+    cache.put(a, 4.0)  # a replaced in place: still two entries, its new value
+    assert (cache.get(a), cache.entries) == (4.0, 2)
+
+
+def test_the_byte_bound_counts_ids_values_and_overhead() -> None:
+    ids = [[7] * 10, [8] * 10, [9] * 10]
+    row = [0.5] * 4
+    one = size_of(ids[0], 8 * len(row))
+    cache = ScoreCache(max_entries=100, max_bytes=2 * one + one // 2)
+    cache.put(ScoreCache.key(DIGEST, ids[0]), row)
+    cache.put(ScoreCache.key(DIGEST, ids[1]), row)
+    assert (cache.entries, cache.bytes) == (2, 2 * one)
+    cache.put(ScoreCache.key(DIGEST, ids[2]), row)  # a third would pass the bound
+    assert (cache.entries, cache.bytes) == (2, 2 * one)
+    assert cache.get(ScoreCache.key(DIGEST, ids[0])) is MISS
+    assert cache.get(ScoreCache.key(DIGEST, ids[2])) == row
+    # A value larger than the whole bound is not kept, and evicts nothing.
+    assert not cache.put(ScoreCache.key(DIGEST, [1]), [0.0] * 1000)
+    assert cache.entries == 2
+    cache.clear()
+    assert (cache.entries, cache.bytes) == (0, 0)
+
+
+def test_values_come_back_bit_for_bit_and_cannot_be_changed_from_outside() -> None:
+    cache = ScoreCache(max_entries=10, max_bytes=10**6)
+    odd = [0.1 + 0.2, 5e-324, -0.0, 1.7976931348623157e308, -3.4028234663852886e38]
+    for i, value in enumerate(odd):
+        cache.put(ScoreCache.key(DIGEST, [i]), value)
+        got = cache.get(ScoreCache.key(DIGEST, [i]))
+        assert type(got) is float and struct.pack("<d", got) == struct.pack("<d", value)
+    key = ScoreCache.key(DIGEST, [99])
+    cache.put(key, list(odd))
+    row = cache.get(key)
+    assert [struct.pack("<d", v) for v in row] == [struct.pack("<d", v) for v in odd]
+    row[0] = 42.0  # the caller's list, not the cache's
+    assert cache.get(key) == odd
+    cache.put(ScoreCache.key(DIGEST, [100]), "Score: 7")
+    assert cache.get(ScoreCache.key(DIGEST, [100])) == "Score: 7"
+
+
+def test_what_is_not_kept() -> None:
+    off = ScoreCache(max_entries=0, max_bytes=10**6)
+    assert not off.enabled and not off.put(ScoreCache.key(DIGEST, [1]), 1.0)
+    cache = ScoreCache(max_entries=10, max_bytes=10**6)
+    # Other types would come back changed (an int as a float): scored afresh instead.
+    assert not cache.put(ScoreCache.key(DIGEST, [1]), 1)  # type: ignore[arg-type]
+    assert not cache.put(ScoreCache.key(DIGEST, [2]), [1.0, 2])  # type: ignore[list-item]
+    assert cache.entries == 0
+    with pytest.raises(ValueError, match="non-negative"):
+        ScoreCache(max_entries=-1, max_bytes=1)
+
+
+def test_keys_are_the_exact_ids_of_one_model() -> None:
+    assert ScoreCache.key(DIGEST, [1, 2]) != ScoreCache.key(DIGEST, [2, 1])
+    assert ScoreCache.key(DIGEST, [1, 2]) != ScoreCache.key(b"n" * 32, [1, 2])
+    assert ScoreCache.key(DIGEST, [1, 2]) != ScoreCache.key(DIGEST, [1, 2, 0])
+    # Ids beyond 32 bits take 8 bytes each, under another type code.
+    assert ScoreCache.key(DIGEST, [2**40]) != ScoreCache.key(DIGEST, [0, 256])
+
+
+# ---------------------------------------------------------------------- identity
+
+
+def identity(**changes: Any) -> ModelIdentity:
+    base: dict[str, Any] = {
+        "model": "org/rm",
+        "revision": "commit:" + "a" * 40,
+        "adapter": None,
+        "adapter_revision": None,
+        "engine": "reward_server.engines.transformers.RewardModel",
+        "facts": json.dumps({"scorer": {"max_length": 512, "dtype": "float32"}}),
+    }
+    return ModelIdentity(**{**base, **changes})
+
+
+def test_another_revision_engine_or_max_length_misses() -> None:
+    cache = ScoreCache(max_entries=10, max_bytes=10**6)
+    ids = [101, 7, 102]
+    cache.put(ScoreCache.key(identity().digest(), ids), 0.25)
+    assert cache.get(ScoreCache.key(identity().digest(), ids)) == 0.25
+    others = [
+        identity(revision="commit:" + "b" * 40),
+        identity(adapter="my/lora", adapter_revision="commit:" + "c" * 40),
+        identity(engine="reward_server.engines.vllm.VllmScorer"),
+        identity(facts=json.dumps({"scorer": {"max_length": 256, "dtype": "float32"}})),
+        identity(facts=json.dumps({"scorer": {"max_length": 512, "dtype": "bfloat16"}})),
+    ]
+    for other in others:
+        assert cache.get(ScoreCache.key(other.digest(), ids)) is MISS, other
+
+
+def test_a_local_folder_is_told_by_its_files(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "config.json").write_text("{}")
+    before = local_fingerprint(tmp_path)
+    assert before.startswith("files:") and local_fingerprint(tmp_path) == before
+    (tmp_path / "model.safetensors").write_bytes(b"weights, retrained")
+    assert local_fingerprint(tmp_path) != before
+
+    spec = ModelSpec(name="rm", model=str(tmp_path))
+    info = {"model": str(tmp_path), "max_length": 512, "label_index": 0}
+    one = model_identity(spec, info, "engine")
+    assert one.revision == local_fingerprint(tmp_path) and one.model == str(tmp_path.resolve())
+    assert model_identity(spec, info, "engine").digest() == one.digest()
+    # Presentation does not count; what changes a score does.
+    renamed = spec.model_copy(update={"name": "other", "weight": 2.0})
+    assert model_identity(renamed, info, "engine").digest() == one.digest()
+    for changed_info in ({**info, "max_length": 256}, {**info, "label_index": 1}):
+        assert model_identity(spec, changed_info, "engine").digest() != one.digest()
+    steps = ModelSpec(name="rm", model=str(tmp_path), kind="process", step_aggregate="mean")
+    assert model_identity(steps, info, "engine").digest() != one.digest()
+
+
+def test_which_kinds_are_cached() -> None:
+    judge = {"kind": "judge", "model": "m", "template": "{{ response }}"}
+    generate = {**judge, "mode": "generate", "score_pattern": r"(\d+)"}
+    assert caches_kind(ModelSpec(name="a", model="m"))
+    assert caches_kind(ModelSpec(name="a", model="m", kind="process"))
+    assert caches_kind(ModelSpec(name="a", **judge, score_tokens={"Yes": 1.0, "No": 0.0}))
+    assert caches_kind(ModelSpec(name="a", **generate))  # greedy: one answer per prompt
+    assert not caches_kind(ModelSpec(name="a", **generate, temperature=0.7))
+    assert not caches_kind(ModelSpec(name="a", kind="verifier", verifier="exact"))
+    assert not caches_kind(ModelSpec(name="a", kind="remote", url="http://x:1"))
+
+
+# ---------------------------------------------------------------------- a real server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A plain --model server of a tiny BERT (default cache), 16 tokens at most."""
+    path = tiny_models.save_bert_reward_model(tmp_path_factory.mktemp("bert"))
+    with running_server(path, "--max-length", "16", "--max-wait-ms", "1") as proc:
+        yield proc
+
+
+def post(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{server.url}/score", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def counts(server: ServerProcess, model: str) -> tuple[float, float, float, float]:
+    """Hits, misses and duplicates of ``model``, and rows run, so far."""
+    url = server.url
+    return (
+        metric(url, HITS, model=model),
+        metric(url, MISSES, model=model),
+        metric(url, DUPLICATES, model=model),
+        metric(url, ROWS),
+    )
+
+
+def delta(after: tuple[float, ...], before: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(a - b for a, b in zip(after, before, strict=True))
+
+
+def test_identical_items_of_a_request_are_scored_once(server: ServerProcess) -> None:
+    texts = ["the cat sat", "a dog ran", "the cat sat", "the cat sat", "birds sing"]
+    name = post(server, {"texts": ["warm up"]})["model"]
+    before = counts(server, name)
+    body = post(server, {"texts": texts})
+    # Three distinct texts: three rows run, the two repeats copied from the first.
+    assert delta(counts(server, name), before) == (0, 3, 2, 3)
+    assert body["scores"][0] == body["scores"][2] == body["scores"][3]
+    assert body["tokens"][0] == body["tokens"][2] and len(set(body["scores"])) == 3
+
+
+def test_a_repeated_request_is_answered_from_the_cache_exactly(server: ServerProcess) -> None:
+    texts = ["once", "there was a very long text that the server cuts to its limit", "hi"]
+    first = post(server, {"texts": texts})
+    assert first["truncated"] == [False, True, False]
+    name = first["model"]
+    before = counts(server, name)
+    again = httpx.post(f"{server.url}/score", json={"texts": texts}, timeout=60)
+    # No row ran; the answer is the first one, byte for byte (floats, tokens, flags).
+    assert delta(counts(server, name), before) == (3, 0, 0, 0)
+    assert again.json() == first
+    assert [struct.pack("<d", s) for s in again.json()["scores"]] == [
+        struct.pack("<d", s) for s in first["scores"]
+    ]
+    # A fresh pass of the same request (same batch) gives the same floats.
+    fresh = post(server, {"texts": texts, "cache": False})
+    assert fresh == first
+    assert metric(server.url, "reward_server_score_cache_entries") >= 3
+    assert metric(server.url, "reward_server_score_cache_bytes") > 0
+
+
+def test_cache_false_scores_afresh_and_leaves_the_cache(server: ServerProcess) -> None:
+    texts = ["fresh every time", "fresh every time", "and this"]
+    name = post(server, {"texts": ["warm up"]})["model"]
+    before = counts(server, name)
+    off = post(server, {"texts": texts, "cache": False})
+    # Every item runs, the duplicate too, and the cache is neither read nor filled.
+    assert delta(counts(server, name), before) == (0, 0, 0, 3)
+    assert post(server, {"texts": texts[:1]})["scores"][0] == pytest.approx(
+        off["scores"][0], abs=1e-5
+    )
+    assert delta(counts(server, name), before) == (0, 1, 0, 4)  # that was a miss
+
+
+def test_the_client_can_bypass_the_cache(server: ServerProcess) -> None:
+    texts = ["the client asks", "for fresh scores"]
+    name = post(server, {"texts": texts})["model"]
+    before = counts(server, name)
+    with RewardClient(server.url) as client:
+        cached = client.score_detailed(texts=texts)
+        fresh = client.score_detailed(texts=texts, cache=False)
+    assert delta(counts(server, name), before) == (2, 0, 0, 2)
+    assert fresh.scores == cached.scores
+
+
+def test_malformed_cache_option_is_a_422_and_the_schema_documents_it(
+    server: ServerProcess,
+) -> None:
+    r = httpx.post(f"{server.url}/score", json={"texts": ["x"], "cache": "no"}, timeout=60)
+    assert r.status_code == 422 and "cache" in r.json()["error"]
+    schema = httpx.get(f"{server.url}/openapi.json", timeout=60).json()
+    cache = schema["components"]["schemas"]["ScoreRequest"]["properties"]["cache"]
+    assert cache["type"] == "boolean" and cache["default"] is True
+    assert "score cache" in cache["description"]
+
+
+def test_size_zero_turns_it_off(tmp_path: Path) -> None:
+    path = tiny_models.save_bert_reward_model(tmp_path / "bert")
+    env = {"REWARD_SERVER_SCORE_CACHE_SIZE": "0"}
+    with running_server(path, "--max-wait-ms", "1", env=env) as proc:
+        name = post(proc, {"texts": ["warm up"]})["model"]
+        before = counts(proc, name)
+        post(proc, {"texts": ["same", "same"]})
+        post(proc, {"texts": ["same"]})
+        assert delta(counts(proc, name), before) == (0, 0, 0, 3)
+        assert metric(proc.url, "reward_server_score_cache_entries") == 0
+
+
+@pytest.fixture(scope="module")
+def models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One tiny BERT served twice (max length 32 and 64) beside a process model."""
+    folder = tmp_path_factory.mktemp("models")
+    bert = tiny_models.save_bert_reward_model(folder / "bert")
+    prm = tiny_models.save_process_reward_model(folder / "prm")
+    entries = [
+        {"name": "short", "model": str(bert), "max_length": 32},
+        {"name": "long", "model": str(bert), "max_length": 64},
+        {"name": "prm", "model": str(prm), "kind": "process"},
+    ]
+    path = folder / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    with running_server(None, "--models", str(path), "--max-wait-ms", "1") as proc:
+        yield proc
+
+
+def test_another_max_length_misses_and_process_steps_come_back_equal(
+    models_server: ServerProcess,
+) -> None:
+    pairs = {
+        "queries": ["what did you think?", "and the film?"],
+        "responses": ["it was good\n\nthe end was bad\n\nso: fine", "short\n\nanswer"],
+    }
+    url = models_server.url
+    first = post(models_server, pairs)
+    # The two entries read the same token ids (nothing is cut at 32 tokens), yet each
+    # missed: its max length is part of its identity.
+    assert set(first["components"]) == {"short", "long", "prm"}
+    for name in ("short", "long", "prm"):
+        assert (metric(url, HITS, model=name), metric(url, MISSES, model=name)) == (0, 2)
+    again = post(models_server, pairs)
+    for name in ("short", "long", "prm"):
+        assert (metric(url, HITS, model=name), metric(url, MISSES, model=name)) == (2, 2)
+    # Every field, the step scores and their ends included, is the first answer's.
+    assert again == first
+    assert first["step_scores"] and all(first["step_scores"])
+    fresh = post(models_server, {**pairs, "cache": False})
+    assert fresh["step_ends"] == first["step_ends"]
+    for got, want in zip(fresh["step_scores"], first["step_scores"], strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
+    assert fresh["components"]["short"] == pytest.approx(first["components"]["short"], abs=1e-6)
+    assert (metric(url, HITS, model="prm"), metric(url, MISSES, model="prm")) == (2, 2)
+
+
+def test_the_env_vars_reach_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REWARD_SERVER_SCORE_CACHE_BYTES", "1234")
+    settings = ServerSettings(model="m")
+    assert settings.score_cache_bytes == 1234 and settings.score_cache_size == 65536
+    monkeypatch.setenv("REWARD_SERVER_SCORE_CACHE_BYTES", "0")
+    with pytest.raises(ValueError, match="score_cache_bytes"):
+        ServerSettings(model="m")
