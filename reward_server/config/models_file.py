@@ -152,54 +152,93 @@ def pattern_groups(pattern: str) -> int:
 class Normalize(BaseModel):
     """``(score - mean) / std``, applied to a model's score before its weight."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     mean: float = 0.0
+    """Subtracted from the model's score before its weight."""
     std: float = Field(default=1.0, gt=0)
+    """The score minus mean is divided by it."""
 
 
 class ModelSpec(BaseModel):
     """One entry of the models file: what to load and how its score counts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """The model's name in answers, /info and /metrics; unique; letters, digits, _, . and -."""
     model: str | None = Field(default=None, min_length=1)
+    """A folder or a hub id, as --model (none for kind: verifier and kind: remote)."""
     adapter: str | None = Field(default=None, min_length=1)
+    """A PEFT adapter on top of model, as --adapter."""
     merge_adapter: bool = False
+    """Merge the adapter into the base weights at load time, as --merge-adapter."""
     weight: float = 1.0
+    """The model's weight in the aggregate."""
     label_index: int | None = Field(default=None, ge=0)
+    """Which logit is the model's score (default: --label-index); not with objectives."""
     objectives: dict[str, float] | None = Field(default=None, min_length=1)
+    """Weights by label name (the config's id2label): the score is the sum of weight x raw logit."""
     normalize: Normalize | None = None
+    """{mean, std}: the score becomes (score - mean) / std before the weight."""
     kind: ModelKind = "sequence"
+    """sequence (a reward model), process (a score per step; at most one per file), verifier (a rule), judge (a causal LM reading a template) or remote (another HTTP service)."""
     device: str | None = Field(default=None, pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    """Per model, as --device (default: the server's flag)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
+    """Per model, as --dtype (default: the server's flag)."""
     max_length: int | None = Field(default=None, gt=0)
+    """Per model, as --max-length (default: the server's flag, else the model's limit)."""
     truncation_side: Literal["left", "right"] | None = None
+    """Per model, as --truncation-side (default: the server's flag)."""
     chat_template: str | None = Field(default=None, min_length=1)
+    """Per model, as --chat-template (default: the server's flag)."""
     trust_remote_code: bool | None = None
+    """Per model, as --trust-remote-code (default: the server's flag)."""
     step_separator: str = Field(default="\n\n", min_length=1)
+    """kind: process: what splits a response into steps."""
     step_tag: str | None = Field(default=None, min_length=1)
+    """kind: process: the token read after each step (replaces the separators); one token of the model's tokenizer."""
     step_aggregate: StepAggregate = "min"
+    """kind: process: how the step scores make the model's score."""
     verifier: VerifierName | None = None
+    """kind: verifier: the rule (math via math-verify, exact, regex, python)."""
     function: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    """verifier: python: module:function or path/to/file.py:function, called as f(prompt, response, label)."""
     pattern: str | None = Field(default=None, min_length=1)
+    """verifier: regex: the regular expression (default: the item's label)."""
     workers: int = Field(default=1, ge=1, le=256)
+    """kind: verifier: worker processes."""
     timeout_s: float = Field(default=5.0, gt=0, le=3600)
+    """kind: verifier: seconds per item; kind: remote: one request's limit and the retry budget of one call."""
     on_error: float = 0.0
+    """The score of an item whose verification, parse or remote call failed."""
     template: str | None = Field(default=None, min_length=1)
+    """kind: judge and openai-chat remotes: the Jinja prompt (prompt, response, label, messages) or a path to a .jinja file."""
     mode: JudgeMode = "logprobs"
+    """kind: judge: logprobs (expected value over score_tokens, one forward pass) or generate (score_pattern over the generated answer)."""
     score_tokens: dict[str, float] | None = Field(default=None, min_length=2)
+    """kind: judge, mode: logprobs: the value of each score token (each one token)."""
     url: str | list[str] | None = Field(default=None, min_length=1)
+    """kind: remote: the service's base URL or a list (dns+http:// names as in reward_client)."""
     protocol: RemoteProtocol = "remote-reward"
+    """kind: remote: what the service speaks."""
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """kind: remote: the name of the environment variable holding the service's key (never the key)."""
     max_concurrent: int = Field(default=8, ge=1, le=4096)
+    """kind: remote: requests in flight to the service at once."""
     max_rpm: int | None = Field(default=None, ge=1)
+    """kind: remote: request starts in any 60 s window."""
     score_pattern: str | None = Field(default=None, min_length=1)
+    """judge mode: generate and openai-chat remotes: a regular expression with one group, the score."""
     max_tokens: int = Field(default=16, ge=1)
+    """kind: remote, openai-chat: most tokens of the reply."""
     temperature: float = Field(default=0.0, ge=0)
+    """judge mode: generate and openai-chat remotes: sampling temperature (0: greedy)."""
     max_new_tokens: int = Field(default=32, ge=1, le=4096)
+    """kind: judge, mode: generate: most new tokens of the answer."""
     top_p: float | None = Field(default=None, gt=0, le=1)
+    """kind: judge, mode: generate: nucleus sampling when temperature is above 0."""
 
     @field_validator("weight", "on_error")
     @classmethod
@@ -350,10 +389,12 @@ class ModelSpec(BaseModel):
 class ModelsFile(BaseModel):
     """The whole models file: the models and how their scores combine."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     aggregate: AggregateName = "weighted_sum"
+    """How the models' weighted scores combine: their sum, its mean over the models, or the least."""
     models: list[ModelSpec] = Field(min_length=1)
+    """The served models, in order."""
 
     @model_validator(mode="after")
     def _unique_names_one_process(self) -> ModelsFile:
