@@ -310,7 +310,7 @@ class TenantKeys:
         try:
             table = read_tenants_file(self.path)
         except TenantsFileError as exc:
-            logger.warning("%s: keys file not reloaded, the old tenants stay: %s", why, exc)
+            logger.warning("%s: not reloaded, the old tenants stay: %s", why, exc)
             self._notify(ok=False)
             return False
         old = self._table.names if self._table is not None else []
