@@ -31,6 +31,7 @@ group with what is left), so that their reward requests run while the others gen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -179,6 +180,32 @@ def _swap_adapter(
     return len(lora.loras)
 
 
+def _process_group_exists() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+@contextlib.contextmanager
+def _default_group_kept(kept: bool) -> Iterator[None]:
+    """vLLM's shutdown ends with ``destroy_distributed_environment()``: its own groups, then
+    torch's default process group. ``kept``: that group is not vLLM's (accelerate's, which
+    the trainer still needs, for its last barriers and checkpoint), so while the engine
+    shuts down only the destruction of named groups goes through."""
+    if not kept:
+        yield
+        return
+    destroy = torch.distributed.destroy_process_group
+
+    def groups_but_the_default(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = groups_but_the_default  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
+
+
 class VllmRollout:
     """A vLLM engine that samples the policy's responses on this rank's device."""
 
@@ -247,6 +274,9 @@ class VllmRollout:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if self.device == "cpu":  # every core for the model on a small machine (see the server)
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        # Under accelerate vLLM builds its groups inside the ranks' process group (each rank
+        # its own engine: vLLM's "external data parallel" layout); close() must leave it.
+        self._joined_group = _process_group_exists()
         started = time.perf_counter()
         try:
             self.llm: Any = LLM(**args)
@@ -402,10 +432,12 @@ class VllmRollout:
 
     def close(self) -> None:
         """Stop the engine: its model, KV cache and vLLM's process groups in this process
-        (a new engine can start here after it)."""
+        (a new engine can start here after it); a process group that was there before the
+        engine (accelerate's) stays."""
         llm, self.llm = self.llm, None
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()  # once; its own finalizer is detached
+            with _default_group_kept(self._joined_group):
+                llm.llm_engine.engine_core.shutdown()  # once; its own finalizer is detached
         self._restore_env()
 
     def _restore_env(self) -> None:
