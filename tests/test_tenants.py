@@ -21,6 +21,7 @@ from server_proc import REWARD_SERVER, ServerProcess, metric, running_server, wa
 from test_server_api import FakeModel, assert_error, settings
 
 from reward_server.cli import parse_settings
+from reward_server.config import tenants as tenants_module
 from reward_server.config.tenants import (
     DEFAULT_TENANT,
     Tenant,
@@ -111,6 +112,30 @@ def test_every_tenant_authenticates_as_itself_and_others_as_none(tmp_path: Path)
     assert table.authenticate(WRONG) is None
     assert table.authenticate(hash_key(KEY_A)) is None  # the hash is not a key
     assert table.authenticate("") is None
+
+
+def test_every_digest_is_compared_whichever_matches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No early exit: the first tenant's key, the last one's and a wrong key each cost one
+    constant-time comparison per tenant."""
+    keys = [f"key-{i}-{'x' * i}" for i in range(5)]
+    path = tmp_path / "keys.yaml"
+    path.write_text(keys_yaml(*((f"t{i}", key) for i, key in enumerate(keys))))
+    table = read_tenants_file(path)
+    calls: list[int] = []
+    real = tenants_module.hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        calls.append(1)
+        return real(a, b)
+
+    monkeypatch.setattr(tenants_module.hmac, "compare_digest", counting)
+    for key, name in ((keys[0], "t0"), (keys[-1], "t4"), (WRONG, None)):
+        calls.clear()
+        found = table.authenticate(key)
+        assert (found.name if found else None) == name
+        assert len(calls) == len(keys)
 
 
 def test_example_file_loads_with_its_documented_keys() -> None:
