@@ -8,7 +8,9 @@ rewrites only its block of ``BENCHMARKS.md``; ``--engines-quick`` shrinks it to 
 ``--only verifiers`` and ``--only judges`` (:mod:`bench.judges`: a judge's items/s in
 logprobs and generate modes) each write their own block too, as does ``--only rollout``
 (:mod:`bench.rollout`: PPO rollouts with the vLLM engine against transformers'
-``generate``; ``--rollout-quick`` shrinks it to a smoke test).
+``generate``; ``--rollout-quick`` shrinks it to a smoke test). ``--only cache``
+(:mod:`bench.score_cache`: a GRPO-shaped load with duplicate completions, with and without
+the score cache) writes its own block too.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-PARTS = ("throughput", "ppo", "engines", "verifiers", "judges", "rollout")
+PARTS = ("throughput", "ppo", "engines", "verifiers", "judges", "rollout", "cache")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-verifiers", action="store_true")
     p.add_argument("--skip-judges", action="store_true")
     p.add_argument("--skip-rollout", action="store_true")
+    p.add_argument("--skip-cache", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -148,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="8 prompts, 16-token responses, a 2-layer policy, 1 step (a smoke test)",
     )
+    c = p.add_argument_group("cache (the score cache: GRPO groups with 25 % duplicates)")
+    c.add_argument("--cache-groups", type=int, default=32, help="groups of 8 per round")
+    c.add_argument("--cache-rounds", type=int, default=5)
+    c.add_argument("--cache-clients", type=int, default=4, help="requests in flight")
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -164,6 +171,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["verifiers"] = args.skip_verifiers
     skipped["judges"] = args.skip_judges
     skipped["rollout"] = args.skip_rollout
+    skipped["cache"] = args.skip_cache
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -223,6 +231,19 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
         )
     if "rollout" in parts:
         results["rollout"] = _run_rollout(args, model_path)
+    if "cache" in parts:
+        from bench.score_cache import CacheBenchConfig, run_cache_bench
+
+        results["cache"] = run_cache_bench(
+            CacheBenchConfig(
+                model_path=model_path,
+                groups=args.cache_groups,
+                rounds=args.cache_rounds,
+                clients=args.cache_clients,
+                threads=args.threads,
+                server_args=tuple(args.server_arg),
+            )
+        )
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -258,7 +279,11 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
         update_block(path, "judges", render_judges(results["judges"]), "Judges")
     if "rollout" in parts:
         update_block(path, "rollout", render_rollout(results["rollout"]), "Rollouts")
-    rest = [part for part in parts if part not in ("verifiers", "judges", "rollout")]
+    if "cache" in parts:
+        from bench.score_cache import render as render_cache
+
+        update_block(path, "cache", render_cache(results["cache"]), "Score cache")
+    rest = [part for part in parts if part not in ("verifiers", "judges", "rollout", "cache")]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))
     elif rest:
@@ -382,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     results, out = run(sys.argv[1:] if argv is None else argv)
     print(f"results: {out}")
-    for section in ("throughput", "ppo", "engines", "trainer_pattern"):
+    for section in ("throughput", "ppo", "engines", "trainer_pattern", "cache"):
         for t in results.get(section, {}).get("targets", []):
             med = t["value"]["median"]
             print(

@@ -304,6 +304,31 @@ def test_judge_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
     assert markdown.read_text(encoding="utf-8").count("<!-- bench:judges:begin -->") == 1
 
 
+def test_cache_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
+    """The score cache part: one server, a GRPO-shaped load with and without the cache."""
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    argv = ["--only", "cache", "--cache-groups", "3", "--cache-rounds", "1", "--threads", "1"]
+    argv += ["--model", str(bert_rm), "--results-dir", str(tmp_path), "--markdown", str(markdown)]
+    results, out = run.run(argv)
+    assert out.exists() and set(results) == {"meta", "cache"}
+    figures = results["cache"]
+    assert set(figures["items_per_s"]) == {"cache", "no cache"}
+    assert all(_is_summary(fig) for fig in figures["items_per_s"].values())
+    # Without the cache every item runs; with it at most the 6 distinct of each group of 8.
+    assert figures["rows_per_item"]["no cache"] == 1.0
+    assert figures["rows_per_item"]["cache"] <= 0.75
+    assert figures["repeat_identical"] is True and figures["max_abs_diff_vs_no_cache"] < 1e-5
+    assert _is_summary(figures["ratio"]) and figures["targets"][0]["threshold"] == 1.25
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "## Score cache" in text and "| no cache |" in text
+    from bench.report import update_block
+    from bench.score_cache import render
+
+    update_block(markdown, "cache", render(figures), "Score cache")  # replaced, not added
+    assert markdown.read_text(encoding="utf-8").count("<!-- bench:cache:begin -->") == 1
+
+
 @pytest.mark.exclusive  # vLLM's engine in this process pins its threads: after the parallel part
 def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
     """PPO rollouts with transformers, vLLM streaming and vLLM not streaming, at a tiny size."""
