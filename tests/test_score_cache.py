@@ -5,9 +5,11 @@ false``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from server_proc import ServerProcess, metric, running_server
 import tiny_models
 from reward_client import RewardClient
 from reward_server.config import ModelSpec, ServerSettings
+from reward_server.scoring.items import Texts
+from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.score_cache import (
     ENTRY_OVERHEAD_BYTES,
     MISS,
@@ -28,6 +32,8 @@ from reward_server.scoring.score_cache import (
     local_fingerprint,
     model_identity,
 )
+from reward_server.scoring.served import ServingContext, served_model_for
+from reward_server.text.rendering import Encoded
 
 DIGEST = b"m" * 32
 HITS = "reward_server_score_cache_hits_total"
@@ -177,6 +183,121 @@ def test_which_kinds_are_cached() -> None:
     assert not caches_kind(ModelSpec(name="a", **generate, temperature=0.7))
     assert not caches_kind(ModelSpec(name="a", kind="verifier", verifier="exact"))
     assert not caches_kind(ModelSpec(name="a", kind="remote", url="http://x:1"))
+
+
+# ---------------------------------------------------------------------- requests in flight
+
+
+class HeldScheduler:
+    """The engine's scheduler (the seam): records each submit and holds it until released;
+    a row's score is the sum of its ids."""
+
+    running = True
+    queued = 0
+
+    def __init__(self) -> None:
+        self.calls: list[list[list[int]]] = []
+        self.release = asyncio.Event()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self, *, drain: bool = True) -> None:
+        pass
+
+    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
+        self.calls.append([list(row) for row in items])
+        await self.release.wait()
+        return [float(sum(row)) for row in items]
+
+
+class CharScorer:
+    """A scorer that schedules by itself (:class:`HeldScheduler`); one token per character."""
+
+    name = "chars"
+    device = "cpu"
+    max_length = 64
+
+    def __init__(self) -> None:
+        self.held = HeldScheduler()
+
+    def scheduler(self, limits: object, observer: object) -> HeldScheduler:
+        return self.held
+
+    def encode(
+        self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None
+    ) -> list[Encoded]:
+        return [Encoded([ord(c) for c in text], False, len(text)) for text in texts]
+
+    def info(self) -> dict[str, object]:
+        return {"model": "chars", "max_length": self.max_length}
+
+    def close(self) -> None:
+        pass
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Let the other tasks run until ``condition()`` holds (bounded by the caller)."""
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+def _coalescing(cancel_owner: bool) -> tuple[list[list[list[int]]], dict[str, float], list[Any]]:
+    """Request A scores x and y; while its pass is held, B asks for y and z. Returns the
+    submits, B's counters and B's results (A's too unless cancelled)."""
+
+    async def scenario() -> tuple[list[list[list[int]]], dict[str, float], list[Any]]:
+        scorer = CharScorer()
+        model = served_model_for(ModelSpec(name="chars", model="chars"), scorer)  # type: ignore[arg-type]
+        with ThreadPoolExecutor(1) as pool:
+            metrics = Metrics()
+            cache = ScoreCache(max_entries=100, max_bytes=10**6)
+            ctx = ServingContext(pool, pool, ServerSettings(model="m"), metrics, score_cache=cache)
+            await model.start(ctx)
+            calls = scorer.held.calls
+            a = asyncio.create_task(
+                model.score(Texts(("xx", "yy")), truncate=True, max_tokens=None)
+            )
+            await asyncio.wait_for(_until(lambda: len(calls) == 1), 30)
+            b = asyncio.create_task(
+                model.score(Texts(("yy", "zz")), truncate=True, max_tokens=None)
+            )
+            await asyncio.wait_for(_until(lambda: len(calls) == 2), 30)
+            if cancel_owner:
+                a.cancel()
+            scorer.held.release.set()
+            results = list(await asyncio.wait_for(b, 30))
+            if not cancel_owner:
+                results = list(await a) + results
+            counts = {
+                what: metrics.registry.get_sample_value(
+                    f"reward_server_score_cache_{what}_total", {"model": "chars"}
+                )
+                or 0.0
+                for what in ("hits", "misses", "duplicates")
+            }
+            return calls, counts, results
+
+    return asyncio.run(scenario())
+
+
+def test_a_row_in_flight_is_scored_once_for_every_request() -> None:
+    calls, counts, results = _coalescing(cancel_owner=False)
+    # B did not send y again: it waited for A's pass.
+    assert calls == [[ids("xx"), ids("yy")], [ids("zz")]]
+    assert [r.score for r in results] == [240.0, 242.0, 242.0, 244.0]
+    assert counts == {"hits": 0.0, "misses": 3.0, "duplicates": 1.0}
+
+
+def test_when_the_owner_goes_away_the_waiter_scores_the_row_itself() -> None:
+    calls, counts, results = _coalescing(cancel_owner=True)
+    assert calls == [[ids("xx"), ids("yy")], [ids("zz")], [ids("yy")]]
+    assert [r.score for r in results] == [242.0, 244.0]
+    assert counts == {"hits": 0.0, "misses": 2.0, "duplicates": 0.0}
 
 
 # ---------------------------------------------------------------------- a real server

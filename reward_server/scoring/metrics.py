@@ -186,7 +186,8 @@ class Metrics:
         )
         self.score_cache_duplicates = self._counter(
             "score_cache_duplicates",
-            "Items answered by an identical item of the same request (scored once), by model.",
+            "Items answered by an identical item of the same request or of a request in "
+            "flight (scored once), by model.",
             model,
         )
         self.score_cache_entries = self._gauge(

@@ -17,6 +17,7 @@ service, used from the event loop alone (no lock).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -198,6 +199,8 @@ class ScoreCache:
         # key -> (stored value, its counted size)
         self._entries: OrderedDict[bytes, tuple[float | array[float] | str, int]] = OrderedDict()
         self._bytes = 0
+        # Keys a request is scoring now -> the future its value (or MISS) arrives in.
+        self._in_flight: dict[bytes, asyncio.Future[Any]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -262,6 +265,22 @@ class ScoreCache:
             _, (_, evicted) = self._entries.popitem(last=False)
             self._bytes -= evicted
         return True
+
+    def in_flight(self, key: bytes) -> asyncio.Future[Any] | None:
+        """The future of ``key``'s value when a request is scoring it now, else None."""
+        return self._in_flight.get(key)
+
+    def begin(self, key: bytes) -> None:
+        """Mark ``key`` in flight: requests that need it wait for :meth:`end` (on the
+        running event loop)."""
+        self._in_flight[key] = asyncio.get_running_loop().create_future()
+
+    def end(self, key: bytes, value: Any) -> None:
+        """``key`` is no longer in flight: its waiters get ``value`` (:data:`MISS`: the pass
+        failed, score it yourselves)."""
+        flight = self._in_flight.pop(key, None)
+        if flight is not None and not flight.done():
+            flight.set_result(value)
 
     def clear(self) -> None:
         """Forget every entry."""

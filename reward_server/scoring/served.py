@@ -309,40 +309,76 @@ class BatchedModel(abc.ABC):
         scheduler: Scheduler,
         cache: ScoreCache,
     ) -> list[ItemResult]:
-        """Results with the score cache: each row's value from the cache, else from the one
-        pass of the first identical row of this request; the new values kept once the
-        results are made (a value that fails the model's checks is never kept)."""
+        """Results with the score cache. Each row's value comes from the cache; else from the
+        pass another request already has in flight for the same key; else from one pass of
+        the first identical row of this request. The values this request computes are
+        handed to the requests waiting on them as soon as its pass returns, and kept in the
+        cache once its results are made (a value that fails the model's checks is never
+        kept)."""
         assert self._cache_id is not None
         keys = [cache.key(self._cache_id, ids) for ids in rows]
         values: list[Any] = [None] * len(rows)
         todo: dict[bytes, int] = {}  # key -> its row's index in unique
-        unique: list[list[int]] = []  # the rows to score, each once
-        where: list[int] = []  # per item: its row's index in unique, or -1 for a hit
-        hits = duplicates = 0
+        unique: list[list[int]] = []  # the rows this request scores, each once
+        waits: dict[bytes, asyncio.Future[Any]] = {}  # keys another request is scoring
+        row_of: dict[bytes, list[int]] = {}  # their rows, in case that request fails
+        hits = 0
         for i, key in enumerate(keys):
             value = cache.get(key)
             if value is not MISS:
                 values[i] = value
-                where.append(-1)
                 hits += 1
-                continue
-            if key in todo:
-                duplicates += 1
+            elif key in todo or key in waits:
+                continue  # a duplicate: answered by the first of its kind
+            elif (flight := cache.in_flight(key)) is not None:
+                waits[key] = flight
+                row_of[key] = rows[i]
             else:
                 todo[key] = len(unique)
                 unique.append(rows[i])
-            where.append(todo[key])
-        fresh = await scheduler.submit(unique) if unique else []
-        if len(fresh) != len(unique):
-            raise RuntimeError(f"{len(fresh)} scores for {len(unique)} rows")
-        for i, j in enumerate(where):
-            if j >= 0:
-                values[i] = fresh[j]
+        fresh = await self._submit_owned(scheduler, cache, unique, list(todo))
+        got = {key: fresh[j] for key, j in todo.items()}
+        if waits:
+            # asyncio.wait, not await: a cancelled waiter must not cancel the owner's future.
+            await asyncio.wait(waits.values())
+            got.update((key, flight.result()) for key, flight in waits.items())
+            # The owner failed or was cancelled: score those rows here.
+            lost = [key for key, flight in waits.items() if flight.result() is MISS]
+            if lost:
+                again = await scheduler.submit([row_of[key] for key in lost])
+                if len(again) != len(lost):
+                    raise RuntimeError(f"{len(again)} scores for {len(lost)} rows")
+                got.update(zip(lost, again, strict=True))
+                unique += [row_of[key] for key in lost]
+        for i, key in enumerate(keys):
+            if values[i] is None:
+                values[i] = got[key]
         results = self.finish(prepared, values)
-        for key, j in todo.items():
-            cache.put(key, fresh[j])
-        ctx.metrics.on_score_cache(self.name, hits, len(unique), duplicates)
+        for key in todo:
+            cache.put(key, got[key])
+        misses = len(unique)  # rows this request ran; the others were answered by twins
+        ctx.metrics.on_score_cache(self.name, hits, misses, len(rows) - hits - misses)
         return results
+
+    @staticmethod
+    async def _submit_owned(
+        scheduler: Scheduler, cache: ScoreCache, rows: list[list[int]], keys: list[bytes]
+    ) -> list[Any]:
+        """Score ``rows`` (of ``keys``), marked in flight meanwhile: the values go to the
+        requests waiting on those keys as soon as the pass returns (MISS when it fails or is
+        cancelled: they score the rows themselves). Resolved before this request waits on
+        anyone else's, so two requests never wait on each other."""
+        for key in keys:
+            cache.begin(key)
+        fresh: list[Any] = []
+        try:
+            fresh = list(await scheduler.submit(rows)) if rows else []
+            if len(fresh) != len(rows):
+                raise RuntimeError(f"{len(fresh)} scores for {len(rows)} rows")
+        finally:
+            for j, key in enumerate(keys):
+                cache.end(key, fresh[j] if len(fresh) == len(rows) else MISS)
+        return fresh
 
     def close(self) -> None:
         """Release the scorer (on the compute thread, where it was loaded)."""
