@@ -68,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument(
         "--api-key", default=os.environ.get("REWARD_API_KEY"), help="default: $REWARD_API_KEY"
     )
+    tls = score.add_mutually_exclusive_group()
+    tls.add_argument(
+        "--ca-bundle",
+        metavar="FILE",
+        default=os.environ.get("REWARD_CA_BUNDLE") or None,
+        help="CA bundle that signed an https server's certificate (default: $REWARD_CA_BUNDLE, "
+        "else the system's CAs)",
+    )
+    tls.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not check an https server's certificate (testing only)",
+    )
     score.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     score.add_argument("--max-retries", type=int, default=5, help="retries per request")
     score.add_argument(
@@ -138,9 +151,19 @@ def _score(args: argparse.Namespace) -> int:
     from reward_client import RewardClient, RewardServerError
 
     urls = [u.strip() for arg in args.reward_url for u in arg.split(",") if u.strip()]
-    with RewardClient(
-        urls, api_key=args.api_key, timeout=args.timeout, max_retries=args.max_retries
-    ) as client:
+    verify = False if args.insecure else (args.ca_bundle or True)
+    try:
+        client = RewardClient(
+            urls,
+            api_key=args.api_key,
+            timeout=args.timeout,
+            max_retries=args.max_retries,
+            verify=verify,
+        )
+    except ValueError as exc:  # a bad URL or an unreadable CA bundle
+        print(f"ppo-client score: {exc}", file=sys.stderr)
+        return 2
+    with client:
         try:
             if args.query is not None:
                 result = client.score_detailed(

@@ -45,8 +45,12 @@ def default_reward_fn(config: PPOConfig) -> RewardFn:
         "retry_timeout": config.reward_retry_timeout,
         "max_retries": config.reward_max_retries,
         "protocol": config.reward_protocol,
+        "verify": config.reward_ca_bundle or config.reward_tls_verify,
     }
-    return RewardClient(config.reward_url, api_key=config.reward_api_key, **options)
+    try:
+        return RewardClient(config.reward_url, api_key=config.reward_api_key, **options)
+    except ValueError as exc:  # a CA bundle that cannot be read, a malformed URL
+        raise ConfigError(str(exc).replace("verify:", "reward_ca_bundle:", 1)) from None
 
 
 def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:

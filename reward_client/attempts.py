@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,34 @@ def error_message(response: httpx.Response) -> str:
     if len(message) > 500:
         message = message[:497] + "..."
     return message or response.reason_phrase or "no message"
+
+
+def tls_misconfiguration(exc: BaseException) -> str | None:
+    """Why ``exc`` is a TLS set-up mistake that no retry can fix, or None.
+
+    A certificate the client does not trust (self-signed, another CA, another name) and an
+    ``https://`` URL for a plain-HTTP port fail the same way on every try: retrying them
+    for the whole budget would only hide the mistake. httpx wraps the ``ssl`` error twice
+    (httpx -> httpcore -> ssl), so the chain is searched.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return (
+                f"TLS certificate verification failed ({cause.verify_message or cause}): give "
+                "the client the CA bundle that signed the server's certificate (verify=PATH; "
+                "reward_ca_bundle in the PPO config), or verify=False to skip the check"
+            )
+        if isinstance(cause, ssl.SSLError) and cause.reason == "WRONG_VERSION_NUMBER":
+            return (
+                f"TLS handshake failed ({cause.reason}): the server does not speak TLS on "
+                "this port; use an http:// URL, or start the server with --ssl-certfile and "
+                "--ssl-keyfile"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +136,9 @@ class Attempts:
             cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if isinstance(exc, httpx.UnsupportedProtocol):
             raise RewardServerError(None, cause, self.url, method=self.method) from exc
+        tls = tls_misconfiguration(exc)
+        if tls is not None:  # the same on every try: not retried
+            raise RewardServerError(None, tls, self.url, method=self.method) from exc
         self._router.mark(self.target, ok=False)
         return self._retry(None, cause, None, exc)
 

@@ -111,7 +111,9 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
     ) -> None:
         super().__init__(base_urls, api_key, **options)
         self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=self.timeout, limits=self._limits())
+        self._http = http_client or httpx.Client(
+            timeout=self.timeout, limits=self._limits(), verify=self.verify
+        )
         self._sleep = sleep
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -211,7 +213,9 @@ class AsyncRewardClient(
     ) -> None:
         super().__init__(base_urls, api_key, **options)
         self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, limits=self._limits())
+        self._http = http_client or httpx.AsyncClient(
+            timeout=self.timeout, limits=self._limits(), verify=self.verify
+        )
         self._sleep = sleep
 
     async def __aenter__(self) -> AsyncRewardClient:

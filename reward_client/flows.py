@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
+import ssl
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -105,6 +107,29 @@ def scores(flow: Flow[ScoreResult]) -> Flow[list[float]]:
     return result.scores
 
 
+#: How https servers are checked: True (the system's or certifi's CAs, or $SSL_CERT_FILE),
+#: False (not at all), a CA bundle file or folder, or an ``ssl.SSLContext``.
+Verify: TypeAlias = "bool | str | os.PathLike[str] | ssl.SSLContext"
+
+
+def tls_verify(verify: Verify) -> bool | ssl.SSLContext:
+    """``verify`` as httpx takes it: a CA bundle path becomes an ``ssl.SSLContext`` (httpx
+    0.28 deprecates paths); True, False and contexts are kept."""
+    if isinstance(verify, bool | ssl.SSLContext):
+        return verify
+    if not isinstance(verify, str | os.PathLike):
+        raise TypeError(
+            f"verify must be a bool, a CA bundle path or an ssl.SSLContext, got {verify!r}"
+        )
+    path = os.fspath(verify)
+    try:
+        if os.path.isdir(path):
+            return ssl.create_default_context(capath=path)
+        return ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"verify: cannot load the CA bundle {path!r}: {exc}") from None
+
+
 def _policy(
     retry: RetryPolicy | None, retry_timeout: float | None, max_retries: int | None
 ) -> RetryPolicy:
@@ -141,6 +166,7 @@ class Core:
         protocol: str = "remote-reward",
         resolver: Resolver | None = None,
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
+        verify: Verify = True,
     ) -> None:
         if protocol not in wire.PROTOCOLS:
             raise ValueError(
@@ -155,6 +181,9 @@ class Core:
         self.retry_policy = _policy(retry, retry_timeout, max_retries)
         self.base_urls = normalise_urls(base_urls)
         self.timeout = httpx.Timeout(timeout)
+        #: What the HTTP client this client creates checks https servers with (httpx's
+        #: ``verify``: True, False or an ``ssl.SSLContext``).
+        self.verify = tls_verify(verify)
         self.max_concurrency = max_concurrency
         self.on_retry = on_retry
         self._max_client_batch = max_client_batch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import Callable
 from typing import TypedDict
 
@@ -37,7 +39,12 @@ class ClientOptions(TypedDict, total=False):
     ``resolve_interval``: seconds between two resolutions of a ``dns+http://name:port``
     base URL (default 5; also resolved again soon after a failure); ``resolver``: ``(host,
     port) -> addresses``, the test seam (default ``getaddrinfo``; see
-    :mod:`reward_client.targets`).
+    :mod:`reward_client.targets`). ``verify``: how ``https://`` servers are checked: True
+    (default: the system's CAs through certifi, or ``$SSL_CERT_FILE``), a CA bundle file (or
+    folder) that signed the server's certificate, an ``ssl.SSLContext`` (e.g. with a client
+    certificate loaded), or False (no check: testing only). It configures the HTTP client
+    the reward client creates; a passed-in ``http_client`` keeps its own. A certificate that
+    fails the check is a configuration error: raised at once, never retried.
     """
 
     timeout: float | httpx.Timeout
@@ -52,3 +59,4 @@ class ClientOptions(TypedDict, total=False):
     protocol: str
     resolver: Resolver | None
     resolve_interval: float
+    verify: bool | str | os.PathLike[str] | ssl.SSLContext

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import ssl
 import sys
 import types
 import typing
@@ -155,6 +156,55 @@ def _load(service: Service) -> bool:
     return False
 
 
+def check_tls(settings: ServerSettings) -> str | None:
+    """Why the server cannot serve HTTPS with its --ssl-* files, or None (also without TLS).
+
+    Checked before the model loads, so a missing or wrong file costs no model load. The
+    password is never prompted for: an encrypted key without --ssl-keyfile-password fails
+    here (OpenSSL would otherwise ask on the terminal, which a container does not have).
+    """
+    if settings.ssl_certfile is None or settings.ssl_keyfile is None:
+        return None
+    for flag, path in (
+        ("--ssl-certfile", settings.ssl_certfile),
+        ("--ssl-keyfile", settings.ssl_keyfile),
+    ):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            return f"{flag}: cannot read {path}: {exc.strerror or exc}"
+    secret = settings.ssl_keyfile_password
+    password = secret.get_secret_value() if secret is not None else ""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            settings.ssl_certfile, settings.ssl_keyfile, lambda: password
+        )
+    except ssl.SSLError as exc:
+        if _encrypted_pem(settings.ssl_keyfile):  # OpenSSL says no more than "PEM lib"
+            if secret is None:
+                return (
+                    f"--ssl-keyfile {settings.ssl_keyfile} is encrypted: give its password "
+                    f"with --ssl-keyfile-password (or {ENV_PREFIX}SSL_KEYFILE_PASSWORD)"
+                )
+            return f"--ssl-keyfile-password does not decrypt --ssl-keyfile {settings.ssl_keyfile}"
+        return (
+            f"--ssl-certfile {settings.ssl_certfile} / --ssl-keyfile {settings.ssl_keyfile}: "
+            f"not a PEM certificate and its private key: {exc}"
+        )
+    return None
+
+
+def _encrypted_pem(path: str) -> bool:
+    """Whether the PEM key file at ``path`` is encrypted (PKCS#8 or OpenSSL's old form)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4096)
+    except OSError:
+        return False
+    return b"ENCRYPTED PRIVATE KEY" in head or b"Proc-Type: 4,ENCRYPTED" in head
+
+
 def hash_key_main(argv: Sequence[str]) -> int:
     """``reward-server hash-key``: the key_sha256 of a key for the keys file (--api-keys)."""
     import getpass
@@ -197,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return hash_key_main(args[1:])
     settings = parse_settings(args)
     _configure_logging(settings.log_level)
+    tls_problem = check_tls(settings)
+    if tls_problem is not None:
+        print(f"{PROG}: error: {tls_problem}", file=sys.stderr)
+        return 2
     from reward_server.http.app import create_app
 
     app = create_app(settings)
@@ -219,15 +273,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         lifespan="on",
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=None,  # finish every request in flight, however long
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+        ssl_keyfile_password=(
+            settings.ssl_keyfile_password.get_secret_value()
+            if settings.ssl_keyfile_password is not None
+            else None
+        ),
     )
     server = DrainingServer(config, on_drain=service.begin_drain)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     model = service.model  # the first reward model; None when only verifiers are served
     logger.info(
-        "serving %s on %s (%s) at http://%s:%d",
+        "serving %s on %s (%s) at %s://%s:%d",
         service.name,
         model.device if model is not None else "cpu",
         model.info().get("dtype", "?") if model is not None else "verifiers",
+        "https" if settings.tls else "http",
         host,
         settings.port,
     )

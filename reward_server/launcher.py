@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -79,13 +80,26 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A started ``reward-server`` subprocess with its URL and captured output."""
+    """A started ``reward-server`` subprocess with its URL and captured output.
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    ``url`` is ``https://`` when the server was started with a certificate; ``verify`` is
+    what the readiness poll checks it with (httpx's ``verify``).
+    """
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        port: int,
+        log_path: Path,
+        *,
+        tls: bool = False,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
         self.proc = proc
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self.log_path = log_path
+        self.verify = verify
 
     def log(self) -> str:
         """Everything the server wrote to stdout and stderr so far."""
@@ -116,10 +130,17 @@ class ServerProcess:
                     f"ready:\n{self.log()}"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                answer = httpx.get(f"{self.url}/health", timeout=2, verify=self.verify)
+                if answer.status_code == 200:
                     return
             time.sleep(0.1)
         raise RuntimeError(f"reward-server not healthy after {timeout}s:\n{self.log()}")
+
+
+def _serves_tls(args: tuple[str, ...], env: dict[str, str]) -> bool:
+    """Whether ``reward-server args`` with ``env`` serves HTTPS (a certificate is given)."""
+    flag = any(arg == "--ssl-certfile" or arg.startswith("--ssl-certfile=") for arg in args)
+    return flag or bool(env.get("REWARD_SERVER_SSL_CERTFILE"))
 
 
 def start_server(
@@ -128,11 +149,14 @@ def start_server(
     env: dict[str, str] | None = None,
     port: int | None = None,
     log_path: str | Path | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> ServerProcess:
     """Start ``reward-server --model model_path --port P *args`` without waiting for it.
 
     Output goes to ``log_path`` (a temporary file when not given). ``model_path`` may be
-    None when the model comes from ``REWARD_SERVER_MODEL`` in ``env``.
+    None when the model comes from ``REWARD_SERVER_MODEL`` in ``env``. A server given
+    ``--ssl-certfile`` (or ``REWARD_SERVER_SSL_CERTFILE``) gets an ``https://`` URL, polled
+    with ``verify`` (an ``ssl.SSLContext`` trusting its CA, or False).
     """
     port = port or free_port()
     if log_path is None:
@@ -146,7 +170,7 @@ def start_server(
         cmd[1:1] = ["--model", str(model_path)]
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
-    return ServerProcess(proc, port, log_path)
+    return ServerProcess(proc, port, log_path, tls=_serves_tls(args, full_env), verify=verify)
 
 
 @contextlib.contextmanager
@@ -156,10 +180,12 @@ def running_server(
     env: dict[str, str] | None = None,
     timeout: float = 60,
     log_path: str | Path | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> Iterator[ServerProcess]:
     """Start the real server on a free loopback port, wait for health, stop it on exit.
 
-    ``args`` are extra CLI flags; ``env`` is added to the inherited environment. A port
+    ``args`` are extra CLI flags; ``env`` is added to the inherited environment; ``verify``
+    checks an HTTPS server's certificate (see :func:`start_server`). A port
     taken between choosing and binding it is retried with another port. A temporary log
     file is removed at the end; a ``log_path`` given by the caller is kept.
     """
@@ -168,7 +194,7 @@ def running_server(
     try:
         for attempt in range(3):
             with deferred_signals():
-                server = start_server(model_path, *args, env=env, log_path=log_path)
+                server = start_server(model_path, *args, env=env, log_path=log_path, verify=verify)
             try:
                 server.wait_ready(timeout)
                 break

@@ -10,6 +10,8 @@ keyword argument           environment            meaning
 ``reward_url``             ``REWARD_URL``         one base URL, a comma-separated list or a list
 ``reward_api_key``         ``REWARD_API_KEY``     the server's API key
 ``reward_timeout``         ``REWARD_TIMEOUT``     seconds per request (default 60)
+``reward_ca_bundle``       ``REWARD_CA_BUNDLE``   CA bundle an https server's certificate is
+                                                  checked against (default: the system's)
 ``reward_client_options``                         further client options (a mapping, such as
                                                   ``{"max_retries": 3}``; see ClientOptions)
 =========================  =====================  ===========================================
@@ -33,7 +35,7 @@ __all__ = ["CLIENT_KWARGS", "ClientCache", "ClientSettings", "WarnOnce", "flag"]
 
 #: The keyword arguments :meth:`ClientSettings.read` takes.
 CLIENT_KWARGS = frozenset(
-    {"reward_url", "reward_api_key", "reward_timeout", "reward_client_options"}
+    {"reward_url", "reward_api_key", "reward_timeout", "reward_ca_bundle", "reward_client_options"}
 )
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -68,7 +70,10 @@ class ClientSettings:
         """Settings from the call's keyword arguments, then the environment, then defaults;
         ``hint`` says where a missing URL can be set."""
         env = os.environ
-        options = kwargs.get("reward_client_options") or {}
+        options = dict(kwargs.get("reward_client_options") or {})
+        ca_bundle = kwargs.get("reward_ca_bundle") or env.get("REWARD_CA_BUNDLE")
+        if ca_bundle:  # a ``verify`` among the options wins
+            options.setdefault("verify", str(ca_bundle))
         return cls(
             urls=_urls(kwargs.get("reward_url") or env.get("REWARD_URL") or "", hint),
             api_key=kwargs.get("reward_api_key") or env.get("REWARD_API_KEY") or None,

@@ -76,6 +76,22 @@ class ServerSettings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535)
     """TCP port to listen on."""
 
+    ssl_certfile: str | None = Field(default=None, min_length=1)
+    """Serve HTTPS with this PEM certificate (chain) file; needs --ssl-keyfile. Without both
+    the port speaks plain HTTP, so keys and texts cross the network in clear unless a proxy
+    terminates TLS in front of it.
+    """
+
+    ssl_keyfile: str | None = Field(default=None, min_length=1)
+    """The PEM private key of --ssl-certfile (mount it read-only; the server only reads it at
+    start-up).
+    """
+
+    ssl_keyfile_password: SecretStr | None = Field(default=None)
+    """Password of an encrypted --ssl-keyfile. Prefer the environment variable
+    REWARD_SERVER_SSL_KEYFILE_PASSWORD, which other users of the machine cannot see in ps.
+    """
+
     dtype: Dtype = Field(default="auto")
     """Weight dtype. auto: float32 on CPU, also on CPUs with native bfloat16 (AVX512-BF16/AMX:
     bfloat16 scored 1.8x faster on a Zen 4 EPYC but moved scores by up to 3.5 % of their
@@ -293,6 +309,27 @@ class ServerSettings(BaseSettings):
         """The tenants at start-up: the keys file's, one "default" tenant for --api-key, or
         None without a key."""
         return self._tenants
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerSettings:
+        """--ssl-certfile and --ssl-keyfile come together (the files are read at start-up,
+        by :func:`reward_server.cli.check_tls`: settings may describe another machine)."""
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            given, missing = (
+                ("--ssl-certfile", "--ssl-keyfile")
+                if self.ssl_keyfile is None
+                else ("--ssl-keyfile", "--ssl-certfile")
+            )
+            env = ENV_PREFIX + missing.removeprefix("--").replace("-", "_").upper()
+            raise ValueError(f"{given} needs {missing} (or {env}) to serve HTTPS")
+        if self.ssl_keyfile_password is not None and self.ssl_keyfile is None:
+            raise ValueError("--ssl-keyfile-password needs --ssl-certfile and --ssl-keyfile")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """True when the server speaks HTTPS (--ssl-certfile and --ssl-keyfile given)."""
+        return self.ssl_certfile is not None
 
     @property
     def models_file(self) -> ModelsFile | None:

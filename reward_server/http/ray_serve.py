@@ -173,6 +173,13 @@ def app(args: Mapping[str, Any]) -> Application:
         options = ServeOptions(**serve_args)
     except ValidationError as exc:
         raise ValueError(f"reward_server.http.ray_serve: bad arguments: {exc}") from None
+    if settings.tls:
+        # Serve's HTTP proxy owns the port, not uvicorn: ignoring the certificate would
+        # serve plain HTTP while the user believes it is HTTPS.
+        raise ValueError(
+            "reward_server.http.ray_serve: ssl_certfile/ssl_keyfile do not apply on Ray "
+            "Serve (its proxy serves the port): terminate TLS in an ingress or proxy in front"
+        )
     return build(settings, options)
 
 
