@@ -49,7 +49,7 @@ require_counterpart(KUBECTL is not None, "REWARD_SERVER_TEST_KUBECTL", "kubectl"
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("cpu", "gpu", "vllm-tp")
-COMPONENTS = ("keda", "hpa", "servicemonitor", "model-cache-pvc")
+COMPONENTS = ("keda", "hpa", "servicemonitor", "model-cache-pvc", "tls")
 #: What can be applied: each overlay, each overlay plus one component, the examples.
 TARGETS = (
     *(f"overlays/{o}" for o in OVERLAYS),
