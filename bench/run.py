@@ -11,6 +11,9 @@ logprobs and generate modes) each write their own block too, as does ``--only ro
 ``generate``; ``--rollout-quick`` shrinks it to a smoke test). ``--only cache``
 (:mod:`bench.score_cache`: a GRPO-shaped load with duplicate completions, with and without
 the score cache) writes its own block too.
+``--only tenants`` (:mod:`bench.tenants`: two tenants on one server, one flooding it, the
+other's latency and the total throughput) writes its own block too; ``--tenants-quick``
+shrinks it to a smoke test.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-PARTS = ("throughput", "ppo", "engines", "verifiers", "judges", "rollout", "cache")
+PARTS = ("throughput", "ppo", "engines", "verifiers", "judges", "rollout", "cache", "tenants")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -91,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-verifiers", action="store_true")
     p.add_argument("--skip-judges", action="store_true")
     p.add_argument("--skip-rollout", action="store_true")
+    p.add_argument("--skip-tenants", action="store_true")
     p.add_argument("--skip-cache", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
@@ -155,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cache-groups", type=int, default=32, help="groups of 8 per round")
     c.add_argument("--cache-rounds", type=int, default=5)
     c.add_argument("--cache-clients", type=int, default=4, help="requests in flight")
+    t = p.add_argument_group("tenants (two tenants, one flooding: fair scheduling)")
+    t.add_argument("--tenants-duration", type=float, default=15.0, help="seconds per window")
+    t.add_argument("--tenants-rounds", type=int, default=2)
+    t.add_argument("--tenants-a-clients", type=int, default=10, help="the flooding tenant's")
+    t.add_argument(
+        "--tenants-quick", action="store_true", help="a smoke test (seconds, not figures)"
+    )
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -171,6 +182,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["verifiers"] = args.skip_verifiers
     skipped["judges"] = args.skip_judges
     skipped["rollout"] = args.skip_rollout
+    skipped["tenants"] = args.skip_tenants
     skipped["cache"] = args.skip_cache
     return tuple(part for part in PARTS if not skipped[part])
 
@@ -244,6 +256,8 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
                 server_args=tuple(args.server_arg),
             )
         )
+    if "tenants" in parts:
+        results["tenants"] = _run_tenants(args, model_path)
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -283,7 +297,13 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
         from bench.score_cache import render as render_cache
 
         update_block(path, "cache", render_cache(results["cache"]), "Score cache")
-    rest = [part for part in parts if part not in ("verifiers", "judges", "rollout", "cache")]
+    if "tenants" in parts:
+        from bench.tenants import render as render_tenants
+
+        update_block(path, "tenants", render_tenants(results["tenants"]), "Tenants")
+    rest = [
+        part for part in parts if part not in ("verifiers", "judges", "rollout", "cache", "tenants")
+    ]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))
     elif rest:
@@ -340,6 +360,22 @@ def _run_rollout(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
         given["steps"] = args.rollout_steps
     cfg = quick_config(**given) if args.rollout_quick else RolloutBenchConfig(**given)
     return run_rollout_bench(cfg)
+
+
+def _run_tenants(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
+    from bench.tenants import TenantsBenchConfig, quick_config, run_tenants_bench
+
+    given: dict[str, Any] = {"model_path": model_path, "threads": args.threads}
+    given["server_args"] = tuple(args.server_arg)
+    if args.tenants_quick:
+        return run_tenants_bench(quick_config(**given))
+    cfg = TenantsBenchConfig(
+        **given,
+        a_clients=args.tenants_a_clients,
+        duration_s=args.tenants_duration,
+        rounds=args.tenants_rounds,
+    )
+    return run_tenants_bench(cfg)
 
 
 def _run_engines(
@@ -407,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     results, out = run(sys.argv[1:] if argv is None else argv)
     print(f"results: {out}")
-    for section in ("throughput", "ppo", "engines", "trainer_pattern", "cache"):
+    for section in ("throughput", "ppo", "engines", "trainer_pattern", "cache", "tenants"):
         for t in results.get(section, {}).get("targets", []):
             med = t["value"]["median"]
             print(

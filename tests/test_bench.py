@@ -329,6 +329,30 @@ def test_cache_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path:
     assert markdown.read_text(encoding="utf-8").count("<!-- bench:cache:begin -->") == 1
 
 
+def test_tenants_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
+    """Two tenants on one server with a keys file, every phase, at a tiny size."""
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    argv = ["--only", "tenants", "--tenants-quick", "--threads", "1", "--model", str(bert_rm)]
+    argv += ["--results-dir", str(tmp_path), "--markdown", str(markdown)]
+    results, out = run.run(argv)
+    assert out.exists() and set(results) == {"meta", "tenants"}
+    figures = results["tenants"]
+    phases = figures["phases"]
+    assert set(phases) == {"B alone", "A + B", "one tenant", "A alone"}
+    assert all(fig["failed"] == 0 for fig in phases.values())
+    assert all(_is_summary(fig["items_per_s"]) for fig in phases.values())
+    # Who ran in each phase: B's latency alone, with A, and as one of A's clients.
+    assert set(phases["B alone"]) - {"items_per_s", "failed"} == {"B"}
+    assert set(phases["A + B"]) - {"items_per_s", "failed"} == {"A", "B"}
+    assert set(phases["A alone"]) - {"items_per_s", "failed"} == {"A"}
+    assert _is_summary(phases["A + B"]["B"]["p99_ms"]) and phases["A + B"]["B"]["requests"] >= 1
+    assert [t["threshold"] for t in figures["targets"]] == [2.0, 2.0, 0.9]
+    assert all(_is_summary(t["value"]) for t in figures["targets"])
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "## Tenants" in text and "| A + B (two tenants) |" in text
+
+
 @pytest.mark.exclusive  # vLLM's engine in this process pins its threads: after the parallel part
 def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
     """PPO rollouts with transformers, vLLM streaming and vLLM not streaming, at a tiny size."""
