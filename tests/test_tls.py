@@ -178,6 +178,34 @@ def test_server_serves_https_only(server: ServerProcess, pki: Pki) -> None:
         httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=10)
 
 
+def test_container_health_check_probes_https(server: ServerProcess) -> None:
+    """docker/healthcheck.py (the image's HEALTHCHECK) follows REWARD_SERVER_SSL_CERTFILE."""
+    script = Path(__file__).resolve().parents[1] / "docker" / "healthcheck.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARD_SERVER_")}
+    env["REWARD_SERVER_PORT"] = str(server.port)
+    plain = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert plain.returncode == 1 and "http://127.0.0.1" in plain.stderr
+    env["REWARD_SERVER_SSL_CERTFILE"] = "/etc/reward-server/tls/tls.crt"
+    tls = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert tls.returncode == 0, tls.stderr
+
+
+def test_encrypted_key_serves_with_its_password(bert_rm: Path, pki: Pki) -> None:
+    """The password reaches uvicorn: a server with an encrypted key answers over HTTPS."""
+    env = {
+        "REWARD_SERVER_SSL_CERTFILE": str(pki.cert),
+        "REWARD_SERVER_SSL_KEYFILE": str(pki.encrypted_key),
+        "REWARD_SERVER_SSL_KEYFILE_PASSWORD": PASSWORD,
+    }
+    trusted = ssl.create_default_context(cafile=str(pki.ca))
+    with (
+        running_server(bert_rm, env=env, verify=trusted) as srv,
+        RewardClient(srv.url, verify=trusted) as client,
+    ):
+        assert len(client.score(texts=TEXTS)) == len(TEXTS)
+        assert PASSWORD not in srv.log()
+
+
 def test_client_with_the_ca_bundle_scores(server: ServerProcess, pki: Pki) -> None:
     """A CA bundle path (str or Path) or an SSLContext; the API key travels inside TLS."""
     with RewardClient(server.url, api_key=API_KEY, verify=str(pki.ca)) as client:
