@@ -70,14 +70,16 @@ format: setup
 # taking whole test files, so a module's shared server and fixtures stay in one process.
 # Then the tests marked exclusive alone: tests/test_vllm_engine.py (its tensor-parallel
 # vLLM workers once failed to start beside the other worker's tests) and
-# tests/test_vllm_rollout.py and the rollout part of tests/test_bench.py (a vLLM engine in
-# the test process binds its threads). About 17 min on the 2-core machine.
+# tests/test_vllm_rollout.py, the two-process run with rollout_engine: vllm in
+# tests/test_ppo_accelerate.py and the rollout part of tests/test_bench.py (an in-process
+# vLLM engine takes over its process's threads). About 17 min on the 2-core machine.
 # --durations: the slowest tests in the log.
 test: setup lint
 	$(TEST_GATES) $(BIN)/python -m pytest -n 2 --dist loadfile -m "not soak and not exclusive" \
 		--durations=25
 	$(TEST_GATES) $(BIN)/python -m pytest -m "exclusive and not soak" --durations=10 \
-		tests/test_vllm_engine.py tests/test_vllm_rollout.py tests/test_bench.py
+		tests/test_vllm_engine.py tests/test_vllm_rollout.py tests/test_ppo_accelerate.py \
+		tests/test_bench.py
 
 demo: setup
 	$(BIN)/python -m examples.demo
