@@ -236,6 +236,8 @@ def slow_batch_server(bert_rm: Path) -> Iterator[ServerProcess]:
     """A server whose batcher waits up to a minute for a full batch (256 rows): small
     requests stay queued until their client hangs up; a 256-item request runs at once."""
     args = ("--max-wait-ms", "60000", "--max-batch-size", "256", "--max-batch-tokens", "65536")
+    # The queue itself is under test: no score cache answering or merging identical items.
+    args += ("--score-cache-size", "0")
     with running_server(bert_rm, *args) as srv:
         yield srv
 
@@ -423,7 +425,9 @@ def test_sigterm_finishes_mixed_requests_in_flight_with_right_scores(llama_rm: P
     16 requests (24 items) stay queued until a 17th request (3 items), whose body is held
     half-sent, completes the batch, and its body is only let through after SIGTERM."""
     srv = start_server(
-        llama_rm, "--max-wait-ms", "600000", "--max-batch-size", "27", "--max-batch-tokens", "65536"
+        llama_rm,
+        *("--max-wait-ms", "600000", "--max-batch-size", "27", "--max-batch-tokens", "65536"),
+        *("--score-cache-size", "0"),  # 27 rows, whether or not two items are identical
     )
     try:
         pool: Pool = build_pool(llama_rm, seed=11, texts=15, pairs=6, conversations=6)

@@ -367,6 +367,8 @@ def test_queue_full_gives_429_and_client_retries_bring_everything_through(
     queue_full = 'reward_server_errors_total{status="429",type="queue_full"}'
     args = ("--max-queue", "32", "--max-batch-size", "32", "--max-batch-tokens", "65536")
     args += ("--max-client-batch", "8", "--max-wait-ms", "600000")
+    # Items are drawn with replacement: without the score cache each one is a queued row.
+    args += ("--score-cache-size", "0")
     with running_server(llama_rm, *args) as server, ThreadPoolExecutor(16) as threads:
 
         def raw(texts: list[str]) -> httpx.Response:

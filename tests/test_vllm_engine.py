@@ -207,14 +207,13 @@ def test_32_concurrent_clients_get_their_own_scores(llama_server: ServerProcess)
 
 
 def test_a_full_queue_answers_429_and_the_rest_is_scored(llama_server: ServerProcess) -> None:
-    batch = [LONG] * 128  # each request alone fills --max-queue 128
+    # Each request alone fills --max-queue 128 (no score cache: every copy is a row).
+    body = {"texts": [LONG] * 128, "cache": False}
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient() as http:
-            calls = (
-                http.post(f"{llama_server.url}/score", json={"texts": batch}, timeout=120)
-                for _ in range(12)
-            )
+            url = f"{llama_server.url}/score"
+            calls = (http.post(url, json=body, timeout=120) for _ in range(12))
             return await asyncio.gather(*calls)
 
     answers = asyncio.run(run())
@@ -252,7 +251,7 @@ def test_a_client_that_hangs_up_has_its_rows_dropped(llama_server: ServerProcess
     url, port = llama_server.url, llama_server.port
     disconnected = {"status": "499", "type": "client_disconnected"}
     before = metric(url, "reward_server_errors_total", **disconnected)
-    body = json.dumps({"texts": [LONG] * 128}).encode()
+    body = json.dumps({"texts": [LONG] * 128, "cache": False}).encode()  # 128 rows
     head = (
         f"POST /score HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
