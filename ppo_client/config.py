@@ -248,8 +248,9 @@ class PPOConfig(BaseModel):
     update (vLLM's LoRA support, in memory; the base weights are loaded once), or
     ``merged``: all weights, the adapter merged in (for adapters vLLM cannot serve)."""
     stream_rewards: bool = True
-    """rollout_engine vllm: send finished rollouts to the reward while the others still
-    generate, ``reward_stream_size`` at a time; false: after the last one finishes."""
+    """Send finished rollouts (a row ends at its stop token) to the reward while the others
+    still generate, ``reward_stream_size`` at a time (either engine; with transformers, per
+    chunk of ``local_rollout_forward_batch_size``); false: after the last one finishes."""
     reward_stream_size: int = Field(default=8, ge=1)
     """Rollouts per reward request while streaming."""
     rollout_is_cap: float | None = Field(default=None, gt=0)
@@ -455,14 +456,11 @@ def reject_unknown_args(rest: Sequence[str]) -> None:
 
 
 _NONE_WORDS = frozenset({"none", "null", "~", ""})
-#: Keys that only rollout_engine vllm reads (stream_rewards: the transformers path already
-#: scores each chunk of local_rollout_forward_batch_size as it is generated).
+#: Keys that only rollout_engine vllm reads (stream_rewards, reward_stream_size: both engines).
 _VLLM_ONLY = (
     "vllm_memory_share",
     "vllm_engine_args",
     "vllm_lora",
-    "stream_rewards",
-    "reward_stream_size",
     "rollout_is_cap",
 )
 

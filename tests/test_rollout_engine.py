@@ -60,11 +60,20 @@ def test_scores_of_rows_sent_out_of_order_come_back_in_order() -> None:
     assert _reorder(scored, [0, 1, 2, 3]) is scored
 
 
-@pytest.mark.parametrize(
-    "key", ["vllm_memory_share", "stream_rewards", "reward_stream_size", "rollout_is_cap"]
-)
+@pytest.mark.parametrize("key", ["vllm_memory_share", "rollout_is_cap"])
 def test_vllm_keys_need_the_vllm_engine(key: str, tmp_path: Path) -> None:
-    value = {"stream_rewards": False, "reward_stream_size": 4}.get(key, 0.5)
     with pytest.raises(ConfigError, match=f"{key}: only for rollout_engine: vllm"):
-        make_config(tmp_path / "p", tmp_path / "o", **{key: value})
-    make_config(tmp_path / "p", tmp_path / "o", rollout_engine="vllm", **{key: value})
+        make_config(tmp_path / "p", tmp_path / "o", **{key: 0.5})
+    make_config(tmp_path / "p", tmp_path / "o", rollout_engine="vllm", **{key: 0.5})
+
+
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_both_engines_take_the_streaming_keys(engine: str, tmp_path: Path) -> None:
+    cfg = make_config(
+        tmp_path / "p",
+        tmp_path / "o",
+        rollout_engine=engine,
+        stream_rewards=False,
+        reward_stream_size=4,
+    )
+    assert (cfg.stream_rewards, cfg.reward_stream_size) == (False, 4)
