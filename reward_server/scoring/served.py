@@ -5,8 +5,10 @@ A served model renders and tokenizes on the service's tokenizer thread (reading 
 request's plain :mod:`~reward_server.scoring.items`), queues the token-id rows on its own
 scheduler (a micro-:class:`~reward_server.scoring.batcher.Batcher` whose passes run on the
 service's one compute thread, or the engine's own scheduler) and gives back one
-:class:`ItemResult` per item. The service fans a request out to its models and combines
-their results (:mod:`reward_server.scoring.aggregate`).
+:class:`ItemResult` per item. Rows whose exact token ids the score cache holds, that another
+request is scoring, or that repeat an earlier row of the request are not queued again
+(:mod:`reward_server.scoring.score_cache`). The service fans a request out to its models and
+combines their results (:mod:`reward_server.scoring.aggregate`).
 
 Nouns: an engine loads a :class:`~reward_server.engines.Scorer` (or a process model's
 :class:`~reward_server.text.steps.StepScorer`) from :class:`~reward_server.config.LoadOptions`;
