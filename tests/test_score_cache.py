@@ -16,11 +16,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from server_proc import ServerProcess, metric, running_server
+from test_judge import TEMPLATE, YES_NO, save_judge
 
 import tiny_models
 from reward_client import RewardClient
 from reward_server.config import ModelSpec, ServerSettings
+from reward_server.http.app import create_app
 from reward_server.scoring.items import Texts
 from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.score_cache import (
@@ -462,3 +465,35 @@ def test_the_env_vars_reach_the_settings(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("REWARD_SERVER_SCORE_CACHE_BYTES", "0")
     with pytest.raises(ValueError, match="score_cache_bytes"):
         ServerSettings(model="m")
+
+
+def test_a_logprobs_judge_is_cached_and_a_sampling_judge_is_not(tmp_path: Path) -> None:
+    folder = save_judge(tmp_path / "judge", "gpt2")
+    judge = {"kind": "judge", "model": str(folder), "template": TEMPLATE}
+    entries = [
+        {"name": "logprobs", **judge, "score_tokens": YES_NO},
+        {**judge, "name": "sampled", "mode": "generate", "score_pattern": r"(\d)"}
+        | {"max_new_tokens": 2, "temperature": 0.7, "on_error": 0.0},
+    ]
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    body = {"queries": ["2+2?", "2+2?"], "responses": ["4", "4"], "labels": ["4", "4"]}
+
+    def rows(client: TestClient, name: str) -> float:
+        text = client.get("/metrics").text
+        line = f'reward_server_model_batch_rows_sum{{model="{name}"}} '
+        return float(next(s for s in text.splitlines() if s.startswith(line)).split()[-1])
+
+    with TestClient(create_app(ServerSettings(models=str(path), max_wait_ms=1.0))) as client:
+        first = client.post("/score", json=body)
+        assert first.status_code == 200, first.text
+        again = client.post("/score", json=body).json()
+        # The logprobs judge ran one row for the two identical items, then none; the
+        # sampling judge drew a sample for each item of each request.
+        assert (rows(client, "logprobs"), rows(client, "sampled")) == (1.0, 4.0)
+        assert again["components"]["logprobs"] == first.json()["components"]["logprobs"]
+        metrics = client.get("/metrics").text
+        assert 'reward_server_score_cache_hits_total{model="logprobs"} 2.0' in metrics
+        assert 'model="sampled"' not in "".join(
+            line for line in metrics.splitlines() if line.startswith("reward_server_score_cache")
+        )
