@@ -1,5 +1,6 @@
 """The score cache: a served model's value for exact token ids, kept across requests (an LRU
-bounded by entries and bytes) and computed once for identical rows of one request.
+bounded by entries and bytes) and computed once for identical rows of one request or of
+requests in flight at the same time (:meth:`ScoreCache.in_flight`).
 
 What is cached is the row value a model's scheduler gives back for one row of token ids
 (a sequence model's logit or row of logits, a process model's per-token step scores, a
