@@ -523,8 +523,9 @@ def render(result: dict[str, Any]) -> str:
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for name, fig in part["variants"].items():
-            keys = ("generate_s", "rollout_s", "reward_wait_s", "update_s", "step_s")
-            cells = [_num(fig[key]["median"]) for key in keys]
+            cells = [_num(fig[key]["median"]) for key in ("generate_s", "rollout_s")]
+            cells.append(_num(fig["reward_wait_s"]["median"], 3))  # often a few ms here
+            cells += [_num(fig[key]["median"]) for key in ("update_s", "step_s")]
             cells.append(_num(fig["stopped_rows"]["median"], 0))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
