@@ -122,6 +122,23 @@ def test_a_tenant_arriving_behind_a_flood_is_served_in_the_next_pass() -> None:
     run(main())
 
 
+def test_a_window_no_larger_than_a_turn_is_not_cut_by_a_newcomer() -> None:
+    async def main() -> None:
+        scorer = GatedScorer()
+        b = batcher(scorer, max_batch_size=1)  # one row per pass; a turn is 40 tokens
+        await b.start()
+        small = spawn(Tenant("B"), b.submit, rows(B, 3))  # 30 tokens, three passes
+        await asyncio.to_thread(scorer.entered.wait, 10)
+        flood = spawn(Tenant("A"), b.submit, rows(A, 8))
+        await settle()
+        scorer.gate.set()
+        await asyncio.gather(small, flood)
+        await b.stop()
+        assert scorer.passes[:3] == [[B]] * 3  # B's request finished before A's turn
+
+    run(main())
+
+
 def test_weights_2_to_1_give_2_to_1_tokens_while_both_wait() -> None:
     async def main() -> None:
         scorer = GatedScorer()

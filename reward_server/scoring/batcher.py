@@ -25,9 +25,9 @@ work, each window is one tenant's turn of deficit round robin on tokens
 (:class:`~reward_server.config.fairness.DeficitRoundRobin`: ``max_batch_tokens * weight``
 tokens a turn), so backlogged tenants share the passes in proportion to their weights and
 a tenant that floods the server gets only what the others leave. A window formed while
-one tenant was alone gives way at its next pass boundary to a tenant that arrives (its
-unstarted items go back to the front of their queue), so a newcomer waits for at most one
-pass. Admission is per tenant too: a tenant over its queue share or its rate limit gets
+one tenant was alone, if larger than a turn, gives way at its next pass boundary to a
+tenant that arrives (its unstarted items go back to the front of their queue), so a
+newcomer waits for at most one pass. Admission is per tenant too: a tenant over its queue share or its rate limit gets
 :class:`~reward_server.errors.TenantLimitError` (429) while the others are admitted.
 """
 
@@ -444,10 +444,14 @@ class Batcher:
             if window is None:
                 return
             batches = self._split(window.items)
+            # A window formed while its tenant was alone, larger than one fair turn, gives
+            # way to a tenant that arrives: the rest goes back and fair turns follow. One no
+            # larger than a turn runs whole (a small request is not cut in two).
+            yields = not window.contended and sum(
+                it.length for it in window.items
+            ) > self._drr.quantum * self._weight(window.tenant)
             for i, batch in enumerate(batches):
-                if i and not window.contended and self._others_have_work(window.tenant):
-                    # Formed while this tenant was alone: another one arrived, so the rest
-                    # goes back and the next window is a fair turn.
+                if i and yields and self._others_have_work(window.tenant):
                     self._put_back(window.tenant, [it for b in batches[i:] for it in b])
                     break
                 try:
