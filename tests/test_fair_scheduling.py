@@ -23,7 +23,7 @@ from server_proc import metric, running_server
 from reward_server.config.fairness import DeficitRoundRobin, TokenBuckets
 from reward_server.config.tenants import DEFAULT_TENANT, Tenant, current_tenant, hash_key
 from reward_server.engines._vllm_scheduler import VllmScheduler
-from reward_server.errors import QueueFullError, TenantLimitError
+from reward_server.errors import BatcherClosedError, QueueFullError, TenantLimitError
 from reward_server.scoring.batcher import Batcher
 from reward_server.scoring.metrics import Metrics
 
@@ -530,3 +530,38 @@ def test_a_rate_limited_tenant_gets_429_and_the_other_is_served(
             metric(server.url, "reward_server_tenant_queue_wait_seconds_count", tenant="slow") == 2
         )
         assert metric(server.url, "reward_server_errors_total", status="429", type="tenant_limit")
+
+
+def test_vllm_stop_drains_or_fails_the_requests_waiting_their_turn() -> None:
+    async def main() -> None:
+        engine = FakeRows()
+        sched = VllmScheduler(
+            engine, max_queue=100, observer=None, max_in_engine=2, buckets=TokenBuckets()
+        )
+        await sched.start()
+        tasks = [spawn(Tenant("A"), sched.submit, rows(A, 2)) for _ in range(3)]
+        await settle()
+        assert sched.in_engine == 2 and sched.queued == 6
+        stopping = asyncio.ensure_future(sched.stop())  # drain: the waiting ones still run
+        await settle()
+        with pytest.raises(BatcherClosedError):
+            await as_tenant(Tenant("B"), sched.submit, rows(B, 1))
+        engine.finish.set()
+        assert [len(v) for v in await asyncio.gather(*tasks)] == [2, 2, 2]
+        await stopping
+        assert engine.order == [A, A, A]
+
+        engine2 = FakeRows()
+        sched2 = VllmScheduler(
+            engine2, max_queue=100, observer=None, max_in_engine=2, buckets=TokenBuckets()
+        )
+        await sched2.start()
+        waiting = [spawn(Tenant("A"), sched2.submit, rows(A, 2)) for _ in range(3)]
+        await settle()
+        await sched2.stop(drain=False)  # the one in vLLM is cancelled, the others fail
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        assert isinstance(results[0], asyncio.CancelledError)
+        assert all(isinstance(r, BatcherClosedError) for r in results[1:])
+        assert sched2.queued == 0 and engine2.order == [A]
+
+    run(main())
