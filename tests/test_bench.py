@@ -380,7 +380,8 @@ def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_pat
         for name, fig in part["variants"].items():
             for key in ("generate_s", "rollout_s", "update_s", "step_s"):
                 assert _is_summary(fig[key]) and fig[key]["median"] > 0, (name, key)
-            assert _is_summary(fig["reward_wait_s"]) and fig["reward_wait_s"]["median"] >= 0
+            for key in ("reward_wait_s", "reward_tail_s"):
+                assert _is_summary(fig[key]) and fig[key]["median"] >= 0, (name, key)
         gap = part["variants"]["vllm"]["logprob_gap_mean"]["median"]
         assert math.isfinite(gap) and gap >= 0
         assert "logprob_gap_mean" not in part["variants"]["transformers"]
@@ -393,6 +394,8 @@ def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_pat
     assert set(varied["ratios"]) == {
         "reward wait transformers-no-stream/transformers",
         "reward wait vllm-no-stream/vllm",
+        "reward tail transformers-no-stream/transformers",
+        "reward tail vllm-no-stream/vllm",
     }
     # without a stop token no row stops; the varied workload's rows do, streamed or not,
     # and streaming changed no rollout (the bench raises otherwise)

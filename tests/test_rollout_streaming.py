@@ -28,6 +28,7 @@ from ppo_client import PPOTrainer, ppo
 from ppo_client.rollout import (
     FinishedRows,
     Rollout,
+    _Batch,
     encode_prompts,
     generate_responses,
     pad_token_id_for,
@@ -109,7 +110,7 @@ class _RecordingPool(ThreadPoolExecutor):
         self.events = events
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        self.events.append(("request", len(args[0].responses)))
+        self.events.append(("request", len(args[-1].responses)))  # the RewardInputs
         return super().submit(fn, *args, **kwargs)
 
 
@@ -152,6 +153,7 @@ def test_streamed_rollouts_score_as_unstreamed_ones_and_go_out_during_generation
 
     assert torch.equal(streamed.responses, plain.responses)
     assert streamed.texts == plain.texts
+    assert streamed.reward_tail_s >= 0 and plain.reward_tail_s >= 0
     assert streamed.raw_scores.tolist() == plain.raw_scores.tolist()  # identical, row order
     # ... and the server's own scores of those texts, in that order
     with RewardClient(server.url) as client:
@@ -176,3 +178,16 @@ def test_streamed_rollouts_score_as_unstreamed_ones_and_go_out_during_generation
         assert len(set(plain.seq_lengths.tolist())) >= 3  # they end at varied steps
     # every request reached the server and was answered
     assert score_requests(server.url) - before == len(sizes) + 1 + 1
+
+
+def test_the_reward_tail_runs_from_the_end_of_sampling_to_the_last_answer() -> None:
+    """``time/reward_tail_s``: the reward work left when generation ended (answers that
+    came before it count for nothing)."""
+    empty = torch.zeros((0, 1), dtype=torch.long)
+    batch = _Batch([], empty, empty, None, ThreadPoolExecutor(max_workers=1))
+    batch.sampled_at = 10.0
+    assert batch.tail() == 0.0  # nothing sent
+    batch.scored_at = [9.0, 12.5, 11.0]
+    assert batch.tail() == 2.5
+    batch.scored_at = [8.0, 9.5]  # all answered while the last rows generated
+    assert batch.tail() == 0.0
