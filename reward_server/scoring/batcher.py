@@ -26,8 +26,9 @@ work, each window is one tenant's turn of deficit round robin on tokens
 tokens a turn), so backlogged tenants share the passes in proportion to their weights and
 a tenant that floods the server gets only what the others leave. A window formed while
 one tenant was alone, if larger than a turn, gives way at its next pass boundary to a
-tenant that arrives (its unstarted items go back to the front of their queue), so a
-newcomer waits for at most one pass. Admission is per tenant too: a tenant over its queue share or its rate limit gets
+tenant that arrives (its unstarted items go back to the front of their queue); one no
+larger runs whole. So a newcomer waits for one pass or one turn at most. Admission is per
+tenant too: a tenant over its queue share or its rate limit gets
 :class:`~reward_server.errors.TenantLimitError` (429) while the others are admitted.
 """
 
