@@ -87,7 +87,9 @@ class RolloutBenchConfig:
     local_rollout_forward_batch_size: int = 16
     num_ppo_epochs: int = 1
     reward_stream_size: int = 8
-    varied_mean_length: float = 32.0  # mean response length of the varied workload
+    varied_mean_length: float = (
+        12.0  # calibrated mean length (responses run longer: see spread_stop_token)
+    )
     workloads: tuple[str, ...] = WORKLOADS
     seed: int = 0
     threads: int | None = None
