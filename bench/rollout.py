@@ -87,9 +87,9 @@ class RolloutBenchConfig:
     local_rollout_forward_batch_size: int = 16
     num_ppo_epochs: int = 1
     reward_stream_size: int = 8
-    varied_mean_length: float = (
-        12.0  # calibrated mean length (responses run longer: see spread_stop_token)
-    )
+    # the varied workload's calibrated mean length (a 42M policy's run longer, see
+    # spread_stop_token: at 32, 36 of 64 rows reached 128 tokens)
+    varied_mean_length: float = 12.0
     workloads: tuple[str, ...] = WORKLOADS
     seed: int = 0
     threads: int | None = None
@@ -197,6 +197,8 @@ def spread_stop_token(
     row's expected length ``1 + sum_t prod_{k<t} (1 - p_k)``, and the scale is found by
     bisection on the mean of those. p_t follows the hidden state, so some rows stop within
     a few steps and some run the full length. Deterministic for a given model and seed.
+    The estimate is rough: on the bench's 42M policy, rows ran longer than calibrated
+    (asked for 32 tokens on average, 36 of 64 rows reached 128), hence the bench's 12.
     """
     import torch
 
@@ -379,14 +381,15 @@ def _ratio(a: float, b: float) -> float:
 def _same_rollouts(
     streamed: list[tuple[str, str, float]], plain: list[tuple[str, str, float]]
 ) -> dict[str, Any]:
-    """Whether two runs' rewarded rollouts are the same (texts, and scores to the bit), in
-    any order; raises when they are not."""
+    """Whether two runs' rewarded rollouts are the same, in any order: the texts exactly,
+    the scores within the server's batch invariance (1e-5: the same text scored in another
+    request's batch; the difference found is reported); raises when they are not."""
     a, b = sorted(streamed), sorted(plain)
     texts = [x[:2] for x in a] == [x[:2] for x in b]
     if not texts:
         raise AssertionError("streaming changed the rollouts: the texts differ")
     diff = max((abs(x[2] - y[2]) for x, y in zip(a, b, strict=True)), default=0.0)
-    if diff != 0.0:
+    if diff > 1e-5:
         raise AssertionError(f"streaming changed the scores: max difference {diff}")
     return {"rollouts": len(a), "texts_identical": True, "max_score_difference": diff}
 
@@ -433,7 +436,16 @@ def run_rollout_bench(cfg: RolloutBenchConfig) -> dict[str, Any]:
     workloads: dict[str, Any] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp,
-        running_server(reward_model, *cfg.server_args, env=server_env, timeout=180) as server,
+        # No score cache: a variant repeats another's rollouts (streamed or not, same seed),
+        # and cached answers would make the second one's reward nearly free.
+        running_server(
+            reward_model,
+            "--score-cache-size",
+            "0",
+            *cfg.server_args,
+            env=server_env,
+            timeout=180,
+        ) as server,
         RewardClient(server.url) as client,
     ):
         policy = save_policy(Path(tmp) / "policy", cfg)
@@ -541,8 +553,8 @@ def render(result: dict[str, Any]) -> str:
         for engine, same in part.get("streamed_vs_not", {}).items():
             lines.append(
                 f"- {engine} streamed vs not: the same {same['rollouts']} rewarded rollouts, "
-                f"texts identical, scores identical (max difference "
-                f"{same['max_score_difference']:g})"
+                f"texts identical, scores max difference {same['max_score_difference']:g} "
+                f"(server score cache off)"
             )
     lines += [
         "",

@@ -402,7 +402,7 @@ def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_pat
     assert fixed["variants"]["vllm"]["stopped_rows"]["median"] == 0
     assert varied["variants"]["vllm"]["stopped_rows"]["median"] > 0
     for same in varied["streamed_vs_not"].values():
-        assert same["texts_identical"] and same["max_score_difference"] == 0
+        assert same["texts_identical"] and same["max_score_difference"] <= 1e-5
     text = markdown.read_text(encoding="utf-8")
     assert "prose that stays" in text and "<!-- bench:rollout:begin -->" in text
     assert "## Rollouts" in text and "| vllm-no-stream |" in text
