@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import summary
+from bench.common import model_server_env, summary
 from reward_server.launcher import ServerProcess, running_server
 
 logger = logging.getLogger(__name__)
@@ -148,11 +148,7 @@ def variants_of(cfg: EngineBenchConfig, dtype: str) -> list[str]:
 @contextlib.contextmanager
 def engine_servers(cfg: EngineBenchConfig, dtype: str) -> Iterator[dict[str, ServerProcess]]:
     """One server per variant in ``dtype``, started one after the other, all stopped at exit."""
-    env = {
-        "OMP_NUM_THREADS": str(cfg.torch_threads),
-        "MKL_NUM_THREADS": str(cfg.torch_threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = model_server_env(cfg.torch_threads)
     with contextlib.ExitStack() as stack:
         servers: dict[str, ServerProcess] = {}
         for variant in variants_of(cfg, dtype):

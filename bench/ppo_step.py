@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import summary
+from bench.common import model_server_env, summary
 from reward_server.launcher import running_server
 
 logger = logging.getLogger(__name__)
@@ -126,11 +126,7 @@ def run_ppo_bench(cfg: PPOBenchConfig) -> dict[str, Any]:
 
     torch.set_num_threads(cfg.torch_threads)
     prompts = make_prompts(cfg.n_prompts, seed=cfg.seed)
-    server_env = {
-        "OMP_NUM_THREADS": str(cfg.torch_threads),
-        "MKL_NUM_THREADS": str(cfg.torch_threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    server_env = model_server_env(cfg.torch_threads)
     steps: dict[str, list[float]] = {}
     waits: dict[str, list[float]] = {}
     scores: dict[str, list[list[float]]] = {}

@@ -28,7 +28,14 @@ from typing import Any
 
 import httpx
 
-from bench.common import NO_MATH_THREADS, metric_sum, parse_prometheus, percentile, summary
+from bench.common import (
+    NO_MATH_THREADS,
+    metric_sum,
+    model_server_env,
+    parse_prometheus,
+    percentile,
+    summary,
+)
 from reward_server.launcher import ServerProcess, free_port, running_server
 
 logger = logging.getLogger(__name__)
@@ -378,11 +385,7 @@ def run_throughput(cfg: ThroughputConfig, workdir: Path) -> dict[str, Any]:
     )
     texts_file = workdir / "texts.json"
     texts_file.write_text(json.dumps({"texts": texts, "tokens": tokens}), encoding="utf-8")
-    server_env = {
-        "OMP_NUM_THREADS": str(cfg.torch_threads),
-        "MKL_NUM_THREADS": str(cfg.torch_threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    server_env = model_server_env(cfg.torch_threads)
     configs = [(c, k) for k in cfg.per_request for c in cfg.clients]
     runs: dict[str, dict[tuple[int, int], list[dict[str, Any]]]] = {
         "S": {ck: [] for ck in configs},

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.common import summary
+from bench.common import model_server_env, summary
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +108,7 @@ def run_trainer_pattern(cfg: TrainerPatternConfig) -> dict[str, Any]:
         seed=cfg.seed + 11,
     )
     chunks = _chunks(texts, cfg.chunk)
-    env = {
-        "OMP_NUM_THREADS": str(cfg.torch_threads),
-        "MKL_NUM_THREADS": str(cfg.torch_threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = model_server_env(cfg.torch_threads)
     ref, one, single, two = (
         f"L{cfg.chunk}",
         f"1 client x {cfg.chunk}",
