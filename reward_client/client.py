@@ -111,9 +111,7 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
     ) -> None:
         super().__init__(base_urls, api_key, **options)
         self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(
-            timeout=self.timeout, limits=self._limits(), verify=self.verify
-        )
+        self._http = http_client or httpx.Client(**self._http_options())
         self._sleep = sleep
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -213,9 +211,7 @@ class AsyncRewardClient(
     ) -> None:
         super().__init__(base_urls, api_key, **options)
         self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(
-            timeout=self.timeout, limits=self._limits(), verify=self.verify
-        )
+        self._http = http_client or httpx.AsyncClient(**self._http_options())
         self._sleep = sleep
 
     async def __aenter__(self) -> AsyncRewardClient:

@@ -211,6 +211,10 @@ class Core:
         """Items per request: configured, discovered from ``/info``, or None before discovery."""
         return self._max_client_batch
 
+    def _http_options(self) -> dict[str, Any]:
+        """Keyword arguments of an HTTP client this client creates itself (sync or async)."""
+        return {"timeout": self.timeout, "limits": self._limits(), "verify": self.verify}
+
     def _limits(self) -> httpx.Limits:
         """Connection limits of an HTTP client this client creates itself."""
         n = self.max_concurrency * len(self.base_urls)
