@@ -27,7 +27,8 @@ tokens a turn), so backlogged tenants share the passes in proportion to their we
 a tenant that floods the server gets only what the others leave. A window formed while
 one tenant was alone, if larger than a turn, gives way at its next pass boundary to a
 tenant that arrives (its unstarted items go back to the front of their queue); one no
-larger runs whole. So a newcomer waits for one pass or one turn at most. Admission is per
+larger runs whole. So a newcomer waits for one pass or one turn at most. The queues and the
+turns live in :class:`~reward_server.scoring._tenant_queues.TenantQueues`. Admission is per
 tenant too: a tenant over its queue share or its rate limit gets
 :class:`~reward_server.errors.TenantLimitError` (429) while the others are admitted.
 """
@@ -44,13 +45,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from reward_server.config.fairness import DeficitRoundRobin, TenantAdmission, TokenBuckets
-from reward_server.config.tenants import Tenant, current_tenant
+from reward_server.config.fairness import TenantAdmission, TokenBuckets
+from reward_server.config.tenants import current_tenant
 from reward_server.engines import BatchLimits, BatchObserver, BatchStats
 from reward_server.errors import BatcherClosedError, QueueFullError
+from reward_server.scoring._tenant_queues import Item, Request, TenantQueues, Window
 
 logger = logging.getLogger(__name__)
 
@@ -193,46 +194,6 @@ def fill_sizes(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[i
     return [*sizes, rows] if rows else sizes
 
 
-@dataclass(eq=False, slots=True)
-class _Request:
-    """One submit call: its future, results so far, and items not yet started."""
-
-    future: asyncio.Future[list[Any]]
-    results: list[Any]
-    remaining: int  # items without a result yet
-    unstarted: int  # items admitted whose micro-batch has not started
-    tenant: str  # the name of the tenant that submitted it
-
-
-@dataclass(eq=False, slots=True)
-class _Item:
-    """One row of a request, waiting in the queue."""
-
-    ids: Sequence[int]
-    length: int
-    request: _Request
-    index: int
-    enqueued: float = field(default=0.0)
-    seq: int = 0  # arrival order, to put unstarted items back where they were
-
-
-@dataclass(eq=False, slots=True)
-class _TenantQueue:
-    """One tenant's waiting items, oldest first, and its latest record (weight, limits)."""
-
-    tenant: Tenant
-    items: deque[_Item] = field(default_factory=deque)
-
-
-@dataclass(eq=False, slots=True)
-class _Window:
-    """Items taken together to be sorted and cut into micro-batches."""
-
-    items: list[_Item]
-    tenant: str  # whose turn (the only tenant of the window)
-    contended: bool  # formed as a fair turn while several tenants had work
-
-
 class Batcher:
     """Form micro-batches from concurrent submits and run them one at a time off the loop."""
 
@@ -271,12 +232,10 @@ class Batcher:
         self.max_queue = max_queue
         self.sort_window = sort_window
         self._observer = observer
-        self._queues: dict[str, _TenantQueue] = {}  # by tenant name
+        # A turn is worth one micro-batch's token budget per unit of weight.
+        self._tenants = TenantQueues(quantum=max_batch_tokens)
         self._queued = 0  # admitted items of live requests whose micro-batch has not started
         self._admission = TenantAdmission(max_queue, buckets)
-        # A turn is worth one micro-batch's token budget per unit of weight.
-        self._drr = DeficitRoundRobin(quantum=max_batch_tokens)
-        self._seq = itertools.count()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -338,10 +297,8 @@ class Batcher:
 
     def _fail_queued(self, exc: BaseException) -> None:
         """Fail every request that still has items in the queue."""
-        for queue in self._queues.values():
-            while queue.items:
-                item = queue.items.popleft()
-                self._finish_request(item.request, exc)
+        for item in self._tenants.drain():
+            self._finish_request(item.request, exc)
 
     def tenant_queued(self, name: str) -> int:
         """Items of tenant ``name`` admitted and waiting for their micro-batch to start."""
@@ -370,37 +327,14 @@ class Batcher:
             n,
             sum(len(row) for row in items),
             rate=self._rate,
-            share_of_rate=self._share_of_rate(tenant),
-        )
-        loop = asyncio.get_running_loop()
-        request = _Request(
-            future=loop.create_future(),
-            results=[math.nan] * n,
-            remaining=n,
-            unstarted=n,
-            tenant=tenant.name,
+            share_of_rate=self._tenants.share(tenant, self._admission.queued),
         )
         now = time.monotonic()
         if self._last_submit is not None:
             self._gaps.append(now - self._last_submit)
         self._last_submit = now
-        queue = self._queues.get(tenant.name)
-        if queue is None:
-            queue = self._queues[tenant.name] = _TenantQueue(tenant)
-        queue.tenant = tenant  # a reloaded keys file may have changed its weight
-        queue.items.extend(
-            _Item(
-                ids=ids,
-                length=len(ids),
-                request=request,
-                index=i,
-                enqueued=now,
-                seq=next(self._seq),
-            )
-            for i, ids in enumerate(items)
-        )
+        request = self._tenants.add(tenant, items, now)
         self._queued += n
-        self._drr.wake(tenant.name)
         self._wakeup.set()
         try:
             return await request.future
@@ -414,17 +348,7 @@ class Batcher:
             return 1.0
         return min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, excess / self._rate))
 
-    def _share_of_rate(self, tenant: Tenant) -> float:
-        """The part of the passes ``tenant`` gets now: its weight over the weights of the
-        tenants with work (itself included)."""
-        others = sum(
-            q.tenant.weight
-            for name, q in self._queues.items()
-            if name != tenant.name and self._admission.queued(name) > 0
-        )
-        return tenant.weight / (tenant.weight + others)
-
-    def _finish_request(self, request: _Request, exc: BaseException | None) -> None:
+    def _finish_request(self, request: Request, exc: BaseException | None) -> None:
         """End a request early (failure or cancellation): release its unstarted items."""
         self._queued -= request.unstarted
         self._admission.release(request.tenant, request.unstarted)
@@ -446,64 +370,28 @@ class Batcher:
                 return
             batches = self._split(window.items)
             # A window formed while its tenant was alone, larger than one fair turn, gives
-            # way to a tenant that arrives: the rest goes back and fair turns follow. One no
-            # larger than a turn runs whole (a small request is not cut in two).
-            yields = not window.contended and sum(
-                it.length for it in window.items
-            ) > self._drr.quantum * self._weight(window.tenant)
+            # way to a tenant that arrives: the rest goes back and fair turns follow.
+            yields = self._tenants.gives_way(window)
             for i, batch in enumerate(batches):
-                if i and yields and self._others_have_work(window.tenant):
-                    self._put_back(window.tenant, [it for b in batches[i:] for it in b])
+                if i and yields and self._tenants.others_have_work(window.tenant):
+                    self._tenants.put_back(window.tenant, [it for b in batches[i:] for it in b])
                     break
                 try:
                     await self._run(batch)
                 except Exception:  # a bug here must not kill the consumer
                     logger.exception("unexpected error while running a micro-batch")
-            self._drr.end(window.tenant, self._head(window.tenant) is not None)
+            self._tenants.end_turn(window.tenant)
 
-    def _head(self, name: str) -> int | None:
-        """Tokens of tenant ``name``'s next live item (dropping dead ones), or None."""
-        queue = self._queues.get(name)
-        if queue is None:
-            return None
-        while queue.items:
-            item = queue.items[0]
-            if not item.request.future.done():
-                return item.length
-            queue.items.popleft()
-        return None
-
-    def _pop_live(self, name: str) -> _Item | None:
-        """Tenant ``name``'s next queued item whose request is still waiting, or None."""
-        if self._head(name) is None:
-            return None
-        return self._queues[name].items.popleft()
-
-    def _with_work(self) -> list[str]:
-        """Names of the tenants with live items queued."""
-        return [name for name in self._queues if self._head(name) is not None]
-
-    def _others_have_work(self, name: str) -> bool:
-        return any(other != name and self._head(other) is not None for other in self._queues)
-
-    def _weight(self, name: str) -> float:
-        return self._queues[name].tenant.weight
-
-    def _put_back(self, name: str, items: list[_Item]) -> None:
-        """Return unstarted items to the front of their tenant's queue, in arrival order."""
-        queue = self._queues[name]
-        queue.items.extendleft(sorted(items, key=lambda it: it.seq, reverse=True))
-
-    async def _collect(self) -> _Window | None:
+    async def _collect(self) -> Window | None:
         """Block for work, then gather a window: one tenant's fair turn when several have
         work, else the batching rules below on the one tenant's queue."""
         assert self._wakeup is not None
         while True:
             if self._abort:
                 return None
-            busy = self._with_work()
+            busy = self._tenants.with_work()
             if len(busy) > 1:
-                return self._turn()
+                return self._tenants.turn(self.max_batch_size * self.sort_window)
             if busy:
                 break
             if self._closing:
@@ -511,8 +399,8 @@ class Batcher:
             self._wakeup.clear()
             await self._wakeup.wait()
         name = busy[0]
-        self._drr.serve(name)
-        first = self._pop_live(name)
+        self._tenants.serve(name)
+        first = self._tenants.pop_live(name)
         assert first is not None
         window = [first]
         max_len = first.length
@@ -527,44 +415,21 @@ class Batcher:
         # not at all when requests arrive further apart than the wait (nobody would come).
         sparse = self._arrivals_sparse()
         while not batch_full():
-            item = self._pop_live(name)
+            item = self._tenants.pop_live(name)
             if item is not None:
                 window.append(item)
                 max_len = max(max_len, item.length)
                 continue
             timeout = deadline - time.monotonic()
-            if timeout <= 0 or self._closing or sparse or self._others_have_work(name):
+            if timeout <= 0 or self._closing or sparse or self._tenants.others_have_work(name):
                 break
             self._wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
         # Phase 2: take what is already waiting, up to the sort window, without waiting.
-        max_rows = self.max_batch_size * self.sort_window
-        max_tokens = self.max_batch_tokens * self.sort_window
-        tokens = sum(it.length for it in window)
-        while len(window) < max_rows and tokens < max_tokens:
-            item = self._pop_live(name)
-            if item is None:
-                break
-            window.append(item)
-            tokens += item.length
-        return _Window(window, name, contended=False)
-
-    def _turn(self) -> _Window:
-        """The next tenant's turn of deficit round robin: its items while its credit covers
-        them (at most ``sort_window`` micro-batches of rows)."""
-        name = self._drr.begin(self._head, self._weight)
-        assert name is not None  # called only while several tenants have work
-        window: list[_Item] = []
-        max_rows = self.max_batch_size * self.sort_window
-        while len(window) < max_rows:
-            head = self._head(name)
-            if head is None or not self._drr.charge(name, head):
-                break
-            item = self._pop_live(name)
-            assert item is not None
-            window.append(item)
-        return _Window(window, name, contended=True)
+        sort = self.sort_window
+        self._tenants.take(name, window, self.max_batch_size * sort, self.max_batch_tokens * sort)
+        return Window(window, name, contended=False)
 
     def _arrivals_sparse(self) -> bool:
         """True when the typical gap between submits is longer than ``max_wait_ms``."""
@@ -572,7 +437,7 @@ class Batcher:
             return False
         return statistics.median(self._gaps) > self.max_wait_s
 
-    def _split(self, window: list[_Item]) -> list[list[_Item]]:
+    def _split(self, window: list[Item]) -> list[list[Item]]:
         """Sort by length and cut into micro-batches under the row and padded-token limits.
 
         Once the cost model knows the device, cuts go where they cost least (see
@@ -588,7 +453,7 @@ class Batcher:
         starts = list(itertools.accumulate(sizes, initial=0))
         return [window[a:b] for a, b in itertools.pairwise(starts)]
 
-    async def _run(self, batch: list[_Item]) -> None:
+    async def _run(self, batch: list[Item]) -> None:
         """Run one micro-batch in the worker thread and deliver its results or its error."""
         live = [it for it in batch if not it.request.future.done()]
         if not live:
@@ -610,7 +475,8 @@ class Batcher:
         inference_s = time.monotonic() - started
         if error is None:
             self._learn(len(live), width * len(live), inference_s)
-            self._deliver(live, scores)
+            for it, value in zip(live, scores, strict=True):
+                it.deliver(value)
         else:
             logger.error("micro-batch of %d rows failed: %s", len(live), error)
             self._fail(live, error)
@@ -641,18 +507,7 @@ class Batcher:
         self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
         self._cost.add(padded_tokens, seconds)
 
-    def _deliver(self, live: list[_Item], scores: list[Any]) -> None:
-        """Put each score in its request; complete the requests that have all of theirs."""
-        for it, value in zip(live, scores, strict=True):
-            req = it.request
-            if req.future.done():
-                continue
-            req.results[it.index] = value
-            req.remaining -= 1
-            if req.remaining == 0:
-                req.future.set_result(req.results)
-
-    def _fail(self, live: list[_Item], exc: BaseException) -> None:
+    def _fail(self, live: list[Item], exc: BaseException) -> None:
         """Fail every request with an item in ``live`` (each once)."""
         for req in {id(it.request): it.request for it in live}.values():
             self._finish_request(req, exc)

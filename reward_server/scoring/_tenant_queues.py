@@ -1,0 +1,217 @@
+"""The micro-batcher's waiting room: one queue of items per tenant, and whose turn is next.
+
+:class:`~reward_server.scoring.batcher.Batcher` hands each admitted submit to
+:meth:`TenantQueues.add`, which makes it a :class:`Request` (the future its caller awaits)
+and queues one :class:`Item` per row at the end of the tenant's queue. The batcher's consumer
+takes items back out as a :class:`Window` of one tenant: either the tenant served alone,
+gathered by the batcher's own waiting rules through :meth:`TenantQueues.pop_live` and
+:meth:`TenantQueues.take`, or, while several tenants have work, one fair turn
+(:meth:`TenantQueues.turn`: deficit round robin on tokens,
+:class:`~reward_server.config.fairness.DeficitRoundRobin`), so backlogged tenants share the
+passes in proportion to their weights. Results go back through :meth:`Item.deliver`.
+
+Plain data structures used on the event loop's thread only: no awaits and no locks. Items
+whose request has already ended (failed, cancelled) stay in their queue until they reach
+its head, where :meth:`TenantQueues.head` drops them, so ending a request costs O(1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reward_server.config.fairness import DeficitRoundRobin
+from reward_server.config.tenants import Tenant
+
+__all__ = ["Item", "Request", "TenantQueues", "Window"]
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One submit call: its future, results so far, and items not yet started."""
+
+    future: asyncio.Future[list[Any]]
+    results: list[Any]
+    remaining: int  # items without a result yet
+    unstarted: int  # items admitted whose micro-batch has not started
+    tenant: str  # the name of the tenant that submitted it
+
+
+@dataclass(eq=False, slots=True)
+class Item:
+    """One row of a request, waiting in the queue."""
+
+    ids: Sequence[int]
+    length: int
+    request: Request
+    index: int
+    enqueued: float = field(default=0.0)
+    seq: int = 0  # arrival order, to put unstarted items back where they were
+
+    def deliver(self, value: Any) -> None:
+        """Put this row's result in its request; complete the request once it has all."""
+        req = self.request
+        if req.future.done():
+            return
+        req.results[self.index] = value
+        req.remaining -= 1
+        if req.remaining == 0:
+            req.future.set_result(req.results)
+
+
+@dataclass(eq=False, slots=True)
+class Window:
+    """Items taken together to be sorted and cut into micro-batches."""
+
+    items: list[Item]
+    tenant: str  # whose turn (the only tenant of the window)
+    contended: bool  # formed as a fair turn while several tenants had work
+
+
+@dataclass(eq=False, slots=True)
+class _TenantQueue:
+    """One tenant's waiting items, oldest first, and its latest record (weight, limits)."""
+
+    tenant: Tenant
+    items: deque[Item] = field(default_factory=deque)
+
+
+class TenantQueues:
+    """Each tenant's waiting items, oldest first, and the deficit round robin over them.
+
+    A turn is worth ``quantum`` tokens per unit of a tenant's weight (the batcher gives one
+    micro-batch's token budget). Tenants are known by name; each queue keeps the tenant's
+    latest record, so a keys file reloaded with a new weight takes effect at the next submit.
+    """
+
+    def __init__(self, quantum: int) -> None:
+        self._queues: dict[str, _TenantQueue] = {}  # by tenant name
+        self._drr = DeficitRoundRobin(quantum=quantum)
+        self._seq = itertools.count()
+
+    def add(self, tenant: Tenant, rows: Sequence[Sequence[int]], now: float) -> Request:
+        """Queue ``rows`` (one admitted submit, not empty) at the end of ``tenant``'s queue,
+        which joins the ring; the request whose future will hold their results, in order."""
+        n = len(rows)
+        request = Request(
+            future=asyncio.get_running_loop().create_future(),
+            results=[math.nan] * n,
+            remaining=n,
+            unstarted=n,
+            tenant=tenant.name,
+        )
+        queue = self._queues.get(tenant.name)
+        if queue is None:
+            queue = self._queues[tenant.name] = _TenantQueue(tenant)
+        queue.tenant = tenant  # a reloaded keys file may have changed its weight
+        queue.items.extend(
+            Item(
+                ids=ids,
+                length=len(ids),
+                request=request,
+                index=i,
+                enqueued=now,
+                seq=next(self._seq),
+            )
+            for i, ids in enumerate(rows)
+        )
+        self._drr.wake(tenant.name)
+        return request
+
+    def drain(self) -> Iterator[Item]:
+        """Take every queued item out (live or not), tenant by tenant, oldest first."""
+        for queue in self._queues.values():
+            while queue.items:
+                yield queue.items.popleft()
+
+    def head(self, name: str) -> int | None:
+        """Tokens of tenant ``name``'s next live item (dropping dead ones), or None."""
+        queue = self._queues.get(name)
+        if queue is None:
+            return None
+        while queue.items:
+            item = queue.items[0]
+            if not item.request.future.done():
+                return item.length
+            queue.items.popleft()
+        return None
+
+    def pop_live(self, name: str) -> Item | None:
+        """Tenant ``name``'s next queued item whose request is still waiting, or None."""
+        if self.head(name) is None:
+            return None
+        return self._queues[name].items.popleft()
+
+    def with_work(self) -> list[str]:
+        """Names of the tenants with live items queued."""
+        return [name for name in self._queues if self.head(name) is not None]
+
+    def others_have_work(self, name: str) -> bool:
+        """True when a tenant other than ``name`` has live items queued."""
+        return any(other != name and self.head(other) is not None for other in self._queues)
+
+    def weight(self, name: str) -> float:
+        """Tenant ``name``'s weight, from its latest record."""
+        return self._queues[name].tenant.weight
+
+    def share(self, tenant: Tenant, queued: Callable[[str], int]) -> float:
+        """The part of the passes ``tenant`` gets now: its weight over the weights of the
+        tenants with work, itself included (``queued``: a tenant's admitted rows not started
+        yet, by name; the others' weights from their latest record)."""
+        others = sum(
+            queue.tenant.weight
+            for other, queue in self._queues.items()
+            if other != tenant.name and queued(other) > 0
+        )
+        return tenant.weight / (tenant.weight + others)
+
+    def put_back(self, name: str, items: list[Item]) -> None:
+        """Return unstarted items to the front of their tenant's queue, in arrival order."""
+        queue = self._queues[name]
+        queue.items.extendleft(sorted(items, key=lambda it: it.seq, reverse=True))
+
+    def take(self, name: str, window: list[Item], max_rows: int, max_tokens: int) -> None:
+        """Add tenant ``name``'s waiting live items to ``window``, oldest first, while it
+        holds fewer than ``max_rows`` items and ``max_tokens`` tokens (the last may pass it)."""
+        tokens = sum(it.length for it in window)
+        while len(window) < max_rows and tokens < max_tokens:
+            item = self.pop_live(name)
+            if item is None:
+                break
+            window.append(item)
+            tokens += item.length
+
+    def serve(self, name: str) -> None:
+        """Start a turn of ``name``, the only tenant with work (no credit is spent)."""
+        self._drr.serve(name)
+
+    def turn(self, max_rows: int) -> Window:
+        """The next tenant's turn of deficit round robin: its items while its credit covers
+        them, at most ``max_rows``. Only while several tenants have work."""
+        name = self._drr.begin(self.head, self.weight)
+        assert name is not None  # called only while several tenants have work
+        window: list[Item] = []
+        while len(window) < max_rows:
+            head = self.head(name)
+            if head is None or not self._drr.charge(name, head):
+                break
+            item = self.pop_live(name)
+            assert item is not None
+            window.append(item)
+        return Window(window, name, contended=True)
+
+    def gives_way(self, window: Window) -> bool:
+        """Whether ``window`` should stop at a pass boundary when another tenant arrives:
+        formed while its tenant was alone and larger than one fair turn of that tenant
+        (one no larger runs whole, so a small request is not cut in two)."""
+        tokens = sum(it.length for it in window.items)
+        return not window.contended and tokens > self._drr.quantum * self.weight(window.tenant)
+
+    def end_turn(self, name: str) -> None:
+        """End ``name``'s turn: back in the ring if it still has work, else out of it."""
+        self._drr.end(name, self.head(name) is not None)
