@@ -46,18 +46,15 @@ from reward_server.errors import (
 )
 from reward_server.scoring.aggregate import AggregateName, Weighting, combine
 from reward_server.scoring.items import Items
-from reward_server.scoring.judge_model import load_judge
+from reward_server.scoring.loading import load_model
 from reward_server.scoring.metrics import Metrics
-from reward_server.scoring.remote_model import load_remote
 from reward_server.scoring.score_cache import ScoreCache
 from reward_server.scoring.served import (
     ItemResult,
     ServedModel,
     ServingContext,
-    load_served_model,
     served_model_for,
 )
-from reward_server.scoring.verifier_model import load_verifier
 from reward_server.text.policy_template import (
     PolicyTemplate,
     PolicyTemplateLoadError,
@@ -268,28 +265,13 @@ class Service:
 
     def _load_model(self, spec: ModelSpec, base: LoadOptions) -> ServedModel:
         given = self._given.get(spec.name)
-        # A scorer the caller gave is the caller's to close.
-        model = served_model_for(spec, given) if given is not None else self._load_owned(spec, base)
+        if given is not None:  # a scorer the caller gave is the caller's to close
+            model = served_model_for(spec, given)
+        else:
+            model = load_model(spec, base, self.engine, from_file=self._from_file)
+            self._owned.append(model)  # closed here at the end
         if not self._from_file:  # a plain --model server answers with its scorer's name
             model.spec = spec.model_copy(update={"name": model.scorer.name})
-        return model
-
-    def _load_owned(self, spec: ModelSpec, base: LoadOptions) -> ServedModel:
-        """Load the model (or the judge, or start the verifier, or the remote) of ``spec``;
-        closed here at the end."""
-        load = load_judge if spec.kind == "judge" else load_served_model
-        if spec.kind == "verifier":
-            model = load_verifier(spec)
-        elif spec.kind == "remote":
-            model = load_remote(spec)
-        elif not self._from_file:
-            model = load_served_model(spec, base, self.engine)
-        else:
-            try:
-                model = load(spec, spec.load_options(base), self.engine)
-            except ModelLoadError as exc:
-                raise ModelLoadError(f"model {spec.name!r} ({spec.model}): {exc}") from exc
-        self._owned.append(model)
         return model
 
     def _close_owned(self) -> None:
@@ -457,7 +439,7 @@ class Service:
         )
         results = await _cancel_on_disconnect(receive, endpoint, work)
         scored = self._combine(models, results, selected=model is not None)
-        self._count(endpoint, scored)
+        _count(self.metrics, endpoint, scored)
         return scored
 
     async def _score_one(
@@ -505,15 +487,16 @@ class Service:
             )
         return Scored(self.name, scores, by_name, labels, outcome)
 
-    def _count(self, endpoint: str, scored: Scored) -> None:
-        """The server-wide counters of one scored request."""
-        n_items = len(scored.scores)
-        self.metrics.items.labels(endpoint=endpoint).inc(n_items)
-        tokens = sum(r.num_tokens for rs in scored.results.values() for r in rs)
-        self.metrics.tokens.inc(tokens)
-        self.metrics.truncated.inc(sum(scored.truncated))
-        # The request's tenant, set by the auth dependency in this very task.
-        self.metrics.on_tenant_items(current_tenant.get().name, n_items, tokens)
+
+def _count(metrics: Metrics, endpoint: str, scored: Scored) -> None:
+    """The server-wide and the tenant's counters of one scored request."""
+    n_items = len(scored.scores)
+    metrics.items.labels(endpoint=endpoint).inc(n_items)
+    tokens = sum(r.num_tokens for rs in scored.results.values() for r in rs)
+    metrics.tokens.inc(tokens)
+    metrics.truncated.inc(sum(scored.truncated))
+    # The request's tenant, set by the auth dependency in this very task.
+    metrics.on_tenant_items(current_tenant.get().name, n_items, tokens)
 
 
 def _aggregate(
