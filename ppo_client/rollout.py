@@ -11,10 +11,10 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from transformers import (
@@ -27,6 +27,16 @@ from transformers import (
 
 from ppo_client import offsets, ppo
 from ppo_client.ppo import contains_token
+from ppo_client.streaming import (
+    Batch,
+    FinishedRows,
+    RewardInputs,
+    ScoreFn,
+    Scores,
+    join_scores,
+    reorder,
+    reward_inputs,
+)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -202,122 +212,7 @@ def generate_responses(
     return out
 
 
-class FinishedRows(StoppingCriteria):
-    """Hands ``on_finished`` the rows of a ``generate`` call that have emitted the stop token,
-    ``group_size`` at a time (row indices in that call, and their responses so far padded to
-    ``response_length``: what the finished generation will hold for them), while the other
-    rows keep generating. It never stops a row itself: ``generate``'s own EOS and length
-    criteria decide that, exactly as without it; ``pending`` are the finished rows not yet
-    handed over when generation ends.
-
-    A row is finished at its first stop token, the token :func:`ppo.sequence_lengths` cuts
-    the response after, so a row sent now is decoded exactly as after ``generate``. (No
-    ``eos_token_id`` attribute: ``generate`` would take that for an EOS criterion.)
-    """
-
-    def __init__(
-        self,
-        stop_token_id: int,
-        context: int,
-        response_length: int,
-        pad_token_id: int,
-        group_size: int,
-        on_finished: Callable[[list[int], torch.Tensor], None],
-    ) -> None:
-        self.stop_token_id = stop_token_id
-        self.context = context  # prompt width: the response starts at this column
-        self.response_length = response_length
-        self.pad_token_id = pad_token_id
-        self.group_size = group_size
-        self.on_finished = on_finished
-        self.done: torch.Tensor | None = None  # (b,) rows that have emitted the stop token
-        self.pending: list[int] = []
-        self.sent: list[int] = []
-
-    def __call__(
-        self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs: Any
-    ) -> torch.Tensor:
-        if self.done is None:
-            self.done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
-        # After its stop token generate pads a row with the pad id, which may be the stop
-        # token itself (pad == EOS): only a row's first stop token finishes it.
-        fresh = input_ids[:, -1].eq(self.stop_token_id) & ~self.done
-        # On a GPU this reads one flag per step; generate's own stop check reads one too.
-        if bool(fresh.any()):
-            self.done |= fresh
-            self.pending += fresh.nonzero().flatten().tolist()
-            while len(self.pending) >= self.group_size:
-                rows, self.pending = (
-                    self.pending[: self.group_size],
-                    self.pending[self.group_size :],
-                )
-                self.on_finished(rows, self._responses(input_ids, rows))
-                self.sent += rows
-        return torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
-
-    def _responses(self, input_ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """(len(rows), response_length): the rows' tokens so far, then the pad id."""
-        new = input_ids[rows, self.context :]
-        out = new.new_full((len(rows), self.response_length), self.pad_token_id)
-        out[:, : new.size(1)] = new
-        return out
-
-
-@dataclass
-class RewardInputs:
-    """What the reward function gets: the prompts, the decoded responses and, with
-    ``label_column``, each prompt's label."""
-
-    prompts: list[Prompt]
-    responses: list[str]
-    labels: list[Any] | None = None
-
-
-def reward_inputs(
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[Prompt],
-    query_ids: torch.Tensor,
-    query_mask: torch.Tensor,
-    responses: torch.Tensor,
-    seq_lengths: torch.Tensor,
-) -> RewardInputs:
-    """Text for the reward model: chat prompts as their original messages, text prompts as the
-    policy saw them, responses up to their stop token; no special tokens, no chat markup."""
-    response_rows = [
-        row[: int(n) + 1].tolist()
-        for row, n in zip(responses.cpu(), seq_lengths.cpu(), strict=True)
-    ]
-    response_texts = tokenizer.batch_decode(response_rows, skip_special_tokens=True)
-    out: list[Prompt] = []
-    text_rows = [
-        ids[mask.bool()].tolist()
-        for ids, mask in zip(query_ids.cpu(), query_mask.cpu(), strict=True)
-    ]
-    for prompt, ids in zip(prompts, text_rows, strict=True):
-        if isinstance(prompt, str):
-            out.append(tokenizer.decode(ids, skip_special_tokens=True))
-        else:
-            out.append([dict(m) for m in prompt])
-    return RewardInputs(out, list(response_texts))
-
-
 # ================================================================================= the step
-
-
-class Scores(NamedTuple):
-    """The reward's scores of some rollouts and, when it reports them, which inputs it
-    truncated and a process reward model's steps (scores, end offsets into each response,
-    and the sequence models' outcome scores)."""
-
-    scores: list[float]
-    truncated: list[bool] | None
-    step_scores: list[list[float]] | None = None
-    step_ends: list[list[int]] | None = None
-    outcome_scores: list[float] | None = None
-
-
-#: Scores the decoded rollouts of one chunk (called on the reward worker thread).
-ScoreFn: TypeAlias = Callable[[RewardInputs], Scores]
 
 
 @dataclass
@@ -351,78 +246,12 @@ class Rollout(RolloutTensors):
     reward_tail_s: float = 0.0  # from the end of sampling to the reward's last score
 
 
-def _join(results: Sequence[Scores]) -> Scores:
-    """The chunks' scores in order; truncation flags and steps only if every chunk
-    reported them."""
-
-    def joined(column: int) -> list[Any] | None:
-        parts = [r[column] for r in results]
-        if any(part is None for part in parts):
-            return None
-        return [x for part in parts for x in part]
-
-    truncated = joined(1)
-    return Scores(
-        [s for r in results for s in r.scores],
-        None if truncated is None else [bool(x) for x in truncated],
-        *(joined(column) for column in range(2, len(Scores._fields))),
-    )
-
-
 def _concat(chunks: Sequence[RolloutTensors]) -> dict[str, torch.Tensor]:
     """Each tensor of the chunks concatenated along the batch, in chunk order: (B, ...)."""
     return {
         f.name: torch.cat([getattr(c, f.name) for c in chunks], 0)
         for f in dataclasses.fields(RolloutTensors)
     }
-
-
-@dataclass
-class _Batch:
-    """One update's prompts on their way through the rollout, and the reward requests sent
-    for them: ``groups[k]`` holds the rows whose scores ``futures[k]`` brings."""
-
-    prompts: list[Prompt]
-    queries: torch.Tensor  # (B, P) left-padded
-    query_mask: torch.Tensor
-    labels: list[Any] | None
-    pool: Executor
-    futures: list[Future[Scores]] = field(default_factory=list)
-    groups: list[list[int]] = field(default_factory=list)
-    sent: list[RewardInputs] = field(default_factory=list)  # what futures[k] scores
-
-    def texts(self) -> RewardInputs:
-        """What the reward saw of every rollout, in prompt order (decoded once, when sent)."""
-        order = _row_order([row for group in self.groups for row in group])
-        prompts = [p for inputs in self.sent for p in inputs.prompts]
-        responses = [r for inputs in self.sent for r in inputs.responses]
-        return RewardInputs([prompts[k] for k in order], [responses[k] for k in order], self.labels)
-
-    engine_logprobs: torch.Tensor | None = None
-    generate_s: float = 0.0  # sampling (with the engine's weight sync) and decoding
-    sampled_at: float = 0.0  # perf_counter when the last row was sampled
-    scored_at: list[float] = field(default_factory=list)  # perf_counter of each answer
-
-    def tail(self) -> float:
-        """Seconds from the end of sampling to the reward's last score: the reward work
-        left when generation ended, whether the passes then hid it or not (all futures
-        done)."""
-        return max(0.0, max(self.scored_at, default=self.sampled_at) - self.sampled_at)
-
-
-def _row_order(rows: Sequence[int]) -> list[int]:
-    """For values given in the order of ``rows`` (a permutation of 0..B-1): where row 0,
-    1, ... of them is."""
-    where = {row: k for k, row in enumerate(rows)}
-    return [where[row] for row in range(len(rows))]
-
-
-def _reorder(scored: Scores, rows: Sequence[int]) -> Scores:
-    """Scores given for ``rows`` (in that order) back in row order 0..B-1."""
-    if list(rows) == sorted(rows):
-        return scored
-    order = _row_order(rows)
-    return Scores(*(None if col is None else [col[k] for k in order] for col in scored))
 
 
 @dataclass
@@ -465,7 +294,7 @@ class RolloutCollector:
         query_mask = enc.attention_mask.to(device)
         wrapper: PolicyAndValue = self.accelerator.unwrap_model(model)
         wrapper.eval()
-        batch = _Batch(prompts, queries, query_mask, labels, pool)
+        batch = Batch(prompts, queries, query_mask, labels, pool)
         if self.engine is not None:
             tensors, waits = self._engine_rollout(wrapper, batch)
         else:
@@ -475,7 +304,7 @@ class RolloutCollector:
         results = [f.result() for f in batch.futures]
         reward_wait_s = waits + time.perf_counter() - waited
         wrapper.train()
-        scored = _reorder(_join(results), [row for rows in batch.groups for row in rows])
+        scored = reorder(join_scores(results), [row for rows in batch.groups for row in rows])
         texts = batch.texts()
         if cfg.reward_mode == "process":
             return Rollout(
@@ -507,7 +336,7 @@ class RolloutCollector:
         resp_mask = ppo.response_mask(seq_lengths, self.config.response_length)  # (b, T)
         return responses.masked_fill(~resp_mask, self.pad_token_id), seq_lengths, resp_mask
 
-    def _submit(self, batch: _Batch, rows: list[int], responses: torch.Tensor) -> float:
+    def _submit(self, batch: Batch, rows: list[int], responses: torch.Tensor) -> float:
         """Decode ``rows`` (their responses given) and send them to the reward on the pool;
         the seconds this thread was blocked doing so (an inline executor scores here)."""
         decoding = time.perf_counter()
@@ -529,14 +358,14 @@ class RolloutCollector:
         batch.sent.append(inputs)
         return time.perf_counter() - submitted
 
-    def _score_timed(self, batch: _Batch, inputs: RewardInputs) -> Scores:
+    def _score_timed(self, batch: Batch, inputs: RewardInputs) -> Scores:
         """Score on the pool, noting when the answer came (before the future is done)."""
         scored = self.score(inputs)
         batch.scored_at.append(time.perf_counter())
         return scored
 
     def _chunked_rollout(
-        self, wrapper: PolicyAndValue, batch: _Batch
+        self, wrapper: PolicyAndValue, batch: Batch
     ) -> tuple[dict[str, torch.Tensor], float]:
         """transformers: per chunk, sample (with ``stream_rewards``, each row that emits the
         stop token goes to the reward while the others still generate), send the rest, and
@@ -567,7 +396,7 @@ class RolloutCollector:
     def _sample_chunk(
         self,
         wrapper: PolicyAndValue,
-        batch: _Batch,
+        batch: Batch,
         start: int,
         query: torch.Tensor,
         query_mask: torch.Tensor,
@@ -608,7 +437,7 @@ class RolloutCollector:
         return responses, watcher.pending + rest, inside[1]
 
     def _engine_rollout(
-        self, wrapper: PolicyAndValue, batch: _Batch
+        self, wrapper: PolicyAndValue, batch: Batch
     ) -> tuple[dict[str, torch.Tensor], float]:
         """vLLM: the policy's weights into the engine, every response sampled at once with
         the finished ones sent to the reward as they finish, then the passes by chunk."""

@@ -206,6 +206,43 @@ def _default_group_kept(kept: bool) -> Iterator[None]:
         torch.distributed.destroy_process_group = destroy
 
 
+def _engine_args(
+    model: str,
+    *,
+    dtype: str,
+    seed: int,
+    device: str,
+    memory_share: float | None,
+    max_model_len: int | None,
+    lora_rank: int | None,
+    engine_args: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The keyword arguments of the engine's ``LLM`` (``engine_args`` last, overriding)."""
+    args: dict[str, Any] = {
+        "model": model,
+        "dtype": dtype,
+        "seed": seed,
+        "skip_tokenizer_init": True,  # token ids in, token ids out
+        "logprobs_mode": "processed_logprobs",  # after the temperature, as the trainer's
+        "enable_sleep_mode": device == "cuda",
+    }
+    if device == "cpu":
+        # The KV cache's size, explicitly: vLLM's CPU worker would otherwise subtract
+        # this whole process (the trainer's models and optimiser) from its share.
+        share = memory_share or CPU_KV_SHARE
+        args["kv_cache_memory_bytes"] = int(share * _physical_memory())
+        args["enforce_eager"] = True  # torch.compile's start-up costs more than it saves
+    else:
+        args["gpu_memory_utilization"] = memory_share or 0.3
+    if max_model_len is not None:
+        args["max_model_len"] = max_model_len
+    if lora_rank is not None:
+        # One adapter at a time: the policy's current one.
+        args.update(enable_lora=True, max_lora_rank=_max_lora_rank(lora_rank), max_loras=1)
+    args.update(engine_args or {})
+    return args
+
+
 class VllmRollout:
     """A vLLM engine that samples the policy's responses on this rank's device."""
 
@@ -246,28 +283,16 @@ class VllmRollout:
         self.lora_rank = lora_rank
         self._adapters = 0  # the ids given so far; the engine holds the last one only
         self.lora_request: Any = None  # the current adapter's, on every request
-        args: dict[str, Any] = {
-            "model": model,
-            "dtype": dtype,
-            "seed": seed,
-            "skip_tokenizer_init": True,  # token ids in, token ids out
-            "logprobs_mode": "processed_logprobs",  # after the temperature, as the trainer's
-            "enable_sleep_mode": self.sleeps,
-        }
-        if self.device == "cpu":
-            # The KV cache's size, explicitly: vLLM's CPU worker would otherwise subtract
-            # this whole process (the trainer's models and optimiser) from its share.
-            share = memory_share or CPU_KV_SHARE
-            args["kv_cache_memory_bytes"] = int(share * _physical_memory())
-            args["enforce_eager"] = True  # torch.compile's start-up costs more than it saves
-        else:
-            args["gpu_memory_utilization"] = memory_share or 0.3
-        if max_model_len is not None:
-            args["max_model_len"] = max_model_len
-        if lora_rank is not None:
-            # One adapter at a time: the policy's current one.
-            args.update(enable_lora=True, max_lora_rank=_max_lora_rank(lora_rank), max_loras=1)
-        args.update(engine_args or {})
+        args = _engine_args(
+            model,
+            dtype=dtype,
+            seed=seed,
+            device=self.device,
+            memory_share=memory_share,
+            max_model_len=max_model_len,
+            lora_rank=lora_rank,
+            engine_args=engine_args,
+        )
         # In this process: weights go in as tensors. Set while the engine lives (close()
         # puts back what was there: a vLLM server started later must not inherit it).
         self._saved_env = {key: os.environ.get(key) for key in _ENGINE_ENV}

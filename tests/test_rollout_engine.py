@@ -14,7 +14,8 @@ from test_trainer import make_config
 from transformers import AutoModelForCausalLM
 
 from ppo_client.config import ConfigError
-from ppo_client.rollout import Scores, _reorder
+from ppo_client.rollout import Scores
+from ppo_client.streaming import reorder
 from ppo_client.vllm_rollout import merged_weights
 
 
@@ -53,11 +54,11 @@ def test_scores_of_rows_sent_out_of_order_come_back_in_order() -> None:
     scored = Scores(
         [3.0, 1.0, 2.0, 0.0], [True, False, False, True], None, None, [0.3, 0.1, 0.2, 0.0]
     )
-    back = _reorder(scored, [3, 1, 2, 0])
+    back = reorder(scored, [3, 1, 2, 0])
     assert back.scores == [0.0, 1.0, 2.0, 3.0]
     assert back.truncated == [True, False, False, True]
     assert back.outcome_scores == [0.0, 0.1, 0.2, 0.3] and back.step_scores is None
-    assert _reorder(scored, [0, 1, 2, 3]) is scored
+    assert reorder(scored, [0, 1, 2, 3]) is scored
 
 
 @pytest.mark.parametrize("key", ["vllm_memory_share", "rollout_is_cap"])

@@ -28,12 +28,12 @@ from ppo_client import PPOTrainer, ppo
 from ppo_client.rollout import (
     FinishedRows,
     Rollout,
-    _Batch,
     encode_prompts,
     generate_responses,
     pad_token_id_for,
     sampling_config,
 )
+from ppo_client.streaming import Batch
 from reward_client import RewardClient
 
 LENGTH = 16
@@ -188,7 +188,7 @@ def test_the_reward_tail_runs_from_the_end_of_sampling_to_the_last_answer() -> N
     """``time/reward_tail_s``: the reward work left when generation ended (answers that
     came before it count for nothing)."""
     empty = torch.zeros((0, 1), dtype=torch.long)
-    batch = _Batch([], empty, empty, None, ThreadPoolExecutor(max_workers=1))
+    batch = Batch([], empty, empty, None, ThreadPoolExecutor(max_workers=1))
     batch.sampled_at = 10.0
     assert batch.tail() == 0.0  # nothing sent
     batch.scored_at = [9.0, 12.5, 11.0]
