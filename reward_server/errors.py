@@ -32,7 +32,8 @@ The HTTP edge maps each class to a status code and an error ``type`` in one tabl
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "BatcherClosedError",
@@ -58,6 +59,7 @@ __all__ = [
     "field_path",
     "load_errors",
     "one_line",
+    "validation_problem",
 ]
 
 
@@ -169,6 +171,20 @@ def field_path(parts: Sequence[int | str]) -> str:
         else:
             out += ("." if out else "") + part
     return out
+
+
+def validation_problem(err: Mapping[str, Any]) -> str:
+    """One pydantic validation error (an item of ``ValidationError.errors()``) as ``where:
+    what``, unknown keys and missing ones by name. Never the input value: in a keys file it
+    may be a key."""
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        return f"{field_path(loc[:-1]) or 'top level'}: unknown key {loc[-1]!r}"
+    if kind == "missing":
+        return f"{field_path(loc[:-1]) or 'top level'}: {loc[-1]!r} is required"
+    message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    return f"{field_path(loc)}: {message}" if loc else message
 
 
 def one_line(exc: BaseException) -> str:

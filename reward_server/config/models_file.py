@@ -67,7 +67,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -78,8 +77,9 @@ from pydantic import (
     model_validator,
 )
 
+from reward_server.config._yaml_file import read_yaml_file
 from reward_server.config.load_options import LoadOptions
-from reward_server.errors import ModelsFileError, field_path
+from reward_server.errors import ModelsFileError, validation_problem
 
 __all__ = [
     "AggregateName",
@@ -413,18 +413,6 @@ class ModelsFile(BaseModel):
         return [spec.name for spec in self.models]
 
 
-def _problem(err: Any) -> str:
-    """One validation error as ``where: what``, unknown keys and missing ones by name."""
-    loc = tuple(err.get("loc", ()))
-    kind = err.get("type")
-    if kind == "extra_forbidden":
-        return f"{field_path(loc[:-1]) or 'top level'}: unknown key {loc[-1]!r}"
-    if kind == "missing":
-        return f"{field_path(loc[:-1]) or 'top level'}: {loc[-1]!r} is required"
-    message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    return f"{field_path(loc)}: {message}" if loc else message
-
-
 def parse_models_file(data: Any, source: str = "models file") -> ModelsFile:
     """Validate the parsed YAML of a models file; ModelsFileError naming every problem."""
     if not isinstance(data, dict):
@@ -432,18 +420,11 @@ def parse_models_file(data: Any, source: str = "models file") -> ModelsFile:
     try:
         return ModelsFile.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem(err) for err in exc.errors()]
+        problems = [validation_problem(err) for err in exc.errors()]
         raise ModelsFileError(f"{source}: {'; '.join(problems)}") from None
 
 
 def read_models_file(path: str | Path) -> ModelsFile:
     """Read and validate the models file at ``path``; ModelsFileError when it is not right."""
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelsFileError(f"cannot read models file {path}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ModelsFileError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    data = read_yaml_file(path, "models file", ModelsFileError)
     return parse_models_file(data, str(path))

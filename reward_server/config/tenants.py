@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from reward_server.errors import field_path
+from reward_server.config._yaml_file import read_yaml_file
+from reward_server.errors import validation_problem
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -168,18 +168,6 @@ class _TenantsFile(BaseModel):
         return self
 
 
-def _problem(err: Any) -> str:
-    """One validation error as ``where: what`` (never the input: it may be a key)."""
-    loc = tuple(err.get("loc", ()))
-    kind = err.get("type")
-    if kind == "extra_forbidden":
-        return f"{field_path(loc[:-1]) or 'top level'}: unknown key {loc[-1]!r}"
-    if kind == "missing":
-        return f"{field_path(loc[:-1]) or 'top level'}: {loc[-1]!r} is required"
-    message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    return f"{field_path(loc)}: {message}" if loc else message
-
-
 # ---------------------------------------------------------------------- the table
 
 
@@ -225,7 +213,7 @@ def parse_tenants_file(data: Any, source: str = "keys file") -> TenantTable:
     try:
         parsed = _TenantsFile.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem(err) for err in exc.errors()]
+        problems = [validation_problem(err) for err in exc.errors()]
         raise TenantsFileError(f"{source}: {'; '.join(problems)}") from None
     return TenantTable(
         tuple(
@@ -238,17 +226,8 @@ def parse_tenants_file(data: Any, source: str = "keys file") -> TenantTable:
 
 def read_tenants_file(path: str | Path) -> TenantTable:
     """Read and validate the keys file at ``path``; TenantsFileError when it is not right."""
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TenantsFileError(f"cannot read keys file {path}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        # The YAML error quotes the line it stopped at, which may hold a key: only the place.
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise TenantsFileError(f"{path} is not valid YAML{where}") from None
+    # The YAML parser's message quotes the line it stopped at, which may hold a key.
+    data = read_yaml_file(path, "keys file", TenantsFileError, quote_yaml_error=False)
     return parse_tenants_file(data, str(path))
 
 

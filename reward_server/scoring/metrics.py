@@ -66,12 +66,6 @@ class Metrics:
         self.queue_wait = self._histogram(
             "queue_wait_seconds", "Time an item waited before its forward pass.", _TIME_BUCKETS
         )
-        self.tenant_queue_wait = self._histogram(
-            "tenant_queue_wait_seconds",
-            "Time an item waited before its forward pass (vLLM: before vLLM got it), by tenant.",
-            _TIME_BUCKETS,
-            ("tenant",),
-        )
         self.inference = self._histogram(
             "inference_seconds", "Duration of one forward pass.", _TIME_BUCKETS
         )
@@ -150,6 +144,12 @@ class Metrics:
             "tenant_reloads",
             "Reloads of the keys file by outcome (ok; error: the old tenants stay).",
             ("outcome",),
+        )
+        self.tenant_queue_wait = self._histogram(
+            "tenant_queue_wait_seconds",
+            "Time an item waited before its forward pass (vLLM: before vLLM got it), by tenant.",
+            _TIME_BUCKETS,
+            tenant,
         )
 
     def track_tenants(self, count: Callable[[], float]) -> None:
