@@ -13,6 +13,7 @@ That the container images run as non-root is checked by
 from __future__ import annotations
 
 import gc
+import hashlib
 import inspect
 import json
 import logging
@@ -31,8 +32,7 @@ from server_proc import REWARD_SERVER, ServerProcess, free_port
 
 from reward_server.cli import parse_settings
 from reward_server.config import ServerSettings
-from reward_server.errors import UnauthorizedError
-from reward_server.http import auth as routes_module
+from reward_server.config import tenants as tenants_module
 from reward_server.http.app import create_app
 
 API_KEY = "rk-live-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
@@ -440,24 +440,23 @@ def test_wrong_keys_are_refused_alike_on_protocol_endpoints(
 
 
 def test_key_is_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check goes through ``hmac.compare_digest`` (constant time in the key's length)."""
+    """The check goes through ``hmac.compare_digest`` on SHA-256 digests (constant time, and
+    the same length whatever the key sent), for the one ``--api-key`` as for a keys file."""
     calls: list[tuple[bytes, bytes]] = []
-    real = routes_module.hmac.compare_digest
+    real = tenants_module.hmac.compare_digest
 
     def spy(a: bytes, b: bytes) -> bool:
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(routes_module.hmac, "compare_digest", spy)
-    service = type("S", (), {"settings": ServerSettings(model="m", api_key=API_KEY)})()
-    creds = type("C", (), {"credentials": "wrong"})()
-    with pytest.raises(UnauthorizedError):
-        routes_module.require_api_key(service, creds)  # type: ignore[arg-type]
-    creds.credentials = API_KEY
-    routes_module.require_api_key(service, creds)  # type: ignore[arg-type]
-    assert calls == [(b"wrong", API_KEY.encode()), (API_KEY.encode(), API_KEY.encode())]
+    monkeypatch.setattr(tenants_module.hmac, "compare_digest", spy)
+    table = tenants_module.TenantTable.single_key(API_KEY)
+    assert table.authenticate("wrong") is None
+    assert table.authenticate(API_KEY) == tenants_module.DEFAULT_TENANT
+    expected = hashlib.sha256(API_KEY.encode()).digest()
+    assert calls == [(hashlib.sha256(b"wrong").digest(), expected), (expected, expected)]
     # And no other comparison of the key in the code path.
-    source = inspect.getsource(routes_module.require_api_key)
+    source = inspect.getsource(tenants_module.TenantTable.authenticate)
     assert "compare_digest(" in source
     assert "==" not in source and "!=" not in source
 
