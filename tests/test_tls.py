@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import http.server
+import importlib.util
 import ipaddress
 import json
 import math
@@ -29,7 +30,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from server_proc import REWARD_SERVER, ServerProcess, running_server
+from server_proc import REWARD_SERVER, ServerProcess, require_counterpart, running_server
 from test_trainer import PROMPTS, TRL_METRICS, read_jsonl
 
 from ppo_client.config import ConfigError, PPOConfig
@@ -435,7 +436,14 @@ def test_ppo_client_train_over_https(
 def test_ray_serve_refuses_a_certificate(pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
     """Serve's proxy owns the port: a certificate there would be silently ignored, so the
     application builder says so instead."""
-    ray_serve = pytest.importorskip("reward_server.http.ray_serve")
+    # Ray is a real counterpart: under make test a missing Ray fails this test, not skips it.
+    require_counterpart(
+        importlib.util.find_spec("ray") is not None,
+        "REWARD_SERVER_TEST_RAY",
+        "Ray Serve (the extra remote-reward[ray])",
+    )
+    from reward_server.http import ray_serve
+
     for name in [n for n in os.environ if n.startswith("REWARD_SERVER_")]:
         monkeypatch.delenv(name)
     args = {"model": "m", "ssl_certfile": str(pki.cert), "ssl_keyfile": str(pki.key)}
