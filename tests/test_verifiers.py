@@ -529,6 +529,22 @@ def test_a_worker_killed_between_calls_is_replaced(python_pool: VerifierPool) ->
     assert gone(victim)
 
 
+def test_a_dead_worker_not_yet_reapable_gets_no_item(python_pool: VerifierPool) -> None:
+    # The window CI once hit: a killed worker's sentinel is ready before waitpid can reap
+    # it, so is_alive() still says True; the pool must read the sentinel and replace it
+    # before sending, not charge the first item with a crash it never had.
+    slot = python_pool._slots[0]
+    process = slot._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGKILL)
+    assert wait_until(lambda: python_pool.live_workers == 1)
+    process.is_alive = lambda: True  # type: ignore[method-assign]  # the window, held open
+    verdicts = verify_all(python_pool, [Task(None, "x" * n, None) for n in range(16)])
+    assert [v.error for v in verdicts] == [None] * 16
+    assert [v.score for v in verdicts] == [float(n) for n in range(16)]
+    assert python_pool.live_workers == 2
+
+
 def test_close_leaves_no_child_process(pool_factory: Any) -> None:
     before = own_children()
     pool = pool_factory(VerifierOptions("python", function=FUNCTIONS, workers=3))

@@ -322,6 +322,7 @@ class _Slot:
         verdicts: _Verdicts = []
         pending = job.items
         self.pool._count_busy(len(pending))
+        resend = True  # one chunk the worker never received may go to a new one uncharged
         try:
             while pending:
                 if self.pool.closed:
@@ -333,22 +334,31 @@ class _Slot:
                         outcome: Outcome = ("crash", 0.0, {}, "no worker: it cannot be restarted")
                         verdicts.append((position, self.pool._verdict(position, outcome)))
                     break
-                pending = pending[self._exchange(pending, verdicts) :]
+                settled = self._exchange(pending, verdicts, resend)
+                resend = resend and settled > 0
+                pending = pending[settled:]
             if not self.pool.closed:
                 self._ensure_worker()  # a replacement before the verdicts go back
         finally:
             self.pool._count_busy(-len(pending))
         return verdicts
 
-    def _exchange(self, items: _Items, verdicts: _Verdicts) -> int:
+    def _exchange(self, items: _Items, verdicts: _Verdicts, resend: bool) -> int:
         """Send ``items`` to the worker and collect their outcomes; returns how many items
-        were settled (all, or up to and including the one whose worker had to go)."""
+        were settled (all, or up to and including the one whose worker had to go).
+
+        When the send itself fails the worker died before it got the chunk: with ``resend``
+        nothing is settled (the chunk goes to its replacement), otherwise the first item
+        fails, so a worker that keeps dying cannot hold a chunk forever."""
         process, conn = self._process, self._conn
         assert process is not None and conn is not None
         outcome: Outcome
         try:
             conn.send([(task.prompt, task.response, task.label) for _, task in items])
-        except OSError:  # it died just now: the first item fails (so each pass settles one)
+        except OSError:
+            if resend:
+                self._stop_worker(graceful=False)
+                return 0
             outcome = self._lost_item("crash")
             verdicts.append((items[0][0], self.pool._verdict(items[0][0], outcome)))
             self.pool._count_busy(-1)
@@ -400,7 +410,11 @@ class _Slot:
         with self._lock:
             process = self._process
         if process is not None:
-            if process.is_alive():
+            # Liveness by the sentinel, as pid() reads it, not is_alive(): a killed process
+            # closes its end of the sentinel pipe before the kernel lets waitpid see it, so
+            # in that window is_alive() still says True and the next chunk would go to a
+            # dead worker (its first item then failed as a crash it never had).
+            if not wait([process.sentinel], 0):
                 return True
             exitcode = self._stop_worker(graceful=False)
             logger.warning(
