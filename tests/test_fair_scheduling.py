@@ -139,6 +139,73 @@ def test_a_window_no_larger_than_a_turn_is_not_cut_by_a_newcomer() -> None:
     run(main())
 
 
+@pytest.mark.parametrize(("b_rows", "first_b_pass"), [(1, 2), (4, 2), (5, 5)])
+def test_a_light_tenant_goes_first_at_the_next_pass_within_one_turn(
+    b_rows: int, first_b_pass: int
+) -> None:
+    # One row per pass, so a fair turn (40 tokens) is four passes. A and C flood; B sends
+    # one request while A's first pass runs. Up to one turn (4 rows) B is sparse and takes
+    # the pass after C's first (C has then been served more than B lately), inside the
+    # turn of C's that was due; with 5 rows it is not, and waits for its turn of round
+    # robin like anyone (C's four passes first, its fifth row in its next turn).
+    async def main() -> None:
+        scorer = GatedScorer()
+        b = batcher(scorer, max_batch_size=1)
+        await b.start()
+        C = 3
+        first = spawn(Tenant("A"), b.submit, rows(A, 1))
+        await asyncio.to_thread(scorer.entered.wait, 10)
+        tasks = [spawn(Tenant("A"), b.submit, rows(A, 2)) for _ in range(20)]
+        tasks += [spawn(Tenant("C"), b.submit, rows(C, 2)) for _ in range(20)]
+        await settle()
+        light = spawn(Tenant("B"), b.submit, rows(B, b_rows))
+        await settle()
+        scorer.gate.set()
+        assert await light == [10.0 * B] * b_rows
+        await asyncio.gather(first, *tasks)
+        await b.stop()
+        b_passes = [i for i, p in enumerate(scorer.passes) if B in p]
+        turn = min(b_rows, 4)  # B's rows that one turn covers run back to back
+        assert b_passes[:turn] == list(range(first_b_pass, first_b_pass + turn))
+        assert scorer.passes[1:first_b_pass] == [[C]] * (first_b_pass - 1)
+
+    run(main())
+
+
+def test_back_to_back_small_requests_get_no_more_than_a_fair_share() -> None:
+    # One row per pass. B sends one request of a turn's size (four passes) after another
+    # without pause (its queue empties between them, so each is "sparse"): it goes first
+    # only while it has been served less than A lately, so while both have work the
+    # tokens still split about evenly, not four of B's passes to each of A's.
+    async def main() -> None:
+        scorer = GatedScorer()
+        b = batcher(scorer, max_batch_size=1)
+        await b.start()
+        first = spawn(Tenant("A"), b.submit, rows(A, 1))
+        await asyncio.to_thread(scorer.entered.wait, 10)
+        flood = [spawn(Tenant("A"), b.submit, rows(A, 4)) for _ in range(30)]
+        await settle()
+
+        async def closed_loop() -> None:
+            current_tenant.set(Tenant("B"))
+            for _ in range(15):
+                assert await b.submit(rows(B, 4)) == [10.0 * B] * 4
+
+        light = asyncio.ensure_future(closed_loop())
+        await settle()
+        scorer.gate.set()
+        await asyncio.gather(first, light, *flood)
+        await b.stop()
+        passes = scorer.passes[1:]
+        last_a = max(i for i, p in enumerate(passes) if A in p)
+        last_b = max(i for i, p in enumerate(passes) if B in p)
+        both = passes[: min(last_a, last_b) + 1]
+        ratio = scorer.tokens(B, both) / scorer.tokens(A, both)
+        assert 0.6 <= ratio <= 1.4, ratio
+
+    run(main())
+
+
 def test_weights_2_to_1_give_2_to_1_tokens_while_both_wait() -> None:
     async def main() -> None:
         scorer = GatedScorer()

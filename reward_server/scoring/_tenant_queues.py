@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,11 @@ from typing import Any
 from reward_server.config.fairness import DeficitRoundRobin
 from reward_server.config.tenants import Tenant
 
-__all__ = ["Item", "Request", "TenantQueues", "Window"]
+__all__ = ["RECENT_S", "Item", "Request", "TenantQueues", "Window"]
+
+#: The time scale of "lately" for a tenant's served tokens (sparse priority) and for
+#: "another tenant is about" (the batcher's shared pass limit), seconds.
+RECENT_S = 2.0
 
 
 @dataclass(eq=False, slots=True)
@@ -79,6 +84,24 @@ class _TenantQueue:
 
     tenant: Tenant
     items: deque[Item] = field(default_factory=deque)
+    tokens: int = 0  # of the items in ``items``
+    last_submit: float = 0.0  # monotonic time of its latest submit
+    # Tokens served lately: decays by e every RECENT_S seconds (``served_at``: last update).
+    served: float = 0.0
+    served_at: float = 0.0
+
+    def recent(self, now: float) -> float:
+        """Tokens served lately, decayed to ``now``."""
+        return self.served * math.exp(-(now - self.served_at) / RECENT_S)
+
+    # Arrived to an empty queue while none of its work was running, and not served since:
+    # a sparse tenant's request (see TenantQueues.gives_way).
+    fresh: bool = False
+
+    def popleft(self) -> Item:
+        item = self.items.popleft()
+        self.tokens -= item.length
+        return item
 
 
 class TenantQueues:
@@ -109,6 +132,9 @@ class TenantQueues:
         if queue is None:
             queue = self._queues[tenant.name] = _TenantQueue(tenant)
         queue.tenant = tenant  # a reloaded keys file may have changed its weight
+        if self._drr.current != tenant.name and self.head(tenant.name) is None:
+            queue.fresh = True
+        queue.last_submit = now
         queue.items.extend(
             Item(
                 ids=ids,
@@ -120,6 +146,7 @@ class TenantQueues:
             )
             for i, ids in enumerate(rows)
         )
+        queue.tokens += sum(len(ids) for ids in rows)
         self._drr.wake(tenant.name)
         return request
 
@@ -127,7 +154,7 @@ class TenantQueues:
         """Take every queued item out (live or not), tenant by tenant, oldest first."""
         for queue in self._queues.values():
             while queue.items:
-                yield queue.items.popleft()
+                yield queue.popleft()
 
     def head(self, name: str) -> int | None:
         """Tokens of tenant ``name``'s next live item (dropping dead ones), or None."""
@@ -138,14 +165,14 @@ class TenantQueues:
             item = queue.items[0]
             if not item.request.future.done():
                 return item.length
-            queue.items.popleft()
+            queue.popleft()
         return None
 
     def pop_live(self, name: str) -> Item | None:
         """Tenant ``name``'s next queued item whose request is still waiting, or None."""
         if self.head(name) is None:
             return None
-        return self._queues[name].items.popleft()
+        return self._queues[name].popleft()
 
     def with_work(self) -> list[str]:
         """Names of the tenants with live items queued."""
@@ -174,6 +201,7 @@ class TenantQueues:
         """Return unstarted items to the front of their tenant's queue, in arrival order."""
         queue = self._queues[name]
         queue.items.extendleft(sorted(items, key=lambda it: it.seq, reverse=True))
+        queue.tokens += sum(it.length for it in items)
 
     def take(self, name: str, window: list[Item], max_rows: int, max_tokens: int) -> None:
         """Add tenant ``name``'s waiting live items to ``window``, oldest first, while it
@@ -189,12 +217,14 @@ class TenantQueues:
     def serve(self, name: str) -> None:
         """Start a turn of ``name``, the only tenant with work (no credit is spent)."""
         self._drr.serve(name)
+        self._queues[name].fresh = False
 
     def turn(self, max_rows: int) -> Window:
         """The next tenant's turn of deficit round robin: its items while its credit covers
         them, at most ``max_rows``. Only while several tenants have work."""
         name = self._drr.begin(self.head, self.weight)
         assert name is not None  # called only while several tenants have work
+        self._queues[name].fresh = False
         window: list[Item] = []
         while len(window) < max_rows:
             head = self.head(name)
@@ -205,12 +235,75 @@ class TenantQueues:
             window.append(item)
         return Window(window, name, contended=True)
 
-    def gives_way(self, window: Window) -> bool:
-        """Whether ``window`` should stop at a pass boundary when another tenant arrives:
-        formed while its tenant was alone and larger than one fair turn of that tenant
-        (one no larger runs whole, so a small request is not cut in two)."""
-        tokens = sum(it.length for it in window.items)
-        return not window.contended and tokens > self._drr.quantum * self.weight(window.tenant)
+    def backlog(self, name: str) -> int:
+        """Tokens of tenant ``name``'s queued items (items of requests that ended early
+        count until they reach the head, where they are dropped)."""
+        queue = self._queues.get(name)
+        return 0 if queue is None else queue.tokens
+
+    def note_served(self, name: str, tokens: int, now: float) -> None:
+        """Count ``tokens`` of tenant ``name`` run in a pass that started at ``now``."""
+        queue = self._queues.get(name)
+        if queue is not None:
+            queue.served = queue.recent(now) + tokens
+            queue.served_at = now
+
+    def others_recent(self, name: str, since: float) -> bool:
+        """True when a tenant other than ``name`` has submitted since ``since``."""
+        return any(
+            other != name and queue.last_submit >= since for other, queue in self._queues.items()
+        )
+
+    def turn_tokens(self, name: str) -> float:
+        """One fair turn of tenant ``name``: the quantum times its weight, tokens."""
+        return self._drr.quantum * self.weight(name)
+
+    def gives_way(self, window: Window, remaining: list[Item]) -> bool:
+        """Whether ``window``, with ``remaining`` of its items not started, should stop
+        before its next pass and put them back (a pass boundary is the only place to stop).
+
+        Two reasons. A window formed while its tenant was alone gives way to any tenant that
+        arrived once it has run one fair turn's tokens: fair turns follow. And a *sparse* tenant
+        (one whose work arrived to an empty queue, has not been served since, fits in one
+        fair turn of its own, and has lately been served fewer tokens per unit of weight
+        than the running tenant) goes first at the next pass boundary, unless the running
+        tenant is within one turn too and has less left to run (weighted
+        shortest-remaining-first: the two never preempt each other back and forth). So a
+        light tenant's request waits for one pass of a flooding tenant's work, not for a
+        whole window or turn of it (fair queueing's sparse-flow rule; a flooding tenant's
+        queue never empties, so it is never sparse), and a tenant that sends one small
+        request after another without pause cannot use the rule to take more than its
+        share: once it has had as much as the other lately, it waits for turns like anyone.
+        """
+        name = window.tenant
+        others = [other for other in self.with_work() if other != name]
+        if not others or not remaining:
+            return False
+        left = sum(it.length for it in remaining)
+        ran = sum(it.length for it in window.items) - left
+        if not window.contended and ran >= self.turn_tokens(name):
+            return True  # a window formed alone has had one fair turn: turns follow
+        own_weight = self.weight(name)
+        running_sparse = left + self.backlog(name) <= self.turn_tokens(name)
+        now = time.monotonic()
+        own_recent = self._queues[name].recent(now) / own_weight
+        for other in others:
+            queue = self._queues[other]
+            backlog = queue.tokens
+            if not queue.fresh or backlog > self.turn_tokens(other):
+                continue
+            if queue.recent(now) / queue.tenant.weight >= own_recent:
+                continue
+            if not running_sparse or backlog / self.weight(other) < left / own_weight:
+                return True
+        return False
+
+    def give_way(self, window: Window, remaining: list[Item]) -> None:
+        """Put ``remaining`` back at the front of the window's tenant's queue; a fair turn
+        gets back the credit they were charged."""
+        self.put_back(window.tenant, remaining)
+        if window.contended:
+            self._drr.refund(window.tenant, sum(it.length for it in remaining))
 
     def end_turn(self, name: str) -> None:
         """End ``name``'s turn: back in the ring if it still has work, else out of it."""

@@ -24,11 +24,16 @@ While one tenant alone has work, windows form as above from its queue. When seve
 work, each window is one tenant's turn of deficit round robin on tokens
 (:class:`~reward_server.config.fairness.DeficitRoundRobin`: ``max_batch_tokens * weight``
 tokens a turn), so backlogged tenants share the passes in proportion to their weights and
-a tenant that floods the server gets only what the others leave. A window formed while
-one tenant was alone, if larger than a turn, gives way at its next pass boundary to a
-tenant that arrives (its unstarted items go back to the front of their queue); one no
-larger runs whole. So a newcomer waits for one pass or one turn at most. The queues and the
-turns live in :class:`~reward_server.scoring._tenant_queues.TenantQueues`. Admission is per
+a tenant that floods the server gets only what the others leave. A window may stop at a
+pass boundary and put its unstarted items back at the front of their queue
+(:meth:`~reward_server.scoring._tenant_queues.TenantQueues.gives_way`): one formed while
+its tenant was alone, once it has run a turn's tokens and another tenant waits; and any
+window, for a *sparse* tenant (a request of at most a turn that arrived to an empty queue,
+from a tenant served less than the running one lately), which so waits for the running
+pass only. While tenants share the server, passes are kept to ten times a pass's fixed
+cost in tokens (:meth:`Batcher._pass_tokens`: on a CPU a few hundred tokens, on a GPU the
+usual limit) and run oldest first. The queues and the turns live in
+:class:`~reward_server.scoring._tenant_queues.TenantQueues`. Admission is per
 tenant too: a tenant over its queue share or its rate limit gets
 :class:`~reward_server.errors.TenantLimitError` (429) while the others are admitted.
 """
@@ -51,7 +56,7 @@ from reward_server.config.fairness import TenantAdmission, TokenBuckets
 from reward_server.config.tenants import current_tenant
 from reward_server.engines import BatchLimits, BatchObserver, BatchStats
 from reward_server.errors import BatcherClosedError, QueueFullError
-from reward_server.scoring._tenant_queues import Item, Request, TenantQueues, Window
+from reward_server.scoring._tenant_queues import RECENT_S, Item, Request, TenantQueues, Window
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,10 @@ __all__ = [
 #: Bounds of the Retry-After estimate, seconds.
 MIN_RETRY_AFTER = 0.1
 MAX_RETRY_AFTER = 30.0
+
+#: Sharing (see Batcher._pass_tokens): passes are kept to this many times a pass's fixed
+#: cost in tokens while another tenant has submitted within RECENT_S.
+SHARED_PASS_OVERHEADS = 10.0
 
 #: Recent inter-arrival gaps kept to tell sparse arrivals (don't wait) from bursts (do).
 _GAPS_KEPT = 32
@@ -368,13 +377,20 @@ class Batcher:
             window = await self._collect()
             if window is None:
                 return
-            batches = self._split(window.items)
-            # A window formed while its tenant was alone, larger than one fair turn, gives
-            # way to a tenant that arrives: the rest goes back and fair turns follow.
-            yields = self._tenants.gives_way(window)
+            shared = self._tenants.others_recent(window.tenant, time.monotonic() - RECENT_S)
+            batches = self._split(window.items, self._pass_tokens() if shared else None)
+            if shared:
+                # Oldest work first: a window cut short puts its later passes back, and
+                # they must not be the same long rows each time while newer short ones go
+                # ahead (alone, a window runs whole, shortest rows first).
+                batches.sort(key=lambda batch: min(it.seq for it in batch))
+            # Before each pass the window may give way to another tenant (one that arrived
+            # behind a large window, or a light one: TenantQueues.gives_way); the rest of it
+            # goes back to the front of its queue.
             for i, batch in enumerate(batches):
-                if i and yields and self._tenants.others_have_work(window.tenant):
-                    self._tenants.put_back(window.tenant, [it for b in batches[i:] for it in b])
+                rest = [it for b in batches[i:] for it in b]
+                if self._tenants.gives_way(window, rest):
+                    self._tenants.give_way(window, rest)
                     break
                 try:
                     await self._run(batch)
@@ -437,19 +453,37 @@ class Batcher:
             return False
         return statistics.median(self._gaps) > self.max_wait_s
 
-    def _split(self, window: list[Item]) -> list[list[Item]]:
-        """Sort by length and cut into micro-batches under the row and padded-token limits.
+    def _pass_tokens(self) -> int:
+        """The padded-token limit of passes while tenants share the server (another
+        tenant than the window's has submitted within ``RECENT_S``).
+
+        A light tenant's request waits for the pass that is running when it arrives (it
+        goes first at the next pass boundary: TenantQueues.gives_way), so shared passes are
+        kept to ``SHARED_PASS_OVERHEADS`` times the fixed cost of a pass (the cost model's
+        overhead in tokens): that fixed cost is then about a tenth of a pass. Where a pass's
+        overhead is worth thousands of tokens (a GPU) the limit stays ``max_batch_tokens``;
+        a tenant alone on the server is never limited.
+        """
+        overhead = self._cost.overhead_tokens
+        if overhead is None:
+            return self.max_batch_tokens
+        return min(self.max_batch_tokens, math.ceil(SHARED_PASS_OVERHEADS * overhead))
+
+    def _split(self, window: list[Item], max_tokens: int | None = None) -> list[list[Item]]:
+        """Sort by length and cut into micro-batches under the row and padded-token limits
+        (``max_tokens``: the padded-token limit, ``max_batch_tokens`` by default).
 
         Once the cost model knows the device, cuts go where they cost least (see
         :func:`partition`); until then each micro-batch is filled up to the limits.
         """
+        limit = self.max_batch_tokens if max_tokens is None else max_tokens
         window.sort(key=lambda it: it.length)
         lengths = [it.length for it in window]
         overhead = self._cost.overhead_tokens
         if overhead is not None and len(window) > 1:
-            sizes = partition(lengths, overhead, self.max_batch_size, self.max_batch_tokens)
+            sizes = partition(lengths, overhead, self.max_batch_size, limit)
         else:
-            sizes = fill_sizes(lengths, self.max_batch_size, self.max_batch_tokens)
+            sizes = fill_sizes(lengths, self.max_batch_size, limit)
         starts = list(itertools.accumulate(sizes, initial=0))
         return [window[a:b] for a, b in itertools.pairwise(starts)]
 
@@ -466,6 +500,7 @@ class Batcher:
             it.request.unstarted -= 1
             self._admission.release(it.request.tenant, 1)
         self._queued -= len(live)
+        self._tenants.note_served(live[0].request.tenant, sum(it.length for it in live), started)
         width = max(it.length for it in live)
         error: BaseException | None = None
         try:
