@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import platform
@@ -158,6 +159,21 @@ def cpu_seconds() -> float:
     """CPU time (user + system) of this process and its reaped children, seconds."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def start_part(level: int = logging.INFO) -> None:
+    """What a part's own command (``python -m bench.<part>``) starts with: log lines on
+    stderr, httpx's one line per request left out."""
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def served_model(given: str | None) -> str:
+    """The reward model a part's own command serves: ``given``, or MiniLM with a seeded
+    head (built once into the benchmark's cache)."""
+    from bench.models import prepare_minilm_reward_model
+
+    return given or str(prepare_minilm_reward_model())
 
 
 def report_part(result: dict[str, Any], markdown: str, json_path: Path | None) -> None:

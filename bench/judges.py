@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_info, report_part, summary
+from bench.common import machine_info, report_part, start_part, summary
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    start_part(logging.WARNING)
     cfg = JudgeBenchConfig(
         items=args.items or (8 if args.quick else 128),
         rounds=args.rounds or (1 if args.quick else 3),

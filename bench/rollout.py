@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_info, report_part, summary
+from bench.common import machine_info, report_part, start_part, summary
 
 logger = logging.getLogger(__name__)
 
@@ -593,8 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    start_part()
     given: dict[str, Any] = {"seed": args.seed, "threads": args.threads}
     given["reward_model_path"] = args.model
     given["workloads"] = WORKLOADS if args.workload == "both" else (args.workload,)

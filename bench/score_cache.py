@@ -33,7 +33,14 @@ from typing import Any
 
 import httpx
 
-from bench.common import machine_info, parse_prometheus, report_part, summary
+from bench.common import (
+    machine_info,
+    parse_prometheus,
+    report_part,
+    served_model,
+    start_part,
+    summary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -230,12 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    from bench.models import prepare_minilm_reward_model
-
+    start_part()
     cfg = CacheBenchConfig(
-        model_path=args.model or str(prepare_minilm_reward_model()),
+        model_path=served_model(args.model),
         groups=args.groups,
         group_size=args.group_size,
         rounds=args.rounds,

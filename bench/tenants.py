@@ -36,7 +36,14 @@ from typing import Any
 
 import httpx
 
-from bench.common import machine_info, percentile, report_part, summary
+from bench.common import (
+    machine_info,
+    percentile,
+    report_part,
+    served_model,
+    start_part,
+    summary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -342,12 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    from bench.models import prepare_minilm_reward_model
-
-    given = {"model_path": args.model or str(prepare_minilm_reward_model())}
-    given["threads"] = args.threads
+    start_part()
+    given = {"model_path": served_model(args.model), "threads": args.threads}
     if args.quick:
         cfg = quick_config(**given)
     else:
