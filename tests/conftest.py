@@ -11,9 +11,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from collections.abc import Iterator
+
 import pytest
 
 import tiny_models
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for the test (tiny models run fastest so, especially on a
+    shared machine); the thread count is restored after."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="session")

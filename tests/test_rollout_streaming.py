@@ -40,12 +40,7 @@ LENGTH = 16
 ROWS = 8
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
