@@ -24,7 +24,7 @@ from reward_server.config.fairness import DeficitRoundRobin, TokenBuckets
 from reward_server.config.tenants import DEFAULT_TENANT, Tenant, current_tenant, hash_key
 from reward_server.engines._vllm_scheduler import VllmScheduler
 from reward_server.errors import BatcherClosedError, QueueFullError, TenantLimitError
-from reward_server.scoring.batcher import Batcher
+from reward_server.scoring.batcher import Batcher, shared_pass_tokens
 from reward_server.scoring.metrics import Metrics
 
 T = TypeVar("T")
@@ -202,6 +202,32 @@ def test_back_to_back_small_requests_get_no_more_than_a_fair_share() -> None:
         both = passes[: min(last_a, last_b) + 1]
         ratio = scorer.tokens(B, both) / scorer.tokens(A, both)
         assert 0.6 <= ratio <= 1.4, ratio
+
+    run(main())
+
+
+def test_passes_are_kept_small_while_another_tenant_is_about() -> None:
+    # A pass's fixed cost is worth 2 tokens here, so shared passes hold at most 20 padded
+    # tokens (two rows); alone, a tenant's window of equal rows runs in one full pass.
+    assert shared_pass_tokens(None, 400) == 400
+    assert shared_pass_tokens(2.0, 400) == 20
+    assert shared_pass_tokens(1e6, 400) == 400
+
+    async def main() -> None:
+        scorer = GatedScorer()
+        b = batcher(scorer, max_batch_tokens=400, max_batch_size=40, split_overhead_tokens=2.0)
+        await b.start()
+        scorer.gate.set()
+        alone = [spawn(Tenant("A"), b.submit, rows(A, 2)) for _ in range(8)]
+        await asyncio.gather(*alone)
+        assert max(len(p) for p in scorer.passes) == 16  # A alone: one pass of all 16 rows
+        scorer.passes.clear()
+        await spawn(Tenant("B"), b.submit, rows(B, 1))  # B has been about just now
+        shared = [spawn(Tenant("A"), b.submit, rows(A, 2)) for _ in range(8)]
+        await asyncio.gather(*shared)
+        await b.stop()
+        a_passes = [p for p in scorer.passes if A in p]
+        assert sum(map(len, a_passes)) == 16 and max(map(len, a_passes)) == 2
 
     run(main())
 

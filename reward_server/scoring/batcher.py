@@ -31,7 +31,7 @@ its tenant was alone, once it has run a turn's tokens and another tenant waits; 
 window, for a *sparse* tenant (a request of at most a turn that arrived to an empty queue,
 from a tenant served less than the running one lately), which so waits for the running
 pass only. While tenants share the server, passes are kept to ten times a pass's fixed
-cost in tokens (:meth:`Batcher._pass_tokens`: on a CPU a few hundred tokens, on a GPU the
+cost in tokens (:func:`shared_pass_tokens`: on a CPU a few hundred tokens, on a GPU the
 usual limit) and run oldest first. The queues and the turns live in
 :class:`~reward_server.scoring._tenant_queues.TenantQueues`. Admission is per
 tenant too: a tenant over its queue share or its rate limit gets
@@ -70,6 +70,7 @@ __all__ = [
     "fill_sizes",
     "fit_pass_cost",
     "partition",
+    "shared_pass_tokens",
     "split_overhead_tokens",
 ]
 
@@ -77,9 +78,26 @@ __all__ = [
 MIN_RETRY_AFTER = 0.1
 MAX_RETRY_AFTER = 30.0
 
-#: Sharing (see Batcher._pass_tokens): passes are kept to this many times a pass's fixed
+#: Sharing (see shared_pass_tokens): passes are kept to this many times a pass's fixed
 #: cost in tokens while another tenant has submitted within RECENT_S.
 SHARED_PASS_OVERHEADS = 10.0
+
+
+def shared_pass_tokens(overhead_tokens: float | None, max_batch_tokens: int) -> int:
+    """The padded-token limit of passes while tenants share the server (another tenant than
+    the window's has submitted within ``RECENT_S``).
+
+    A light tenant's request waits for the pass that is running when it arrives (it goes
+    first at the next pass boundary: TenantQueues.gives_way), so shared passes are kept to
+    ``SHARED_PASS_OVERHEADS`` times the fixed cost of a pass (``overhead_tokens``: the cost
+    model's, in padded tokens; None while it is not known): that fixed cost is then about a
+    tenth of a pass. Where a pass's overhead is worth thousands of tokens (a GPU) the limit
+    stays ``max_batch_tokens``; a tenant alone on the server is never limited.
+    """
+    if overhead_tokens is None:
+        return max_batch_tokens
+    return min(max_batch_tokens, math.ceil(SHARED_PASS_OVERHEADS * overhead_tokens))
+
 
 #: Recent inter-arrival gaps kept to tell sparse arrivals (don't wait) from bursts (do).
 _GAPS_KEPT = 32
@@ -378,7 +396,8 @@ class Batcher:
             if window is None:
                 return
             shared = self._tenants.others_recent(window.tenant, time.monotonic() - RECENT_S)
-            batches = self._split(window.items, self._pass_tokens() if shared else None)
+            limit = shared_pass_tokens(self._cost.overhead_tokens, self.max_batch_tokens)
+            batches = self._split(window.items, limit if shared else None)
             if shared:
                 # Oldest work first: a window cut short puts its later passes back, and
                 # they must not be the same long rows each time while newer short ones go
@@ -452,22 +471,6 @@ class Batcher:
         if len(self._gaps) < _MIN_GAPS:
             return False
         return statistics.median(self._gaps) > self.max_wait_s
-
-    def _pass_tokens(self) -> int:
-        """The padded-token limit of passes while tenants share the server (another
-        tenant than the window's has submitted within ``RECENT_S``).
-
-        A light tenant's request waits for the pass that is running when it arrives (it
-        goes first at the next pass boundary: TenantQueues.gives_way), so shared passes are
-        kept to ``SHARED_PASS_OVERHEADS`` times the fixed cost of a pass (the cost model's
-        overhead in tokens): that fixed cost is then about a tenth of a pass. Where a pass's
-        overhead is worth thousands of tokens (a GPU) the limit stays ``max_batch_tokens``;
-        a tenant alone on the server is never limited.
-        """
-        overhead = self._cost.overhead_tokens
-        if overhead is None:
-            return self.max_batch_tokens
-        return min(self.max_batch_tokens, math.ceil(SHARED_PASS_OVERHEADS * overhead))
 
     def _split(self, window: list[Item], max_tokens: int | None = None) -> list[list[Item]]:
         """Sort by length and cut into micro-batches under the row and padded-token limits
