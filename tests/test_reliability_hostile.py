@@ -367,19 +367,21 @@ def test_huge_strings_are_truncated_with_bounded_memory(server: ServerProcess) -
     texts = ["word " * 199_000, "x" * 990_000]
     before = server_rss(server)
     peaks = []
-    for _ in range(3):
+    for _ in range(4):
         for text in texts:
             r = post(server, "/score", json.dumps({"texts": [text]}).encode())
             assert r.status_code == 200, r.text
             answer = r.json()
             assert answer["truncated"] == [True] and answer["tokens"] == [MAX_LENGTH]
             peaks.append(server_rss(server))
-    # Tokenizing a 1 MB text costs a hundred MB or so, and the memory is reused: the four
-    # requests after the first round add less than half of what the first one needed (kept
-    # per request, they would add four times that), with 32 MiB for the allocator's noise.
+    # Tokenizing a 1 MB text costs tens of MB or more, and the memory is reused: the last
+    # four requests add less than half of what the first one needed (kept per request,
+    # they would add four times that), with 48 MiB for the allocator's noise. The first
+    # four are left out: the allocator's arenas still grow then (CI once saw +53, +20, +2,
+    # +2, +12 MB over the first six, where the first request itself added 14 MB).
     first = peaks[0] - before
     assert max(peaks) - before < 600 * 2**20, (before, peaks)
-    assert peaks[-1] - peaks[1] < max(first / 2, 32 * 2**20), (before, peaks)
+    assert peaks[-1] - peaks[3] < max(first / 2, 48 * 2**20), (before, peaks)
     still_serving(server)
 
 
