@@ -82,9 +82,11 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--ppo-batch", "4",
             "--ppo-response-length", "6",
             "--skip-engines",
-            "--skip-verifiers",  # each has a tiny-size test of its own below
+            "--skip-verifiers",  # these six have a tiny-size test each below
             "--skip-judges",
             "--skip-rollout",
+            "--skip-cache",
+            "--skip-tenants",
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
