@@ -90,13 +90,13 @@ class _TenantQueue:
     served: float = 0.0
     served_at: float = 0.0
 
-    def recent(self, now: float) -> float:
-        """Tokens served lately, decayed to ``now``."""
-        return self.served * math.exp(-(now - self.served_at) / RECENT_S)
-
     # Arrived to an empty queue while none of its work was running, and not served since:
     # a sparse tenant's request (see TenantQueues.gives_way).
     fresh: bool = False
+
+    def recent(self, now: float) -> float:
+        """Tokens served lately, decayed to ``now``."""
+        return self.served * math.exp(-(now - self.served_at) / RECENT_S)
 
     def popleft(self) -> Item:
         item = self.items.popleft()
@@ -289,7 +289,7 @@ class TenantQueues:
         own_recent = self._queues[name].recent(now) / own_weight
         for other in others:
             queue = self._queues[other]
-            backlog = queue.tokens
+            backlog = self.backlog(other)
             if not queue.fresh or backlog > self.turn_tokens(other):
                 continue
             if queue.recent(now) / queue.tenant.weight >= own_recent:

@@ -395,22 +395,25 @@ class Batcher:
             window = await self._collect()
             if window is None:
                 return
-            shared = self._tenants.others_recent(window.tenant, time.monotonic() - RECENT_S)
-            limit = shared_pass_tokens(self._cost.overhead_tokens, self.max_batch_tokens)
-            batches = self._split(window.items, limit if shared else None)
+            tenants = self._tenants
+            shared = tenants.others_recent(window.tenant, time.monotonic() - RECENT_S)
+            limit = self.max_batch_tokens
+            if shared:
+                limit = shared_pass_tokens(self._cost.overhead_tokens, limit)
+            batches = self._split(window.items, limit)
             if shared:
                 # Oldest work first: a window cut short puts its later passes back, and
                 # they must not be the same long rows each time while newer short ones go
                 # ahead (alone, a window runs whole, shortest rows first).
                 batches.sort(key=lambda batch: min(it.seq for it in batch))
-            # Before each pass the window may give way to another tenant (one that arrived
-            # behind a large window, or a light one: TenantQueues.gives_way); the rest of it
-            # goes back to the front of its queue.
+            # Before each pass, while another tenant waits, the window may give way to it
+            # (TenantQueues.gives_way); the rest goes back to the front of its queue.
             for i, batch in enumerate(batches):
-                rest = [it for b in batches[i:] for it in b]
-                if self._tenants.gives_way(window, rest):
-                    self._tenants.give_way(window, rest)
-                    break
+                if tenants.others_have_work(window.tenant):
+                    rest = [it for b in batches[i:] for it in b]
+                    if tenants.gives_way(window, rest):
+                        tenants.give_way(window, rest)
+                        break
                 try:
                     await self._run(batch)
                 except Exception:  # a bug here must not kill the consumer
@@ -472,14 +475,13 @@ class Batcher:
             return False
         return statistics.median(self._gaps) > self.max_wait_s
 
-    def _split(self, window: list[Item], max_tokens: int | None = None) -> list[list[Item]]:
-        """Sort by length and cut into micro-batches under the row and padded-token limits
-        (``max_tokens``: the padded-token limit, ``max_batch_tokens`` by default).
+    def _split(self, window: list[Item], limit: int) -> list[list[Item]]:
+        """Sort by length and cut into micro-batches under the row limit and ``limit``
+        padded tokens.
 
         Once the cost model knows the device, cuts go where they cost least (see
         :func:`partition`); until then each micro-batch is filled up to the limits.
         """
-        limit = self.max_batch_tokens if max_tokens is None else max_tokens
         window.sort(key=lambda it: it.length)
         lengths = [it.length for it in window]
         overhead = self._cost.overhead_tokens
