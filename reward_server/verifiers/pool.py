@@ -248,6 +248,14 @@ class VerifierPool:
             logger.debug("verifier %r: item %d raised:\n%s", self.name, position, text)
 
 
+def _exited(process: BaseProcess) -> bool:
+    """Whether the worker has ended, by its sentinel, not is_alive(): a killed process closes
+    its end of the sentinel pipe before the kernel lets waitpid see it, so in that window
+    is_alive() still says True and a chunk would go to a dead worker (its first item then
+    failing as a crash it never had)."""
+    return bool(wait([process.sentinel], 0))
+
+
 class _Slot:
     """One worker process and the thread that drives it.
 
@@ -275,7 +283,7 @@ class _Slot:
         here, only the slot's thread waits for its worker)."""
         with self._lock:
             process = self._process
-            if process is None or wait([process.sentinel], 0):
+            if process is None or _exited(process):
                 return None
             return process.pid
 
@@ -410,11 +418,7 @@ class _Slot:
         with self._lock:
             process = self._process
         if process is not None:
-            # Liveness by the sentinel, as pid() reads it, not is_alive(): a killed process
-            # closes its end of the sentinel pipe before the kernel lets waitpid see it, so
-            # in that window is_alive() still says True and the next chunk would go to a
-            # dead worker (its first item then failed as a crash it never had).
-            if not wait([process.sentinel], 0):
+            if not _exited(process):
                 return True
             exitcode = self._stop_worker(graceful=False)
             logger.warning(
