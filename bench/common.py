@@ -22,19 +22,24 @@ NO_MATH_THREADS = {
 }
 
 
-def model_server_env(threads: int) -> dict[str, str]:
-    """Environment of a reward server whose model speed is what a benchmark measures.
-
-    ``threads`` math threads, and no score cache: these workloads send the same texts round
-    after round (and the cache is on by default), so cached answers would be timed instead
-    of forward passes. The score cache has its own benchmark (bench/score_cache.py).
-    """
+def server_env(threads: int) -> dict[str, str]:
+    """Environment of a benchmark's reward server: ``threads`` math threads, no tokenizer
+    threads of its own."""
     return {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
-        "REWARD_SERVER_SCORE_CACHE_SIZE": "0",
     }
+
+
+def model_server_env(threads: int) -> dict[str, str]:
+    """Environment of a reward server whose model speed is what a benchmark measures.
+
+    :func:`server_env` with no score cache: these workloads send the same texts round after
+    round (and the cache is on by default), so cached answers would be timed instead of
+    forward passes. The score cache has its own benchmark (bench/score_cache.py).
+    """
+    return {**server_env(threads), "REWARD_SERVER_SCORE_CACHE_SIZE": "0"}
 
 
 def summary(values: Iterable[float]) -> dict[str, float]:

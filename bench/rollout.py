@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_info, report_part, start_part, summary
+from bench.common import machine_info, model_server_env, report_part, start_part, summary
 
 logger = logging.getLogger(__name__)
 
@@ -428,11 +428,6 @@ def run_rollout_bench(cfg: RolloutBenchConfig) -> dict[str, Any]:
     threads = cfg.threads or os.cpu_count() or 1
     reward_model = cfg.reward_model_path or str(prepare_minilm_reward_model())
     prompts = make_prompts(cfg.prompts, seed=cfg.seed)
-    server_env = {
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
     workloads: dict[str, Any] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp,
@@ -440,10 +435,8 @@ def run_rollout_bench(cfg: RolloutBenchConfig) -> dict[str, Any]:
         # and cached answers would make the second one's reward nearly free.
         running_server(
             reward_model,
-            "--score-cache-size",
-            "0",
             *cfg.server_args,
-            env=server_env,
+            env=model_server_env(threads),
             timeout=180,
         ) as server,
         RewardClient(server.url) as client,

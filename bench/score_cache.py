@@ -38,6 +38,7 @@ from bench.common import (
     parse_prometheus,
     report_part,
     served_model,
+    server_env,
     start_part,
     summary,
 )
@@ -125,11 +126,7 @@ def run_cache_bench(cfg: CacheBenchConfig) -> dict[str, Any]:
     from reward_server.launcher import running_server
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-    env = {
-        "OMP_NUM_THREADS": str(cfg.threads),
-        "MKL_NUM_THREADS": str(cfg.threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = server_env(cfg.threads)
     modes = {"cache": {}, "no cache": {"cache": False}}
     rates: dict[str, list[float]] = {m: [] for m in modes}
     rows: dict[str, float] = dict.fromkeys(modes, 0.0)

@@ -41,6 +41,7 @@ from bench.common import (
     percentile,
     report_part,
     served_model,
+    server_env,
     start_part,
     summary,
 )
@@ -207,11 +208,7 @@ def run_tenants_bench(cfg: TenantsBenchConfig) -> dict[str, Any]:
     texts, _ = make_texts(
         tokenizer, cfg.n_texts, min_tokens=cfg.min_tokens, max_tokens=cfg.max_tokens, seed=cfg.seed
     )
-    env = {
-        "OMP_NUM_THREADS": str(cfg.threads),
-        "MKL_NUM_THREADS": str(cfg.threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = server_env(cfg.threads)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in PHASES}
     serial = [0]
     with tempfile.TemporaryDirectory(prefix="bench-tenants-") as tmp:
