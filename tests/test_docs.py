@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import re
 import shutil
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import yaml
 from pydantic import Field
 from server_proc import ServerProcess, running_server
 
@@ -243,6 +246,55 @@ def runnable_blocks() -> list[Block]:
 
 
 BLOCKS = runnable_blocks()
+
+
+def all_blocks() -> list[Block]:
+    """Every fenced block with a language, in every page under docs/, the README and
+    BENCHMARKS.md (which the site includes)."""
+    blocks = []
+    for path in [*sorted(DOCS.rglob("*.md")), REPO / "README.md", REPO / "BENCHMARKS.md"]:
+        text = path.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            page = str(path.relative_to(DOCS if path.is_relative_to(DOCS) else REPO))
+            blocks.append(Block(page, line, match.group(1), match.group(2)))
+    return blocks
+
+
+def _syntax_error(block: Block) -> str | None:
+    """Why ``block`` does not parse in its language, or None (no parser: None)."""
+    try:
+        if block.language == "python":
+            ast.parse(block.code)
+        elif block.language == "yaml":
+            list(yaml.safe_load_all(block.code))
+        elif block.language == "json":
+            json.loads(block.code)
+        elif block.language in ("bash", "sh", "shell"):
+            check = subprocess.run(
+                ["bash", "-n"], input=block.code, capture_output=True, text=True, timeout=30
+            )
+            return check.stderr.strip() or None if check.returncode else None
+    except (SyntaxError, yaml.YAMLError, json.JSONDecodeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def test_every_code_block_parses_in_its_language() -> None:
+    """Blocks that do not run here (a GPU, a hub model, a cluster) still parse: a comment
+    that lost its ``#``, an unclosed quote or a placeholder the shell reads fails."""
+    blocks = all_blocks()
+    assert sum(b.language in ("bash", "python", "yaml") for b in blocks) >= 50
+    errors = [f"{b.page}:{b.line} ({b.language}): {e}" for b in blocks if (e := _syntax_error(b))]
+    assert not errors, "\n".join(errors)
+
+
+def test_a_comment_without_its_hash_is_a_syntax_error() -> None:
+    yaml_block = Block("x.md", 1, "yaml", " models.yaml: the models\nmodels:\n  - name: rm\n")
+    python_block = Block("x.md", 1, "python", "x = 1\n A rule:\ndef f(): pass\n")
+    shell_block = Block("x.md", 1, "bash", "KEY=<one tenant's key> run\n")
+    assert all(_syntax_error(b) for b in (yaml_block, python_block, shell_block))
+    assert _syntax_error(yaml_block._replace(code="# models.yaml\nmodels: []\n")) is None
 
 
 def test_the_guides_have_runnable_blocks() -> None:
