@@ -6,7 +6,9 @@
   gets one more row, with no hand edit.
 - Every fenced block marked ``<!-- run -->`` on the line before it runs (shell blocks in
   bash, Python blocks in this interpreter), against a real server of a tiny model whose URL
-  is in ``REWARD_URL``: only blocks that need no GPU and no hub download carry the marker.
+  is in ``REWARD_URL`` (a block that starts a server of its own gets a free ``PORT``): only
+  blocks that need no GPU and no hub download carry the marker. Every other bash, Python,
+  YAML and JSON block still parses.
 - Every section the README had before it became a front page has a heading in the site.
 """
 
@@ -26,7 +28,7 @@ from typing import NamedTuple
 import pytest
 import yaml
 from pydantic import Field
-from server_proc import ServerProcess, running_server
+from server_proc import ServerProcess, free_port, running_server
 
 from ppo_client.config import PPOConfig
 from reward_server.config.models_file import ModelSpec
@@ -314,6 +316,8 @@ def test_runnable_block(block: Block, docs_server: ServerProcess, tmp_path: Path
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "REWARD_URL": docs_server.url,
+        # For a block that starts a server of its own (on ${PORT:-8000} in the guide).
+        "PORT": str(free_port()),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
