@@ -11,9 +11,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from filelock import FileLock
 
 import tiny_models
 
@@ -28,6 +29,32 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``built_once(name, build)``: ``build(folder)`` once per ``make test``, shared by its
+    pytest workers; returns the folder.
+
+    For a model that takes a while to make (a trained one): the first worker that asks
+    builds it under a file lock in the run's base folder, which all xdist workers share;
+    the others wait for it and reuse the folder.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # .../pytest-N/popen-gwK -> .../pytest-N, the same for every worker
+
+    def build_or_reuse(name: str, build: Callable[[Path], object]) -> Path:
+        folder = root / f"shared-{name}"
+        done = folder / ".built"
+        with FileLock(str(folder) + ".lock"):
+            if not done.exists():
+                folder.mkdir(exist_ok=True)
+                build(folder)
+                done.touch()
+        return folder
+
+    return build_or_reuse
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """LLM judges in ``mode: generate`` (issue 21, part 3): the judge answers in text and the
 score is parsed from its answer by ``score_pattern``.
 
-A tiny GPT-2 is trained here (700 steps, seconds on CPU) to answer ``Rate: <response>`` with
+A tiny GPT-2 is trained here (500 steps, seconds on CPU; once per run, shared with
+tests/test_vllm_judge.py) to answer ``Rate: <response>`` with
 ``Verdict: Score: N``, N set by the response's last word, or with garbage (``no idea``) for one last
 word. Served as a judge, its parsed scores are the expected numbers; an answer without a
 match scores ``on_error`` with the reason ``parse`` (in ``verifier_errors`` and counted in
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ def _line(response: str) -> str:
     return f"{_prompt(response)} {ANSWERS.get(response.split()[-1]) or GARBAGE['odd']}"
 
 
-def train_judge(path: Path, steps: int = 700, **shape: int) -> Path:
+def train_judge(path: Path, steps: int, **shape: int) -> Path:
     """A tiny GPT-2 taught to answer the rubric (the loss on the answer only); ``shape``:
     :func:`tiny_models.gpt2_causal_lm`'s sizes instead of the default ones."""
     rng = random.Random(0)
@@ -75,9 +77,15 @@ def train_judge(path: Path, steps: int = 700, **shape: int) -> Path:
     return tiny_models.save(path, model, tok)
 
 
+def train_rubric_judge(folder: Path) -> Path:
+    """The trained judge this module and tests/test_vllm_judge.py serve (the ``built_once``
+    fixture trains it once per run); a head size of 64, which vLLM's CPU attention takes."""
+    return train_judge(folder, steps=500, n_embd=128, n_head=2)
+
+
 @pytest.fixture(scope="module")
-def judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_judge(tmp_path_factory.mktemp("generate-judge"))
+def judge(built_once: Callable[..., Path]) -> Path:
+    return built_once("rubric-judge", train_rubric_judge)
 
 
 def reference_answers(folder: Path, responses: list[str], max_new_tokens: int) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from test_judge_generate import (
     _response,
     parsed,
     reference_answers,
-    train_judge,
+    train_rubric_judge,
 )
 from test_judge_generate import entry as generate_entry
 
@@ -73,8 +73,8 @@ def logprobs_judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def generate_judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_judge(tmp_path_factory.mktemp("vllm_grader"), steps=500, n_embd=128, n_head=2)
+def generate_judge(built_once: Callable[..., Path]) -> Path:
+    return built_once("rubric-judge", train_rubric_judge)
 
 
 @pytest.fixture(scope="module")
