@@ -79,8 +79,16 @@ def train_judge(path: Path, steps: int, **shape: int) -> Path:
 
 def train_rubric_judge(folder: Path) -> Path:
     """The trained judge this module and tests/test_vllm_judge.py serve (the ``built_once``
-    fixture trains it once per run); a head size of 64, which vLLM's CPU attention takes."""
-    return train_judge(folder, steps=500, n_embd=128, n_head=2)
+    fixture trains it once per run); a head size of 64, which vLLM's CPU attention takes.
+
+    On one torch thread: beside the other pytest worker's servers, two threads on the two
+    cores took 5x their idle time (127 s against 25 s); one thread takes 36 s idle."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train_judge(folder, steps=500, n_embd=128, n_head=2)
+    finally:
+        torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="module")
