@@ -31,8 +31,9 @@ from pydantic import Field
 from server_proc import ServerProcess, free_port, running_server
 
 from ppo_client.config import PPOConfig
-from reward_server.config.models_file import ModelSpec
+from reward_server.config.models_file import ModelSpec, parse_models_file
 from reward_server.config.settings import ENV_PREFIX, ServerSettings
+from reward_server.config.tenants import parse_tenants_file
 from reward_server.http.errors import ERRORS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -297,6 +298,85 @@ def test_a_comment_without_its_hash_is_a_syntax_error() -> None:
     shell_block = Block("x.md", 1, "bash", "KEY=<one tenant's key> run\n")
     assert all(_syntax_error(b) for b in (yaml_block, python_block, shell_block))
     assert _syntax_error(yaml_block._replace(code="# models.yaml\nmodels: []\n")) is None
+
+
+#: Flags of ``reward-server`` in the examples that are not settings.
+CLI_ONLY_FLAGS = {"--help"}
+
+
+def _commands(code: str) -> list[str]:
+    """A shell block's commands: continuation lines joined, comments dropped."""
+    return [line.split(" #")[0] for line in code.replace("\\\n", " ").splitlines()]
+
+
+def stale_names(block: Block) -> list[str]:
+    """What ``block`` names that the code does not have: a ``reward-server`` flag that is no
+    setting, a ``ppo-client train --key`` or PPO-config YAML key that is no config key, a
+    models file or tenants file the server would refuse."""
+    flags = {f"--{name.replace('_', '-')}" for name in ServerSettings.model_fields}
+    keys = set(PPOConfig.field_names())
+    stale: list[str] = []
+    if block.language in ("bash", "sh", "shell"):
+        for command in _commands(block.code):
+            server = re.search(r"(?:^|[\s;&|(])reward-server\s+(?!hash-key)(.*)", command)
+            if server:
+                args = re.split(r"[|;&]", server.group(1))[0]
+                given = re.findall(r"(?<!\S)(--[a-z][\w-]*)", args)
+                stale += [f for f in given if f not in flags | CLI_ONLY_FLAGS]
+            train = re.search(r"ppo[-_]client train\s+(.*)", command)
+            if train:
+                given = re.findall(r"(?<!\S)--(\w+)", train.group(1))
+                stale += [f"--{k}" for k in given if k not in keys | {"config"}]
+    elif block.language == "yaml":
+        data = yaml.safe_load(block.code)
+        try:
+            if isinstance(data, dict) and "models" in data:
+                parse_models_file(data)
+            elif isinstance(data, dict) and "tenants" in data:
+                parse_tenants_file(data)
+            elif isinstance(data, list):  # entries of a models file shown alone
+                parse_models_file({"models": data})
+            elif isinstance(data, dict):  # a PPO config
+                stale += [k for k in data if k not in keys]
+        except ValueError as e:
+            stale.append(str(e).splitlines()[0])
+    return stale
+
+
+def test_the_flags_and_keys_the_docs_name_exist() -> None:
+    """The examples are checked against the code: a renamed flag or key, or a models file
+    the server would refuse, fails here even where the example cannot run."""
+    blocks = all_blocks()
+    checked = [b for b in blocks if b.language == "yaml" or "reward-server" in b.code]
+    assert len(checked) >= 30
+    stale = [f"{b.page}:{b.line}: {s}" for b in blocks for s in stale_names(b)]
+    assert not stale, "\n".join(stale)
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "found"),
+    [
+        ("bash", "reward-server --model m --max-batch-tokenz 9 &\n", "--max-batch-tokenz"),
+        (
+            "bash",
+            "accelerate launch -m ppo_client train --config c.yaml \\\n  --kl_coeff 1\n",
+            "--kl_coeff",
+        ),
+        ("yaml", "model_name_or_path: m\nreward_urls: [u]\n", "reward_urls"),
+        ("yaml", "models:\n  - name: a\n    kind: verifier\n", "verifier"),
+        ("yaml", "- name: a\n  model: m\n  weigth: 1\n", "weigth"),
+        ("yaml", "tenants:\n  - name: a\n    key_sha256: k\n", "hex"),
+    ],
+)
+def test_a_stale_name_in_an_example_is_found(language: str, code: str, found: str) -> None:
+    stale = stale_names(Block("x.md", 1, language, code))
+    assert len(stale) == 1 and found in stale[0], stale
+
+
+def test_flags_and_keys_that_exist_are_not_stale() -> None:
+    code = "reward-server --model m --max-batch-tokens 9 --help\nppo-client train --kl_coef 1\n"
+    assert stale_names(Block("x.md", 1, "bash", code)) == []
+    assert stale_names(Block("x.md", 1, "yaml", "reward_url: u\nkl_coef: 0.1\n")) == []
 
 
 def test_the_guides_have_runnable_blocks() -> None:
