@@ -8,13 +8,16 @@
   bash, Python blocks in this interpreter), against a real server of a tiny model whose URL
   is in ``REWARD_URL`` (a block that starts a server of its own gets a free ``PORT``): only
   blocks that need no GPU and no hub download carry the marker. Every other bash, Python,
-  YAML and JSON block still parses.
+  YAML and JSON block still parses, and names only flags, config keys and imports that
+  exist (its models and tenants files parse as the server would).
 - Every section the README had before it became a front page has a heading in the site.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -371,6 +374,32 @@ def test_the_flags_and_keys_the_docs_name_exist() -> None:
 def test_a_stale_name_in_an_example_is_found(language: str, code: str, found: str) -> None:
     stale = stale_names(Block("x.md", 1, language, code))
     assert len(stale) == 1 and found in stale[0], stale
+
+
+def missing_imports(block: Block) -> list[str]:
+    """The names a Python block imports from this project's packages that do not exist."""
+    missing = []
+    for node in ast.walk(ast.parse(block.code)):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        if node.module.split(".")[0] not in ("reward_client", "reward_server", "ppo_client"):
+            continue
+        module = importlib.import_module(node.module)
+        for alias in node.names:
+            if not hasattr(module, alias.name) and not importlib.util.find_spec(
+                f"{node.module}.{alias.name}"
+            ):
+                missing.append(f"{node.module}.{alias.name}")
+    return missing
+
+
+def test_the_python_examples_import_what_exists() -> None:
+    blocks = [b for b in all_blocks() if b.language == "python"]
+    assert sum("from reward_client import" in b.code for b in blocks) >= 3
+    missing = [f"{b.page}:{b.line}: {name}" for b in blocks for name in missing_imports(b)]
+    assert not missing, missing
+    gone = Block("x.md", 1, "python", "from reward_client import RewardClient, RemoteScorer\n")
+    assert missing_imports(gone) == ["reward_client.RemoteScorer"]
 
 
 def test_flags_and_keys_that_exist_are_not_stale() -> None:
