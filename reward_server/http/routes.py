@@ -100,7 +100,12 @@ async def health(service: ServiceDep) -> Response | HealthResponse:
     return error_response(503, "not_ready", message, None)
 
 
-@router.get("/info", response_model=InfoResponse, responses=ERROR_DOCS)
+@router.get(
+    "/info",
+    response_model=InfoResponse,
+    # No body and no scoring: a wrong key or a server still loading are its only errors.
+    responses={status: ERROR_DOCS[status] for status in (401, 503)},
+)
 async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
     """The models served and the server's batching limits (never the API key); the top-level
     model fields describe the first model."""
