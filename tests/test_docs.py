@@ -126,36 +126,51 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_strict_build_passes_with_generated_reference_pages(site: Path) -> None:
-    flags = (site / "reference" / "server-flags" / "index.html").read_text()
+    flags = (site / "reference" / "server-flags.html").read_text()
     assert "--max-batch-tokens" in flags and "REWARD_SERVER_MAX_BATCH_TOKENS" in flags
-    ppo = (site / "reference" / "ppo-config" / "index.html").read_text()
+    ppo = (site / "reference" / "ppo-config.html").read_text()
     assert (
         "reward_retry_timeout" in ppo
-        and "REWARD_URL" in (site / "reference" / "server-flags" / "index.html").read_text()
+        and "REWARD_URL" in (site / "reference" / "server-flags.html").read_text()
     )
-    assert "step_aggregate" in (site / "reference" / "models-file" / "index.html").read_text()
-    assert "queue_full" in (site / "reference" / "errors" / "index.html").read_text()
-    assert (
-        "reward_server_queue_items" in (site / "reference" / "metrics" / "index.html").read_text()
-    )
-    api = (site / "reference" / "http-api" / "index.html").read_text()
+    assert "step_aggregate" in (site / "reference" / "models-file.html").read_text()
+    assert "queue_full" in (site / "reference" / "errors.html").read_text()
+    assert "reward_server_queue_items" in (site / "reference" / "metrics.html").read_text()
+    api = (site / "reference" / "http-api.html").read_text()
     assert "POST /score" in api and "ScoreRequest" in api
     # The OpenAPI document is the app's own, written at build time.
     assert '"/score"' in (site / "reference" / "openapi.json").read_text()
     # mkdocstrings rendered the Python API.
-    assert "AsyncRewardClient" in (site / "api" / "reward_client" / "index.html").read_text()
+    assert "AsyncRewardClient" in (site / "api" / "reward_client.html").read_text()
+
+
+def test_the_built_site_works_opened_from_disk(site: Path) -> None:
+    """Every page's links and images name files of the site (use_directory_urls: false), so
+    site/index.html opened with no server (file://) navigates; 404.html alone is absolute."""
+    missing, checked = [], 0
+    for page in site.rglob("*.html"):
+        if page.name == "404.html":
+            continue
+        for ref in re.findall(r'(?:href|src)="([^"]+)"', page.read_text(encoding="utf-8")):
+            target = ref.split("#")[0].split("?")[0]
+            if not target or re.match(r"^(\w+:|//)", ref):
+                continue
+            checked += 1
+            if not (page.parent / target).is_file():
+                missing.append(f"{page.relative_to(site)}: {ref}")
+    assert checked > 1000 and not missing, missing[:20]
 
 
 def test_pictures_are_in_the_site(site: Path) -> None:
-    bench = (site / "benchmarks" / "index.html").read_text()
-    charts = re.findall(r'src="\.\./(charts/[^"]+\.svg)"', bench)
+    bench = (site / "benchmarks.html").read_text()
+    charts = re.findall(r'src="(charts/[^"]+\.svg)"', bench)
     assert {Path(c).name.rsplit("-", 1)[-1] for c in charts} >= {"throughput.svg", "latency.svg"}
     for chart in charts:
         assert (site / chart).read_text().lstrip().startswith("<?xml")
-    quick = (site / "quickstart" / "index.html").read_text()
+    quick = (site / "quickstart.html").read_text()
     assert "images/reward_curve.png" in quick
     assert (site / "images" / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
-    architecture = (site / "architecture" / "index.html").read_text()
+    architecture = (site / "architecture.html").read_text()
     assert architecture.count('class="mermaid"') >= 2
 
 
