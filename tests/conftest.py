@@ -18,6 +18,31 @@ from filelock import FileLock
 
 import tiny_models
 
+#: The modules that take longest (a minute or more in make test's log: trained models, the
+#: demo, vLLM servers), started first so that make test's two workers do not end with one of
+#: them still running a long module alone. xdist's loadfile hands out whole modules in
+#: collection order; test_judge_generate trains the judge test_vllm_judge also uses, and
+#: comes first so that the other worker does not wait for it.
+LONGEST_FIRST = (
+    "test_judge_generate.py",
+    "test_demo.py",
+    "test_vllm_judge.py",
+    "test_remote_component.py",
+    "test_vllm_server.py",
+    "test_long_runs.py",
+    "test_bench.py",
+    "test_reliability_faults.py",
+    "test_ray_serve.py",
+    "test_ctrl_c.py",
+    "test_client.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules of LONGEST_FIRST first, in its order; the others after, as collected."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
