@@ -20,17 +20,19 @@ import tiny_models
 
 #: The modules that take longest (a minute or more in make test's log: trained models, the
 #: demo, vLLM servers), started first so that make test's two workers do not end with one of
-#: them still running a long module alone. xdist's loadfile hands out whole modules in
-#: collection order; test_judge_generate trains the judge test_vllm_judge also uses, and
-#: comes first so that the other worker does not wait for it.
+#: them still running a long module alone. xdist's loadfile hands whole modules out in
+#: collection order, two at a time per worker, so odd places tend to go to one worker and
+#: even places to the other: the vLLM modules take the odd places (one vLLM server at a time,
+#: beside the other worker's non-vLLM modules), and test_judge_generate, which trains the
+#: judge test_vllm_judge also serves, comes before it.
 LONGEST_FIRST = (
     "test_judge_generate.py",
     "test_demo.py",
     "test_vllm_judge.py",
-    "test_remote_component.py",
-    "test_vllm_server.py",
     "test_long_runs.py",
+    "test_remote_component.py",
     "test_bench.py",
+    "test_vllm_server.py",
     "test_reliability_faults.py",
     "test_ray_serve.py",
     "test_ctrl_c.py",
