@@ -16,6 +16,9 @@ deadline passes the worker is killed (SIGTERM, then SIGKILL if it is still there
 ``STOP_WAIT_S``), reaped, and a new one started; a worker that dies (crash) is replaced the
 same way; the rest of the chunk goes to the new worker. The replacement is started before
 the chunk's verdicts are handed back, so when ``verify`` returns the pool is whole again.
+A worker that dies while its slot waits for work (killed between calls, out of memory) is
+replaced within ``IDLE_CHECK_S``, not when a chunk next comes to that slot: the workers
+gauge reads true between calls and the next call does not wait for a start.
 
 Cancelling ``verify`` (the client went away) cancels its chunks still queued; chunks
 already running finish on their workers and their verdicts are dropped, so the pool stays
@@ -56,6 +59,8 @@ LOAD_TIMEOUT_S = 120.0
 MATH_GRACE_S = 0.5
 #: Seconds between SIGTERM and SIGKILL for a worker that must stop.
 STOP_WAIT_S = 0.2
+#: How often an idle slot checks that its worker is still there (seconds).
+IDLE_CHECK_S = 0.5
 #: Seconds an idle worker has to exit on its own when the pool closes.
 EXIT_WAIT_S = 1.0
 #: Chunking: about this many chunks per worker for one call, at most MAX_CHUNK items each.
@@ -93,9 +98,14 @@ class VerifierPool:
     ``close`` stops everything (idempotent).
     """
 
-    def __init__(self, options: VerifierOptions, name: str) -> None:
+    def __init__(
+        self, options: VerifierOptions, name: str, *, idle_check_s: float | None = IDLE_CHECK_S
+    ) -> None:
+        """``idle_check_s``: how often an idle slot looks for its worker's death (None: it
+        replaces a dead worker only when it next takes a chunk)."""
         self.options = check_options(options)
         self.name = name
+        self.idle_check_s = idle_check_s
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._slots = [_Slot(self, i) for i in range(self.options.workers)]
         self._lock = threading.Lock()
@@ -313,7 +323,7 @@ class _Slot:
         while True:
             with self._lock:
                 self._idle = True
-            job = self.pool._jobs.get()
+            job = self._next_job()
             with self._lock:
                 self._idle = False
             if job is None:
@@ -325,6 +335,19 @@ class _Slot:
                 job.future.set_result(self._run_job(job))
             except BaseException as exc:
                 job.future.set_exception(exc)
+
+    def _next_job(self) -> _Job | None:
+        """The next chunk (None: stop). While none comes, a worker that died idle is
+        replaced (once: a start that fails is retried by the next chunk, not in a loop)."""
+        while True:
+            try:
+                return self.pool._jobs.get(timeout=self.pool.idle_check_s)
+            except queue.Empty:
+                pass
+            with self._lock:
+                process = self._process
+            if process is not None and _exited(process) and not self.pool.closed:
+                self._ensure_worker()
 
     def _run_job(self, job: _Job) -> _Verdicts:
         verdicts: _Verdicts = []
