@@ -77,7 +77,7 @@ format: setup
 # vLLM workers once failed to start beside the other worker's tests) and
 # tests/test_vllm_rollout.py, the two-process run with rollout_engine: vllm in
 # tests/test_ppo_accelerate.py and the rollout part of tests/test_bench.py (an in-process
-# vLLM engine takes over its process's threads). About 22 min on the 2-core machine (17 + 5).
+# vLLM engine takes over its process's threads). About 18 min on the 2-core machine (13 + 5).
 # --durations: the slowest tests in the log.
 test: setup lint
 	$(TEST_GATES) $(BIN)/python -m pytest -n 2 --dist loadfile -m "not soak and not exclusive" \
