@@ -246,27 +246,11 @@ class Block(NamedTuple):
     line: int
     language: str
     code: str
+    runnable: bool = False  # marked <!-- run --> on the line before it
 
 
 RUN_MARKER = "<!-- run -->"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-
-
-def runnable_blocks() -> list[Block]:
-    """Every fenced block right after a ``<!-- run -->`` line, in every page under docs/."""
-    blocks = []
-    for path in sorted(DOCS.rglob("*.md")):
-        text = path.read_text(encoding="utf-8")
-        for match in FENCE.finditer(text):
-            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            if before.strip() == RUN_MARKER:
-                line = text.count("\n", 0, match.start()) + 1
-                page = str(path.relative_to(DOCS))
-                blocks.append(Block(page, line, match.group(1), match.group(2)))
-    return blocks
-
-
-BLOCKS = runnable_blocks()
 
 
 def all_blocks() -> list[Block]:
@@ -278,8 +262,14 @@ def all_blocks() -> list[Block]:
         for match in FENCE.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
             page = str(path.relative_to(DOCS if path.is_relative_to(DOCS) else REPO))
-            blocks.append(Block(page, line, match.group(1), match.group(2)))
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            runnable = before.strip() == RUN_MARKER
+            blocks.append(Block(page, line, match.group(1), match.group(2), runnable))
     return blocks
+
+
+#: The runnable blocks (only pages under docs/ carry the marker).
+BLOCKS = [block for block in all_blocks() if block.runnable]
 
 
 def _syntax_error(block: Block) -> str | None:
