@@ -12,9 +12,10 @@ equally frequent merges differently from one process to the next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,19 @@ _REWARD_SIZES: dict[str, tuple[type[PretrainedConfig], dict[str, int]]] = {
 
 #: The special tokens the decoder reward models copy into their configs.
 _DECODER_IDS = ("bos", "eos", "pad")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block, restored after (tiny models
+    train fastest on one: their ops are too small to split, and a second OpenMP thread on a
+    busy 2-core machine made a step several times slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def make_corpus(n: int = 400, seed: int = 0, min_words: int = 1, max_words: int = 40) -> list[str]:

@@ -10,11 +10,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,17 +38,6 @@ def _tokenize_pairs(tokenizer, pairs: Sequence[dict[str, str]]) -> list[dict[str
         }
         for p in pairs
     ]
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` for the block."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @torch.inference_mode()
@@ -172,7 +160,10 @@ def train_policy(
     loss_value = float("nan")
     # One thread: the model is 64 wide, too small for its ops to split over cores, and a
     # second OpenMP thread on a busy 2-core machine made a step 5x slower (23 ms -> 119 ms).
-    with _torch_threads(1), tqdm(range(steps), desc="policy pre-training", unit="step") as bar:
+    with (
+        tiny_models.torch_threads(1),
+        tqdm(range(steps), desc="policy pre-training", unit="step") as bar,
+    ):
         for _ in bar:
             batch = rng.sample(encoded, min(batch_size, len(encoded)))
             width = max(map(len, batch))

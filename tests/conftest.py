@@ -50,12 +50,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def one_torch_thread() -> Iterator[None]:
     """torch on one thread for the test (tiny models run fastest so, especially on a
     shared machine); the thread count is restored after."""
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with tiny_models.torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -83,12 +83,8 @@ def train_rubric_judge(folder: Path) -> Path:
 
     On one torch thread: beside the other pytest worker's servers, two threads on the two
     cores took 5x their idle time (127 s against 25 s); one thread takes 36 s idle."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with tiny_models.torch_threads(1):
         return train_judge(folder, steps=500, n_embd=128, n_head=2)
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="module")
