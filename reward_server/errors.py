@@ -15,6 +15,7 @@ built-in exception it is a kind of, so callers may catch either::
     ├── StepsTruncatedError       (ValueError)    truncation cut every step
     ├── TooManyItemsError         (ValueError)    more items than one request may carry
     ├── EmptyTextError            (ValueError)    an item encodes to no tokens
+    ├── RunRefusedError           (ValueError)    a program run cannot be made as asked
     ├── QueueFullError            (RuntimeError)  the queue is full: retry after retry_after
     │   └── TenantLimitError                      a tenant is over its queue share or rate
     ├── BatcherClosedError        (RuntimeError)  not started, or stopping
@@ -48,6 +49,7 @@ __all__ = [
     "PolicyTemplateLoadError",
     "QueueFullError",
     "ResponseNotFoundError",
+    "RunRefusedError",
     "ScoringError",
     "ServiceError",
     "StepsTruncatedError",
@@ -132,6 +134,11 @@ class TooManyItemsError(ServiceError, ValueError):
 
 class EmptyTextError(ServiceError, ValueError):
     """An item tokenizes to nothing, so there is no token to read a score from."""
+
+
+class RunRefusedError(ServiceError, ValueError):
+    """A program run (``/run_code``) cannot be made as asked: a language the server does not
+    run, a file outside the work directory; ``str(e)`` says why."""
 
 
 class UnauthorizedError(ServiceError, PermissionError):

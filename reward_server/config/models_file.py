@@ -21,10 +21,18 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
       - name: correct            # a rule instead of a model: no `model` key
         kind: verifier
         verifier: math           # math | exact | regex (pattern:) | python (function: mod:fn)
-        weight: 1.0
+        weight: 1.0              #   | code (the label's tests run in a sandbox, below)
         workers: 2               # processes verifying items (default 1)
         timeout_s: 5             # per item; a timeout, crash or error scores on_error
         on_error: 0.0
+      - name: tests              # programs run against each item's tests (label), sandboxed
+        kind: verifier
+        verifier: code
+        languages: [python, cpp, javascript]   # the first: a block without a language tag
+        score: pass_rate         # or all_pass; stop_on_failure: false
+        test_timeout_s: 10       # one test; timeout_s (60): all of an item's tests
+        memory_mb: 1024          # output_bytes (1 MiB), float_tolerance (none), workers (cores)
+        sandbox: bwrap           # none: unsandboxed (trusted programs only; warned at start)
       - name: judge              # a causal LM that reads a prompt and answers a token
         kind: judge
         model: /models/small-instruct-lm
@@ -83,6 +91,8 @@ from reward_server.errors import ModelsFileError, validation_problem
 
 __all__ = [
     "AggregateName",
+    "CodeSandbox",
+    "CodeScore",
     "ModelKind",
     "ModelSpec",
     "ModelsFile",
@@ -95,7 +105,11 @@ __all__ = [
 
 ModelKind = Literal["sequence", "process", "verifier", "judge", "remote"]
 #: The built-in verifiers of ``kind: verifier`` (:mod:`reward_server.verifiers`).
-VerifierName = Literal["math", "exact", "regex", "python"]
+VerifierName = Literal["math", "exact", "regex", "python", "code"]
+#: How a code verifier scores an item: the share of its tests passed, or 1 when all passed.
+CodeScore = Literal["pass_rate", "all_pass"]
+#: Where a code verifier runs programs: a bubblewrap sandbox, or unsandboxed (trusted code).
+CodeSandbox = Literal["bwrap", "none"]
 #: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
 #: :mod:`reward_server.scoring.aggregate`).
 AggregateName = Literal["weighted_sum", "mean", "min"]
@@ -103,8 +117,20 @@ StepAggregate = Literal["min", "mean", "last", "prod"]
 
 #: Keys of an entry that only a process reward model reads.
 PROCESS_KEYS = ("step_separator", "step_tag", "step_aggregate")
+#: Keys of an entry that only a code verifier reads.
+CODE_KEYS = (
+    "languages",
+    "score",
+    "stop_on_failure",
+    "test_timeout_s",
+    "memory_mb",
+    "output_bytes",
+    "float_tolerance",
+    "sandbox",
+    "bwrap",
+)
 #: Keys of an entry that only a verifier reads.
-VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_error")
+VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_error", *CODE_KEYS)
 #: Keys of a judge in ``mode: generate`` only.
 GENERATE_KEYS = ("score_pattern", "max_new_tokens", "temperature", "top_p")
 #: Keys of an entry that only a judge reads.
@@ -202,17 +228,35 @@ class ModelSpec(BaseModel):
     step_aggregate: StepAggregate = "min"
     """kind: process: how the step scores make the model's score."""
     verifier: VerifierName | None = None
-    """kind: verifier: the rule (math via math-verify, exact, regex, python)."""
+    """kind: verifier: the rule (math via math-verify, exact, regex, python, or code: the response's program run against the item's tests in a sandbox)."""
     function: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
     """verifier: python: module:function or path/to/file.py:function, called as f(prompt, response, label)."""
     pattern: str | None = Field(default=None, min_length=1)
     """verifier: regex: the regular expression (default: the item's label)."""
     workers: int = Field(default=1, ge=1, le=256)
-    """kind: verifier: worker processes."""
+    """kind: verifier: worker processes (default 1); verifier: code: tests run at once, over all items (default: the machine's cores)."""
     timeout_s: float = Field(default=5.0, gt=0, le=3600)
-    """kind: verifier: seconds per item; kind: remote: one request's limit and the retry budget of one call."""
+    """kind: verifier: seconds per item (default 5; verifier: code: the run time of all of an item's tests and its compilation, default 60, after which its remaining tests are timeouts); kind: remote: one request's limit and the retry budget of one call."""
     on_error: float = 0.0
     """The score of an item whose verification, parse or remote call failed."""
+    languages: list[str] = Field(default=["python"], min_length=1)
+    """verifier: code: the languages a program may be in (python, cpp, javascript; aliases such as py, c++, js); a fenced block's language tag picks one, the first is for a block without a tag."""
+    score: CodeScore = "pass_rate"
+    """verifier: code: pass_rate (the share of the item's tests passed) or all_pass (1 when every test passed, else 0)."""
+    stop_on_failure: bool = False
+    """verifier: code: after an item's first failed test start none of its others (they are skipped, and count as failed)."""
+    test_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """verifier: code: seconds one test may run (wall clock)."""
+    memory_mb: int = Field(default=1024, ge=16, le=1 << 20)
+    """verifier: code: a program's memory limit (address space), in MiB."""
+    output_bytes: int = Field(default=1 << 20, ge=1024)
+    """verifier: code: most bytes kept of a test's stdout (and of its stderr); a program that writes more is stopped: output_exceeded."""
+    float_tolerance: float | None = Field(default=None, ge=0)
+    """verifier: code: numbers in an answer match the expected ones within this tolerance, absolute or relative (default: exact)."""
+    sandbox: CodeSandbox = "bwrap"
+    """verifier: code: bwrap (every program in a bubblewrap sandbox; the server does not start where none can be made) or none (unsandboxed: trusted programs only, warned at every start)."""
+    bwrap: str | None = Field(default=None, min_length=1)
+    """verifier: code: the bwrap binary to use (default: the one the server extra installs, else bwrap on PATH)."""
     template: str | None = Field(default=None, min_length=1)
     """kind: judge and openai-chat remotes: the Jinja prompt (prompt, response, label, messages) or a path to a .jinja file."""
     mode: JudgeMode = "logprobs"
@@ -296,13 +340,19 @@ class ModelSpec(BaseModel):
         if given:
             raise ValueError(f"{', '.join(given)}: not for kind: verifier (it loads no model)")
         if self.verifier is None:
-            raise ValueError("kind: verifier needs 'verifier' (math, exact, regex or python)")
+            raise ValueError("kind: verifier needs 'verifier' (math, exact, regex, python or code)")
         if self.verifier == "python" and self.function is None:
             raise ValueError("verifier: python needs 'function' (module:function)")
         if self.function is not None and self.verifier != "python":
             raise ValueError("'function' is only for verifier: python")
         if self.pattern is not None and self.verifier != "regex":
             raise ValueError("'pattern' is only for verifier: regex")
+        if self.verifier != "code":
+            given = [key for key in CODE_KEYS if key in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for verifier: code")
+        elif self.bwrap is not None and self.sandbox == "none":
+            raise ValueError("bwrap: not with sandbox: none (it runs no sandbox)")
         return self
 
     def _no_remote_keys(self) -> None:

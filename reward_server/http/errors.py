@@ -26,6 +26,7 @@ from reward_server.errors import (
     PolicyTemplateLoadError,
     QueueFullError,
     ResponseNotFoundError,
+    RunRefusedError,
     ScoringError,
     StepsTruncatedError,
     TenantLimitError,
@@ -89,6 +90,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
         EmptyTextError: "empty_text",
         ResponseNotFoundError: "response_not_found",
         UnknownModelError: "unknown_model",
+        RunRefusedError: "run_refused",
     },
     429: {QueueFullError: "queue_full", TenantLimitError: "tenant_limit"},
     # nginx's "client closed request": nobody reads it, but metrics count it.

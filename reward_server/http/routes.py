@@ -63,6 +63,7 @@ def _score_response(scored: Scored, body: ScoreRequest) -> ScoreResponse:
         steps_dropped=None if steps is None else [r.steps_dropped for r in steps],
         outcome_scores=scored.outcome_scores,
         verifier_errors=scored.verifier_errors(),
+        tests=scored.tests(),
     )
 
 

@@ -197,8 +197,16 @@ class ScoreResponse(BaseModel):
     verifier_errors: dict[str, list[str | None]] | None = Field(
         default=None,
         description="Per verifier that failed on any item: each item's reason (timeout, "
-        "crash, error, non_finite, bad_result; null where it did not fail). Such an item "
-        "scores the verifier's on_error.",
+        "crash, error, non_finite, bad_result, sandbox_error; null where it did not fail). "
+        "Such an item scores the verifier's on_error.",
+    )
+    tests: dict[str, list[list[str] | None]] | None = Field(
+        default=None,
+        description="Per code verifier (verifier: code): each item's test verdicts in its "
+        "label's order: passed, wrong_answer, timeout, runtime_error, compile_error, "
+        "memory_exceeded, output_exceeded, sandbox_error or skipped (null for an item "
+        "whose label held no usable tests). The tests passed and their number are in "
+        "objectives as passed and total ('model/passed' when several models score).",
     )
 
 

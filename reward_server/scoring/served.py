@@ -91,8 +91,12 @@ class ItemResult:
     #: Verifiers: why this item's verification failed (``timeout``, ``crash``, ``error``,
     #: ``non_finite``, ``bad_result``), its score then the entry's ``on_error``; else None.
     error: str | None = None
-    #: Verifiers: a python function's values beyond ``score``, by name.
+    #: Verifiers: a python function's values beyond ``score``, a code verifier's tests
+    #: ``passed`` and ``total``, by name.
     extras: tuple[tuple[str, float], ...] = ()
+    #: Code verifiers: each test's verdict (``passed``, ``wrong_answer``, ...), in the
+    #: label's order; None for other models and for an item whose tests could not be read.
+    tests: tuple[str, ...] | None = None
 
 
 class Tokenized(Protocol):

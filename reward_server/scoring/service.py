@@ -29,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelSpec
@@ -38,6 +38,7 @@ from reward_server.engines import LoadOptions, Scheduler, Scorer
 from reward_server.errors import (
     ClientDisconnectedError,
     ModelLoadError,
+    ModelNotFoundError,
     NotReadyError,
     ScoringError,
     ServiceError,
@@ -60,6 +61,9 @@ from reward_server.text.policy_template import (
     PolicyTemplateLoadError,
     load_policy_template,
 )
+
+if TYPE_CHECKING:
+    from reward_server.scoring.code_runs import CodeRun, CodeRunResult, CodeRuns
 
 logger = logging.getLogger("reward_server")
 
@@ -139,6 +143,16 @@ class Scored:
         }
         return out or None
 
+    def tests(self) -> dict[str, list[list[str] | None]] | None:
+        """Per code verifier: each item's test verdicts (None for an item whose tests could
+        not be read); None when no code verifier scored."""
+        out = {
+            name: [None if r.tests is None else list(r.tests) for r in results]
+            for name, results in self.results.items()
+            if any(r.tests is not None for r in results)
+        }
+        return out or None
+
     def steps(self) -> list[ItemResult] | None:
         """The results of the process model that scored, if one did."""
         for results in self.results.values():
@@ -190,6 +204,9 @@ class Service:
         #: Scores by model identity and token ids, shared by the served models
         #: (--score-cache-size, --score-cache-bytes).
         self.score_cache = ScoreCache(settings.score_cache_size, settings.score_cache_bytes)
+        #: Program runs on request (/run_code) in the first code verifier's sandbox; made
+        #: once the models are loaded.
+        self.code_runs: CodeRuns | None = None
 
     # ------------------------------------------------------------------ what is served
 
@@ -338,6 +355,7 @@ class Service:
             await model.start(context)
         self.draining = False
         models = list(self.served)
+        self.code_runs = _code_runs(models, self.settings.max_queue)
         self.metrics.track_queue(lambda: float(sum(model.queued for model in models)))
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         for model in models:
@@ -393,6 +411,19 @@ class Service:
             self._compute = None
 
     # ------------------------------------------------------------------ scoring
+
+    async def run_code(self, receive: Receive, run: CodeRun) -> CodeRunResult:
+        """Run one program in the code verifier's sandbox (``/run_code``); cancelled when
+        the client hangs up. ModelNotFoundError (404) when no code verifier is served."""
+        if not self.served:
+            raise NotReadyError("the model is loading")
+        runs = self.code_runs
+        if runs is None:
+            raise ModelNotFoundError(
+                "this server runs no programs: /run_code needs a 'kind: verifier, verifier: "
+                "code' entry in its models file (its sandbox, languages and limits serve it)"
+            )
+        return await _cancel_on_disconnect(receive, "/run_code", runs.run(run))
 
     def _select(self, model: str | None) -> list[ServedModel]:
         """Every model, or the one ``model`` names (UnknownModelError for another name)."""
@@ -486,6 +517,17 @@ class Service:
                 [s for s in models if s.kind == "sequence"], by_name, self.aggregate
             )
         return Scored(self.name, scores, by_name, labels, outcome)
+
+
+def _code_runs(models: Sequence[ServedModel], max_queue: int) -> CodeRuns | None:
+    """/run_code's runner, in the first code verifier's sandbox; None without one."""
+    for model in models:
+        if model.kind == "verifier" and model.spec.verifier == "code":
+            # Imported here: only a server with code rewards needs the sandbox package.
+            from reward_server.scoring.code_runs import CodeRuns
+
+            return CodeRuns(model.pool, max_queue)  # type: ignore[attr-defined]
+    return None
 
 
 def _count(metrics: Metrics, endpoint: str, scored: Scored) -> None:

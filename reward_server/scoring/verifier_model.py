@@ -2,7 +2,9 @@
 
 A verifier loads no model: it reads each item's prompt, response and label and runs a rule
 (:mod:`reward_server.verifiers`: ``math``, ``exact``, ``regex`` or a user's ``python``
-function) in a pool of worker processes, each item under its own time limit. It serves like
+function) in a pool of worker processes, each item under its own time limit; ``code`` runs
+the response's program against the label's tests in a sandbox instead
+(:mod:`reward_server.verifiers.code`, each test's verdict in the answer's ``tests``). It serves like
 a reward model (its score weighted, normalised and combined with the others, shown in
 ``components``), with one difference: an item whose verification fails (a timeout, a
 crashed worker, an exception, a non-finite result) is not an error of the request. It scores
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from reward_server.config.models_file import CODE_KEYS
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scoring.items import (
     Conversations,
@@ -28,13 +32,14 @@ from reward_server.scoring.items import (
 from reward_server.scoring.served import ItemResult
 from reward_server.text.policy_template import recover_conversations
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
+from reward_server.verifiers.code import DEFAULT_TIMEOUT_S, CodeOptions, default_workers
 
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
     from reward_server.scoring.served import ServingContext
     from reward_server.text.policy_template import PolicyTemplate
 
-__all__ = ["VerifierModel", "load_verifier", "tasks"]
+__all__ = ["Verifier", "VerifierModel", "code_options", "load_verifier", "tasks"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +92,35 @@ def _result(verdict: Verdict) -> ItemResult:
         truncated=False,
         error=verdict.error,
         extras=tuple(sorted(verdict.extras.items())),
+        tests=verdict.tests,
     )
+
+
+class Verifier(Protocol):
+    """What runs a verifier's items: a :class:`~reward_server.verifiers.VerifierPool` of
+    worker processes, or a :class:`~reward_server.verifiers.code.CodeVerifier`."""
+
+    @property
+    def busy(self) -> int:
+        """Items being verified now."""
+        ...
+
+    @property
+    def live_workers(self) -> int:
+        """Workers (processes, or a code verifier's test slots) ready now."""
+        ...
+
+    def start(self) -> None:
+        """Start; ModelLoadError when it cannot run here."""
+        ...
+
+    async def verify(self, tasks: Sequence[Task]) -> list[Verdict]:
+        """Each task's verdict, in order (a failing item is a verdict, not an exception)."""
+        ...
+
+    def close(self) -> None:
+        """Stop (idempotent)."""
+        ...
 
 
 class VerifierModel:
@@ -100,7 +133,7 @@ class VerifierModel:
     #: Its one value: the score.
     labels: ClassVar[list[str]] = ["score"]
 
-    def __init__(self, spec: ModelSpec, pool: VerifierPool) -> None:
+    def __init__(self, spec: ModelSpec, pool: Verifier) -> None:
         self.spec = spec
         self.name = spec.name
         self.pool = pool
@@ -145,19 +178,22 @@ class VerifierModel:
         return results
 
     def info(self) -> dict[str, object]:
-        """The entry's settings for /info (a python verifier's function path, no label)."""
-        entry = self.spec.model_dump(
-            include={
-                "weight",
-                "normalize",
-                "verifier",
-                "function",
-                "pattern",
-                "workers",
-                "timeout_s",
-                "on_error",
-            }
-        )
+        """The entry's settings for /info (a python verifier's function path, no label; a
+        code verifier's limits as it applies them)."""
+        keys = {"weight", "normalize", "verifier", "function", "pattern", "workers"}
+        entry = self.spec.model_dump(include={*keys, "timeout_s", "on_error"})
+        if self.spec.verifier == "code":
+            entry = self.spec.model_dump(include={*keys, *CODE_KEYS})
+            options = code_options(self.spec)
+            entry.update(
+                languages=list(options.languages),
+                workers=options.workers,
+                timeout_s=options.timeout_s,
+                on_error=options.on_error,
+            )
+            entry.pop("bwrap", None)  # a path of the server's machine
+            entry.pop("function", None)
+            entry.pop("pattern", None)
         return {"name": self.name, "kind": self.kind, "labels": self.labels, **entry}
 
     def close(self) -> None:
@@ -165,10 +201,51 @@ class VerifierModel:
         self.pool.close()
 
 
+def code_options(spec: ModelSpec) -> CodeOptions:
+    """A ``verifier: code`` entry's options, defaults applied: ``workers`` the machine's
+    cores and ``timeout_s`` DEFAULT_TIMEOUT_S unless the entry gives them."""
+    given = spec.model_fields_set
+    return CodeOptions(
+        languages=tuple(spec.languages),
+        score=spec.score,
+        stop_on_failure=spec.stop_on_failure,
+        test_timeout_s=spec.test_timeout_s,
+        timeout_s=spec.timeout_s if "timeout_s" in given else DEFAULT_TIMEOUT_S,
+        memory_mb=spec.memory_mb,
+        output_bytes=spec.output_bytes,
+        float_tolerance=spec.float_tolerance,
+        sandbox=spec.sandbox,
+        bwrap=spec.bwrap,
+        workers=spec.workers if "workers" in given else default_workers(),
+        on_error=spec.on_error,
+    )
+
+
+def _load_code(spec: ModelSpec) -> VerifierModel:
+    from reward_server.verifiers.code.verifier import CodeVerifier
+
+    try:
+        verifier = CodeVerifier(code_options(spec), spec.name)
+    except ValueError as exc:
+        raise ModelLoadError(f"verifier {spec.name!r}: {exc}") from None
+    verifier.start()
+    o = verifier.options
+    logger.info(
+        "verifier %s (code: %s) runs up to %d test(s) at once, sandbox %s",
+        spec.name,
+        ", ".join(o.languages),
+        o.workers,
+        o.sandbox,
+    )
+    return VerifierModel(spec, verifier)
+
+
 def load_verifier(spec: ModelSpec) -> VerifierModel:
     """Start the worker pool of a ``kind: verifier`` entry (ModelLoadError when its function
-    cannot be imported)."""
+    cannot be imported, or a code verifier's sandbox cannot be made)."""
     assert spec.verifier is not None
+    if spec.verifier == "code":
+        return _load_code(spec)
     options = VerifierOptions(
         verifier=spec.verifier,
         function=spec.function,

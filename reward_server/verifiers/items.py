@@ -15,8 +15,10 @@ __all__ = ["REASONS", "Reason", "Task", "Verdict"]
 #: - ``crash``: the worker process died on the item (replaced);
 #: - ``error``: the verifier raised (the traceback is logged by the server, never sent);
 #: - ``non_finite``: a NaN or infinite score or extra;
-#: - ``bad_result``: neither a number nor a dict with a numeric ``"score"`` and numeric extras.
-Reason = Literal["timeout", "crash", "error", "non_finite", "bad_result"]
+#: - ``bad_result``: neither a number nor a dict with a numeric ``"score"`` and numeric extras;
+#: - ``sandbox_error``: a code verifier's sandbox failed to run the program (not the
+#:   program's doing; the server logs why).
+Reason = Literal["timeout", "crash", "error", "non_finite", "bad_result", "sandbox_error"]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
 
@@ -37,9 +39,13 @@ class Task:
 class Verdict:
     """One item's outcome: ``score`` is ``on_error`` whenever ``error`` is set.
 
-    ``extras``: a python verifier's dict result beyond ``"score"`` (empty otherwise).
+    ``extras``: a python verifier's dict result beyond ``"score"``, a code verifier's tests
+    ``passed`` and ``total`` (empty otherwise). ``tests``: a code verifier's verdict of each
+    test, in the label's order (None for other verifiers, and for an item whose tests could
+    not be read).
     """
 
     score: float
     extras: dict[str, float]
     error: Reason | None = None
+    tests: tuple[str, ...] | None = None

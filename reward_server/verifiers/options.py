@@ -11,6 +11,8 @@ from typing import Literal, get_args
 
 __all__ = ["VerifierName", "VerifierOptions", "check_options", "split_function"]
 
+#: The verifiers a :class:`~reward_server.verifiers.VerifierPool` runs (``code`` runs in
+#: :mod:`reward_server.verifiers.code` instead).
 VerifierName = Literal["math", "exact", "regex", "python"]
 
 
