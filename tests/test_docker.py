@@ -53,7 +53,7 @@ COMPOSE_FILE = ROOT / "compose.yaml"
 BIN = Path(sys.executable).parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 CONSOLE_SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
-IMAGE_TARGETS = ("server", "trainer", "demo", "server-vllm")
+IMAGE_TARGETS = ("server", "trainer", "demo", "server-vllm", "server-code")
 WHEEL_STAGE = "wheel"  # builds the project's wheel once for every image
 
 
@@ -847,6 +847,7 @@ def _image_extras(target: str) -> list[str]:
 IMAGE_EXTRAS = {
     "server": ["server"],
     "server-vllm": ["server", "vllm"],
+    "server-code": ["server"],
     "trainer": ["ppo", "plot"],
     "demo": ["server", "ppo", "demo"],
 }
@@ -959,12 +960,14 @@ class K:
 IMAGE_CODE = {
     "server": ["reward_client", "reward_server"],
     "server-vllm": ["reward_client", "reward_server"],
+    "server-code": ["reward_client", "reward_server"],
     "trainer": ["reward_client", "ppo_client"],
     "demo": ["reward_client", "reward_server", "ppo_client", "examples/demo*.py", "tiny_models.py"],
 }
 # Imported only by a feature that comes with an extra the image leaves out on purpose.
 OPTIONAL_IMPORTS = {
     "server": {"vllm"},  # --engine vllm: the server-vllm image
+    "server-code": {"vllm"},
     "trainer": {"vllm"},  # rollout_engine: vllm (pip install 'remote-reward[vllm]')
     "demo": {"vllm"},
 }

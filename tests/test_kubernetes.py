@@ -39,7 +39,7 @@ from server_proc import require_counterpart
 
 from ppo_client.cli import build_parser as ppo_parser
 from ppo_client.config import PPOConfig, RewardEnvironment
-from reward_server.config import ENV_PREFIX, ServerSettings
+from reward_server.config import ENV_PREFIX, ServerSettings, parse_models_file
 from reward_server.http.routes import router
 from reward_server.scoring.metrics import Metrics
 
@@ -49,7 +49,7 @@ require_counterpart(KUBECTL is not None, "REWARD_SERVER_TEST_KUBECTL", "kubectl"
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("cpu", "gpu", "vllm-tp")
-COMPONENTS = ("keda", "hpa", "servicemonitor", "model-cache-pvc", "tls")
+COMPONENTS = ("keda", "hpa", "servicemonitor", "model-cache-pvc", "tls", "code-rewards")
 #: What can be applied: each overlay, each overlay plus one component, the examples.
 TARGETS = (
     *(f"overlays/{o}" for o in OVERLAYS),
@@ -297,15 +297,34 @@ def test_crd_validation_catches_mistakes() -> None:
 # Agreement with the server.
 
 
+def mounted_file(docs: tuple[Doc, ...], workload: Doc, path: str) -> str | None:
+    """The text of the file at ``path`` in the workload's container, where a ConfigMap
+    volume mounted there holds it (None otherwise)."""
+    mounts = {m["name"]: m["mountPath"] for m in container(workload)["volumeMounts"]}
+    for volume in pod_spec(workload)["volumes"]:
+        where = mounts.get(volume["name"])
+        if "configMap" in volume and where is not None and Path(path).parent == Path(where):
+            data = one(docs, "ConfigMap", volume["configMap"]["name"])["data"]
+            return data.get(Path(path).name)  # type: ignore[no-any-return]
+    return None
+
+
 @pytest.mark.parametrize("target", SERVER_TARGETS)
 def test_server_environment_names_and_values_are_settings(
-    target: str, monkeypatch: pytest.MonkeyPatch
+    target: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Every REWARD_SERVER_* name (and --flag) is a ServerSettings field, and the values
-    parse: the server would start with exactly this configuration."""
+    parse: the server would start with exactly this configuration (a models file from a
+    mounted ConfigMap included)."""
     docs = render(target)
-    _, spec = server(docs)
+    deployment, spec = server(docs)
     env = environment(docs, spec)
+    models = env.get(ENV_PREFIX + "MODELS")
+    if models:
+        text = mounted_file(docs, deployment, models)
+        assert text is not None, f"{models} is no file of a mounted ConfigMap"
+        (tmp_path / "models.yaml").write_text(text)
+        env[ENV_PREFIX + "MODELS"] = str(tmp_path / "models.yaml")
     argv = [*spec.get("command", []), *spec.get("args", [])]
     assert unknown_server_names(env, argv) == []
     for name in list(os.environ):
@@ -378,10 +397,21 @@ def test_pods_are_locked_down(target: str) -> None:
     workloads = [d for d in render(target) if d["kind"] in ("Deployment", "Job")]
     assert workloads
     for workload in workloads:
-        check_locked_down(workload)
+        check_locked_down(workload, sandboxes=target.endswith("code-rewards"))
 
 
-def check_locked_down(workload: Doc) -> None:
+#: What the code rewards' sandbox needs of its container (components/code-rewards), and
+#: nothing more: the runtime's seccomp and AppArmor profiles off, /proc unmasked.
+SANDBOX_EXCEPTIONS = {
+    "seccompProfile": {"type": "Unconfined"},
+    "appArmorProfile": {"type": "Unconfined"},
+    "procMount": "Unmasked",
+}
+
+
+def check_locked_down(workload: Doc, *, sandboxes: bool = False) -> None:
+    """``sandboxes``: the container runs code rewards' sandboxes: a user namespace of the
+    pod's own and SANDBOX_EXCEPTIONS, no capability or privilege more."""
     pod = pod_spec(workload)
     assert pod["automountServiceAccountToken"] is False
     context = pod["securityContext"]
@@ -389,7 +419,13 @@ def check_locked_down(workload: Doc) -> None:
     assert context["runAsUser"] != 0 and context["runAsGroup"] != 0
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
     spec = container(workload)
-    own = spec["securityContext"]
+    own = dict(spec["securityContext"])
+    exceptions = {key: own.pop(key) for key in SANDBOX_EXCEPTIONS if key in own}
+    if sandboxes:
+        assert pod["hostUsers"] is False
+        assert exceptions == SANDBOX_EXCEPTIONS
+    else:
+        assert "hostUsers" not in pod and not exceptions
     assert own["allowPrivilegeEscalation"] is False
     assert own["readOnlyRootFilesystem"] is True
     assert own["capabilities"] == {"drop": ["ALL"]}
@@ -529,3 +565,38 @@ def test_trainer_job_runs_ppo_client_against_the_service() -> None:
     url = urlsplit(env["REWARD_URL"] or "")
     service = one(render("overlays/gpu"), "Service", (url.hostname or "").split(".")[0])
     assert url.port in {p["port"] for p in service["spec"]["ports"]}
+
+
+# ----------------------------------------------------------------------------------------
+# Code rewards.
+
+
+def _bytes(quantity: str) -> int:
+    """A memory quantity (``6Gi``, ``512Mi``) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * factor)
+    return int(quantity)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_code_rewards_component_serves_a_code_verifier_sized_to_its_pod(overlay: str) -> None:
+    """The component's models file parses as the server reads it and holds one code
+    verifier whose test slots are the pod's CPU request and whose programs' memory fits in
+    the container's limit; the image is the Dockerfile's server-code target."""
+    docs = render(f"overlays/{overlay}+components/code-rewards")
+    deployment, spec = server(docs)
+    env = environment(docs, spec)
+    assert env[ENV_PREFIX + "MODEL"] == ""
+    text = mounted_file(docs, deployment, env[ENV_PREFIX + "MODELS"] or "")
+    assert text is not None
+    models = parse_models_file(yaml.safe_load(text))
+    (code,) = [m for m in models.models if m.verifier == "code"]
+    assert code.sandbox == "bwrap"
+    assert code.workers == int(spec["resources"]["requests"]["cpu"])
+    limit = _bytes(spec["resources"]["limits"]["memory"])
+    assert code.workers * code.memory_mb * 2**20 < limit
+    assert spec["image"].endswith(":code")
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert re.search(r"^FROM \S+ AS server-code$", dockerfile, re.MULTILINE)
