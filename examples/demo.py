@@ -140,7 +140,9 @@ def run_trainer(config_path: Path) -> int:
     The terminal's Ctrl-C reaches the trainer too, and it stops by itself within a second or
     two (at the end of an update that has begun). A signal sent to this process only, or one
     that landed while the trainer was being started, does not reach it: after a grace period
-    it gets a SIGTERM (the trainer's clean stop), then SIGKILL.
+    it gets a SIGTERM (the trainer's clean stop), then SIGKILL. A trainer ended by SIGINT or
+    SIGTERM (killed by it before its handlers were in place, or stopped cleanly by them) is a
+    stop, not a failure, even when this process never saw the signal: :class:`Stopped`.
     """
     trainer: subprocess.Popen[bytes] | None = None
     try:
@@ -149,11 +151,26 @@ def run_trainer(config_path: Path) -> int:
             trainer = subprocess.Popen(
                 [str(PPO_CLIENT), "train", "--config", str(config_path)], env=ONE_THREAD
             )
-        return trainer.wait()
+        code = trainer.wait()
     except KeyboardInterrupt:
         if trainer is not None:
             report_stop("trainer", trainer, stop_trainer(trainer))
         raise
+    signum = stop_signal(code)
+    if signum is not None:
+        report_stop("trainer", trainer, code)
+        raise Stopped(signum)
+    return code
+
+
+def stop_signal(code: int) -> int | None:
+    """The signal (SIGINT or SIGTERM) a child's exit code says it was stopped by, else None:
+    ``-N`` when the signal killed it, ``128 + N`` when it caught it and exited cleanly
+    (``ppo-client train`` does, after a checkpoint)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if code in (-signum, 128 + signum):
+            return int(signum)
+    return None
 
 
 def stop_trainer(trainer: subprocess.Popen[bytes], grace: float = 5.0) -> int:
@@ -173,8 +190,20 @@ def report_stop(name: str, proc: subprocess.Popen[bytes], code: int) -> None:
     print(f"    stopped the {name} (pid {proc.pid}, exit code {code})", file=sys.stderr)
 
 
+class Stopped(KeyboardInterrupt):
+    """The demo was stopped by ``signum`` (SIGINT or SIGTERM): it exits ``128 + signum``.
+
+    A KeyboardInterrupt, so every ``except KeyboardInterrupt`` on the way out (the running
+    server's, the trainer's) unwinds it the same way.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise Stopped(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     bf16: Bf16Setting = {"true": True, "false": False}.get(args.bf16, "auto")
-    # A SIGTERM (e.g. from a supervisor) unwinds like Ctrl-C, so the server is stopped.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C and a SIGTERM (e.g. from a supervisor) unwind the same way, so the server is
+    # stopped; SIGINT is set here too, as a parent that ignored it would have left it ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ppo_client.precision").setLevel(logging.INFO)  # say what bf16 gave
     sizes = QUICK if args.quick else FULL
@@ -334,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # The trainer, then the server, were stopped while unwinding (run_trainer, the PPO
-        # stage, running_server's exit): nothing is left running.
+        # stage, running_server's exit): nothing is left running. 130 for SIGINT, 143 for
+        # SIGTERM, as a shell reports a job ended by that signal.
         print("\ninterrupted: the trainer and the reward server were stopped", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + (exc.signum if isinstance(exc, Stopped) else signal.SIGINT))
