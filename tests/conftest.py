@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -44,6 +45,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules of LONGEST_FIRST first, in its order; the others after, as collected."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(scope="session")
+def learning_report() -> Callable[..., None]:
+    """``learning_report(name, first=..., last=...)``: one JSON line of a learning test's
+    figures in the file ``$LEARNING_REPORT`` names (``make test-learning`` sets it and prints
+    the lines per CPU variant); nothing without it."""
+    path = os.environ.get("LEARNING_REPORT")
+
+    def report(name: str, **figures: object) -> None:
+        if path:
+            variant = os.environ.get("LEARNING_VARIANT", "default")
+            line = json.dumps({"test": name, "variant": variant, **figures}, default=str)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    return report
 
 
 @pytest.fixture

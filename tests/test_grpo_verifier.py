@@ -4,9 +4,16 @@ weighted 0.1; the reference answer travels from the dataset's ``answer`` column 
 verifier as the item's label.
 
 The policy is a tiny GPT-2 first taught the task's shape (a question, then a one-digit
-answer drawn at random), so that it answers with some digit, right about one time in ten;
-GRPO must then make it say 7. The verifier's own mean score is TRL's
+answer, the sum three times in ten and a random digit otherwise), so that it starts right
+about one time in five; GRPO must then make it say 7. The verifier's own mean score is TRL's
 ``rewards/correct/mean`` (one reward function per component of the server's answer).
+
+The claim rides on RL dynamics, which a CPU's kernels, a thread count or a TRL release can
+tilt: a policy that starts from nothing and a learning rate at the edge (1e-2) learned on one
+CPU and collapsed after its first update on another. So the start is a policy with a real
+signal, the learning rate is far from the edge, and several seeds run, most of which must
+learn (measured: every seed reaches 1.0 from 0.15-0.31 under ATEN_CPU_CAPABILITY=avx2 and
+avx512, ONEDNN_MAX_CPU_ISA=AVX2, one and two torch threads; ``make test-learning``).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +38,21 @@ from reward_client.integrations.trl import RemoteReward
 from reward_server.config import read_models_file
 
 QUESTION = "What is 3 + 4?"
-STEPS = 60
+STEPS = 40
+SEEDS = (0, 1, 2)
+#: How often the pre-training corpus gives the right sum (else a random digit).
+RIGHT_IN_CORPUS = 0.3
 FIRST, LAST = "first", "last"
 
 
 def _lines(rng: random.Random, n: int) -> list[str]:
-    """Questions with a random one-digit answer (right or not): the task's shape only."""
-    return [
-        f"What is {rng.randint(0, 9)} + {rng.randint(0, 9)}? {rng.randint(0, 9)}" for _ in range(n)
-    ]
+    """Questions whose one-digit sum is the answer now and then, a random digit otherwise."""
+    lines = []
+    for _ in range(n):
+        a, b = rng.randint(0, 4), rng.randint(0, 5)
+        answer = a + b if rng.random() < RIGHT_IN_CORPUS else rng.randint(0, 9)
+        lines.append(f"What is {a} + {b}? {answer}")
+    return lines
 
 
 @pytest.fixture(scope="module")
@@ -78,18 +91,17 @@ def maths_server(
         yield server
 
 
-def test_grpo_learns_the_answer_the_math_verifier_checks(
-    arithmetic_policy: Path, maths_server: ServerProcess, tmp_path: Path
-) -> None:
-    reward = RemoteReward(maths_server.url, label_key="answer")
+def _grpo_run(policy: Path, server_url: str, out: Path, seed: int) -> list[dict[str, float]]:
+    """One GRPO run from ``policy`` against the server; TRL's log history."""
+    reward = RemoteReward(server_url, label_key="answer")
     correct, rm = reward.components()
     config = GRPOConfig(
-        output_dir=str(tmp_path / "grpo"),
+        output_dir=str(out),
         max_steps=STEPS,
         per_device_train_batch_size=8,
         num_generations=8,
         max_completion_length=4,
-        learning_rate=1e-2,
+        learning_rate=3e-3,
         lr_scheduler_type="constant",
         reward_weights=[1.0, 0.1],
         temperature=1.0,
@@ -98,27 +110,41 @@ def test_grpo_learns_the_answer_the_math_verifier_checks(
         report_to="none",
         use_cpu=True,
         bf16=False,
-        seed=0,
+        seed=seed,
         disable_tqdm=True,
     )
-    tokenizer = AutoTokenizer.from_pretrained(arithmetic_policy)
     trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(arithmetic_policy),
+        model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[correct, rm],
         args=config,
         train_dataset=Dataset.from_dict({"prompt": [QUESTION] * 64, "answer": ["7"] * 64}),
-        processing_class=tokenizer,
+        processing_class=AutoTokenizer.from_pretrained(policy),
     )
     trainer.train()
-    means = [
-        h["rewards/correct/mean"] for h in trainer.state.log_history if "rewards/correct/mean" in h
-    ]
-    assert len(means) == STEPS
-    first, last = sum(means[:6]) / 6, sum(means[-6:]) / 6
-    # The verifier's mean score rises: the policy says 7 more often than it did.
-    assert last > first + 0.2, (first, last, means)
-    assert last >= 0.4, means
-    assert any(h.get("rewards/rm/mean") is not None for h in trainer.state.log_history)
+    return trainer.state.log_history
+
+
+def test_grpo_learns_the_answer_the_math_verifier_checks(
+    arithmetic_policy: Path,
+    maths_server: ServerProcess,
+    tmp_path: Path,
+    learning_report: Callable[..., None],
+) -> None:
+    runs = {}
+    for seed in SEEDS:
+        history = _grpo_run(arithmetic_policy, maths_server.url, tmp_path / f"seed{seed}", seed)
+        means = [h["rewards/correct/mean"] for h in history if "rewards/correct/mean" in h]
+        assert len(means) == STEPS
+        assert any(h.get("rewards/rm/mean") is not None for h in history)
+        runs[seed] = (sum(means[:6]) / 6, sum(means[-6:]) / 6)
+    # The verifier's mean score rises: the policy says 7 far more often than it did, in most
+    # runs (every one, where it was measured).
+    learned = [seed for seed, (first, last) in runs.items() if last >= max(0.6, first + 0.3)]
+    learning_report("grpo_math_verifier", runs=runs, learned=len(learned))
+    assert len(learned) >= 2, runs
+    # Every completion of every step was verified by the server, with its label.
+    verified = metric(maths_server.url, "reward_server_model_items_total", model="correct")
+    assert verified >= len(SEEDS) * STEPS * 8
 
 
 def test_the_grpo_example_sends_the_label_column(

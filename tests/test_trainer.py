@@ -8,7 +8,7 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,7 +252,9 @@ def test_peft_policy_uses_the_base_model_as_reference(gpt2_policy: Path, tmp_pat
         torch.testing.assert_close(got[name], param, msg=name)
 
 
-def test_policy_learns_a_text_reward(gpt2_policy: Path, tmp_path: Path) -> None:
+def test_policy_learns_a_text_reward(
+    gpt2_policy: Path, tmp_path: Path, learning_report: Callable[..., None]
+) -> None:
     cfg = make_config(
         gpt2_policy,
         tmp_path / "run",
@@ -267,6 +269,7 @@ def test_policy_learns_a_text_reward(gpt2_policy: Path, tmp_path: Path) -> None:
     history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward).train()
     scores = [row["objective/scores"] for row in history]
     first, last = statistics.mean(scores[:5]), statistics.mean(scores[-5:])
+    learning_report("ppo_text_reward", first=first, last=last)
     assert last > first + 0.05, (first, last, scores)
 
 
