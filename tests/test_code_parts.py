@@ -252,6 +252,12 @@ def test_harness_reports_exceptions_as_a_failed_run(tmp_path: Path) -> None:
     assert code == 1 and not outcome.finished  # no such function
 
 
+def test_harness_reports_a_program_that_does_not_compile(tmp_path: Path) -> None:
+    label = {"assert_case": ["assert f() == 1"]}
+    ((code, outcome),) = run_harness(tmp_path, label, "def f(:\n")
+    assert code == 0 and outcome.finished and outcome.syntax_error and not outcome.ok
+
+
 def test_harness_reports_a_value_json_cannot_carry(tmp_path: Path) -> None:
     source = "def f():\n    return object()\n"
     ((code, outcome),) = run_harness(

@@ -21,7 +21,14 @@ from reward_server import __version__
 from reward_server.config import ServerSettings
 from reward_server.config.tenants import TenantKeys
 from reward_server.engines import Scorer
-from reward_server.http.compat import openrlhf, protocol_error_bodies, slime, tei, vllm
+from reward_server.http.compat import (
+    openrlhf,
+    protocol_error_bodies,
+    sandbox_fusion,
+    slime,
+    tei,
+    vllm,
+)
 from reward_server.http.errors import install_error_handlers
 from reward_server.http.middleware import BodyLimitMiddleware, MetricsMiddleware
 from reward_server.http.routes import router
@@ -71,6 +78,7 @@ def create_app(
     app.include_router(vllm.router)  # vLLM's /classify, /pooling, /v1/models
     app.include_router(tei.router)  # TEI's /predict
     app.include_router(slime.router)  # slime's remote_rm: /slime/reward
+    app.include_router(sandbox_fusion.router)  # SandboxFusion's /run_code
     if settings.tenants is None:
         _drop_security_from_openapi(app)
     install_error_handlers(app)

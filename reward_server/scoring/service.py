@@ -29,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelSpec
@@ -46,6 +46,7 @@ from reward_server.errors import (
     UnknownModelError,
 )
 from reward_server.scoring.aggregate import AggregateName, Weighting, combine
+from reward_server.scoring.code_runs import CodeRun, CodeRunResult, CodeRuns
 from reward_server.scoring.items import Items
 from reward_server.scoring.loading import load_model
 from reward_server.scoring.metrics import Metrics
@@ -61,9 +62,7 @@ from reward_server.text.policy_template import (
     PolicyTemplateLoadError,
     load_policy_template,
 )
-
-if TYPE_CHECKING:
-    from reward_server.scoring.code_runs import CodeRun, CodeRunResult, CodeRuns
+from reward_server.verifiers.code import CodeVerifier
 
 logger = logging.getLogger("reward_server")
 
@@ -522,11 +521,9 @@ class Service:
 def _code_runs(models: Sequence[ServedModel], max_queue: int) -> CodeRuns | None:
     """/run_code's runner, in the first code verifier's sandbox; None without one."""
     for model in models:
-        if model.kind == "verifier" and model.spec.verifier == "code":
-            # Imported here: only a server with code rewards needs the sandbox package.
-            from reward_server.scoring.code_runs import CodeRuns
-
-            return CodeRuns(model.pool, max_queue)  # type: ignore[attr-defined]
+        pool = getattr(model, "pool", None)
+        if isinstance(pool, CodeVerifier):
+            return CodeRuns(pool, max_queue)
     return None
 
 

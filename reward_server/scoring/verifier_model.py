@@ -32,7 +32,12 @@ from reward_server.scoring.items import (
 from reward_server.scoring.served import ItemResult
 from reward_server.text.policy_template import recover_conversations
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
-from reward_server.verifiers.code import DEFAULT_TIMEOUT_S, CodeOptions, default_workers
+from reward_server.verifiers.code import (
+    DEFAULT_TIMEOUT_S,
+    CodeOptions,
+    CodeVerifier,
+    default_workers,
+)
 
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
@@ -182,9 +187,9 @@ class VerifierModel:
         code verifier's limits as it applies them)."""
         keys = {"weight", "normalize", "verifier", "function", "pattern", "workers"}
         entry = self.spec.model_dump(include={*keys, "timeout_s", "on_error"})
-        if self.spec.verifier == "code":
+        if isinstance(self.pool, CodeVerifier):
             entry = self.spec.model_dump(include={*keys, *CODE_KEYS})
-            options = code_options(self.spec)
+            options = self.pool.options
             entry.update(
                 languages=list(options.languages),
                 workers=options.workers,
@@ -222,8 +227,6 @@ def code_options(spec: ModelSpec) -> CodeOptions:
 
 
 def _load_code(spec: ModelSpec) -> VerifierModel:
-    from reward_server.verifiers.code.verifier import CodeVerifier
-
     try:
         verifier = CodeVerifier(code_options(spec), spec.name)
     except ValueError as exc:

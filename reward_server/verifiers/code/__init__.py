@@ -27,6 +27,7 @@ from reward_server.verifiers.code.options import (
 )
 from reward_server.verifiers.code.program import Program, extract_program
 from reward_server.verifiers.code.suite import Case, Format, Suite, parse_suite
+from reward_server.verifiers.code.verifier import CodeVerifier
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -44,12 +45,3 @@ __all__ = [
     "extract_program",
     "parse_suite",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # The verifier needs the sandbox package; the pure parts above do not.
-    if name == "CodeVerifier":
-        from reward_server.verifiers.code.verifier import CodeVerifier
-
-        return CodeVerifier
-    raise AttributeError(name)

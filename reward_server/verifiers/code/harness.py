@@ -71,7 +71,12 @@ def _run():
     exec(compile(PRELUDE, "<prelude>", "exec"), namespace)
     with open("solution.py", encoding="utf-8") as file:
         source = file.read()
-    exec(compile(source, "solution.py", "exec"), namespace)
+    try:
+        code = compile(source, "solution.py", "exec")
+    except (SyntaxError, ValueError) as exc:
+        report(json.dumps({"syntax_error": str(exc)[:200]}))
+        return
+    exec(code, namespace)
     if test["mode"] == "call":
         name = test["fn_name"]
         target = namespace.get(name)
@@ -115,13 +120,14 @@ if __name__ == "__main__":
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a harness run reported: ``finished`` (its marker line was there), and then the
-    call's ``value`` (``unserialisable``: the type of a value JSON cannot carry) or the
-    asserts' ``ok``."""
+    call's ``value`` (``unserialisable``: the type of a value JSON cannot carry), the
+    asserts' ``ok``, or ``syntax_error``: the program does not compile."""
 
     finished: bool
     value: Any = None
     unserialisable: str | None = None
     ok: bool = False
+    syntax_error: bool = False
 
 
 def files(suite: Suite, source: str, main_file: str) -> dict[str, str]:
@@ -161,5 +167,6 @@ def read_outcome(stdout: str, marker: str) -> Outcome:
                 value=data.get("value"),
                 unserialisable=data.get("unserialisable"),
                 ok=bool(data.get("ok")),
+                syntax_error="syntax_error" in data,
             )
     return Outcome(finished=False)
