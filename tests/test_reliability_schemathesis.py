@@ -83,6 +83,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         "GET /v1/models",
         "POST /predict",
         "POST /slime/reward",
+        "POST /run_code",
     }
     statuses: dict[str, Counter[int]] = {}
     with requests.Session() as session:

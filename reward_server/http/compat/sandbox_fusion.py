@@ -28,7 +28,7 @@ import base64
 import binascii
 import os
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reward_server.errors import RunRefusedError
 from reward_server.http.auth import Authorized, ServiceDep
 from reward_server.http.errors import ERROR_DOCS
+from reward_server.http.schemas import ErrorResponse
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult
 
@@ -222,7 +223,14 @@ def _decoded(files: dict[str, str | None]) -> dict[str, bytes]:
     return out
 
 
-@router.post("/run_code", response_model=RunCodeResponse, responses=ERROR_DOCS)
+#: /run_code's error answers: the scoring routes', and 404 on a server without code rewards.
+RUN_CODE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERROR_DOCS,
+    404: {"model": ErrorResponse, "description": "No verifier: code entry on this server"},
+}
+
+
+@router.post("/run_code", response_model=RunCodeResponse, responses=RUN_CODE_ERRORS)
 async def run_code(
     body: RunCodeRequest, request: Request, service: ServiceDep, _auth: Authorized
 ) -> RunCodeResponse:
