@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from server_proc import REWARD_SERVER, ServerProcess, free_port, running_server
+from server_proc import (
+    REWARD_SERVER,
+    ServerProcess,
+    free_port,
+    requests_in_progress,
+    running_server,
+    wait_until,
+)
 
 KEY = "run-code-test-key"
 CODE = {"kind": "verifier", "verifier": "code", "test_timeout_s": 2.0, "timeout_s": 3.0}
@@ -180,3 +188,22 @@ def test_sandbox_none_warns_at_every_start(tmp_path: Path) -> None:
             assert answer["tests"] == {"code": [["passed"]]}
         warnings = [line for line in log.read_text().splitlines() if " WARNING " in line]
         assert any("WITHOUT a sandbox" in line for line in warnings), log.read_text()
+
+
+def test_runs_beyond_the_queue_are_429(tmp_path: Path) -> None:
+    """Runs waiting or running at once are bounded by --max-queue: one more is refused
+    with 429 and Retry-After, and is admitted again once the first is done."""
+    path = models_file(tmp_path, {"name": "code", **CODE})
+    with running_server(None, "--models", str(path), "--max-queue", "1") as srv:
+        slow = {"code": "import time\ntime.sleep(1.5)\nprint('done')", "language": "python"}
+        first: dict[str, httpx.Response] = {}
+        thread = threading.Thread(target=lambda: first.update(r=run_code(srv, slow, key=None)))
+        thread.start()
+        wait_until(lambda: requests_in_progress(srv.url, "/run_code") >= 1, 30, "the first run")
+        refused = run_code(srv, {"code": "print(1)", "language": "python"}, key=None)
+        thread.join()
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert first["r"].json()["run_result"]["stdout"] == "done\n"
+        again = run_code(srv, {"code": "print(1)", "language": "python"}, key=None)
+        assert again.json()["status"] == "Success"
