@@ -39,7 +39,8 @@ from dependency_closure import dependency_closure
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from reward_server.config import ENV_PREFIX, ServerSettings
+from reward_server.config import ENV_PREFIX, ServerSettings, parse_models_file
+from reward_server.sandbox import language
 
 try:
     import tomllib
@@ -1105,3 +1106,30 @@ def test_env_only_server_passes_the_image_healthcheck(bert_rm: Path, tmp_path: P
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------------------
+# Code rewards: the server-code image
+
+
+#: The Debian package that brings each toolchain the sandbox's languages run (Python is the
+#: base image's own interpreter).
+TOOL_PACKAGES = {"g++": "g++", "gcc": "gcc", "node": "nodejs"}
+
+
+def test_server_code_image_has_the_toolchains_of_its_languages() -> None:
+    """Every tool the code-rewards component's languages need is an apt package the
+    server-code image installs (as root, before its final unprivileged USER), on top of the
+    server image (whose server extra brings bwrap)."""
+    models = ROOT / "deploy" / "kubernetes" / "components" / "code-rewards" / "models.yaml"
+    (code,) = [m for m in parse_models_file(yaml.safe_load(models.read_text())).models]
+    tools = {tool for name in code.languages for tool in language(name).tools()}
+    tools.discard("{python}")
+    installs = " ".join(
+        args
+        for instr, args in STAGES["server-code"].instructions
+        if instr == "RUN" and "apt-get install" in args
+    )
+    packages = set(re.findall(r"(?<![-\w])([a-z][\w.+-]*)", installs.split("install", 1)[-1]))
+    assert {TOOL_PACKAGES[tool] for tool in tools} <= packages, (tools, packages)
+    assert stage_chain(STAGES, "server-code")[-2].name == "server"
