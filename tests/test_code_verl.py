@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from server_proc import ServerProcess, require_counterpart, running_server
-from test_verl import VERL_DIR, verl_pythonpath
+from server_proc import ServerProcess, running_server
+from test_verl import verl_path  # noqa: F401  (the fixture: verl's PYTHONPATH entry)
 
 STDIO = {
     "inputs": ["1 2\n", "10 20\n", "-5 5\n", "7 0\n"],
@@ -64,18 +64,6 @@ print(json.dumps(scores))
 
 
 @pytest.fixture(scope="module")
-def verl_path() -> str:
-    path = verl_pythonpath()
-    require_counterpart(
-        path is not None,
-        "REWARD_SERVER_TEST_VERL",
-        f"verl 0.9.1 (make setup puts it in {VERL_DIR})",
-    )
-    assert path is not None
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("code_verl")
     # verl sends its timeout (10 s) as run_timeout: the entry's limits are the ceilings.
@@ -87,7 +75,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def test_verl_sandbox_fusion_scores_equal_the_code_verifier_s(
-    server: ServerProcess, verl_path: str, tmp_path: Path
+    server: ServerProcess,
+    verl_path: str,  # noqa: F811  (test_verl's fixture)
+    tmp_path: Path,
 ) -> None:
     # The labels as verl's ground_truth: JSON strings.
     body = {"texts": [r for r, _ in ITEMS], "labels": [json.dumps(t) for _, t in ITEMS]}

@@ -64,24 +64,12 @@ _LIMIT_MESSAGES = {
 class RunCodeRequest(BaseModel):
     """SandboxFusion's ``RunCodeRequest``."""
 
-    model_config = ConfigDict(
-        extra="ignore",
-        json_schema_extra={
-            "examples": [
-                {"code": "print(input())", "language": "python", "stdin": "hello\n"},
-                {
-                    "code": "#include <iostream>\nint main() { std::cout << 42; }",
-                    "language": "cpp",
-                    "run_timeout": 5,
-                },
-            ]
-        },
-    )
+    model_config = ConfigDict(extra="ignore")
 
     compile_timeout: float = Field(10, description="compile timeout for compiled languages")
     run_timeout: float = Field(10, description="code run timeout")
     memory_limit_MB: int = Field(-1, description="maximum memory allowed in megabytes")
-    code: str = Field(..., examples=['print("hello")'], description="the code to run")
+    code: str = Field(..., examples=["print(int(input()) * 2)"], description="the code to run")
     stdin: str | None = Field(None, examples=[""], description="optional string to pass into stdin")
     language: str = Field(
         ...,
@@ -143,46 +131,39 @@ def _return_code(exit_code: int | None, signal: int | None) -> int | None:
     return -signal if signal is not None else None
 
 
-def _compile_result(result: CompileResult) -> CommandRunResult:
-    status = {
-        "timeout": CommandRunStatus.TimeLimitExceeded,
-        "sandbox_error": CommandRunStatus.Error,
-    }.get(result.status, CommandRunStatus.Finished)
-    code = None if status is not CommandRunStatus.Finished else result.exit_code
-    if status is CommandRunStatus.Finished and code is None:
-        code = 0 if result.ok else 1
-    return CommandRunResult(
-        status=status,
-        execution_time=result.elapsed_s,
-        return_code=code,
-        stdout=result.stdout,
-        stderr=result.stderr,
-    )
+#: SandboxFusion's status of a command by the sandbox's (any other: Finished).
+_COMMAND_STATUS = {
+    "timeout": CommandRunStatus.TimeLimitExceeded,
+    "sandbox_error": CommandRunStatus.Error,
+}
 
 
-def _run_result(result: RunResult) -> CommandRunResult:
-    if result.status == "timeout":
-        status, code = CommandRunStatus.TimeLimitExceeded, None
-    elif result.status == "sandbox_error":
-        status, code = CommandRunStatus.Error, None
-    else:
-        status = CommandRunStatus.Finished
-        code = _return_code(result.exit_code, result.signal)
+def _command(result: CompileResult | RunResult) -> CommandRunResult:
+    """A build's or a run's result as SandboxFusion's ``CommandRunResult``: a finished
+    command has a return code (its exit code, or minus its signal); a sandbox error says
+    why in ``stderr``."""
+    status = _COMMAND_STATUS.get(result.status, CommandRunStatus.Finished)
+    code = None
+    if status is CommandRunStatus.Finished:
+        code = _return_code(result.exit_code, getattr(result, "signal", None))
         if code is None:
             code = 0 if result.status == "ok" else 1
+    stderr = result.stderr
+    if status is CommandRunStatus.Error:
+        stderr = getattr(result, "message", "") or stderr
     return CommandRunResult(
         status=status,
         execution_time=result.elapsed_s,
         return_code=code,
         stdout=result.stdout,
-        stderr=result.stderr,
+        stderr=stderr,
     )
 
 
 def run_code_response(result: CodeRunResult) -> RunCodeResponse:
     """The answer to a run, with SandboxFusion's rules for its status."""
-    compiled = None if result.compile is None else _compile_result(result.compile)
-    ran = None if result.run is None else _run_result(result.run)
+    compiled = None if result.compile is None else _command(result.compile)
+    ran = None if result.run is None else _command(result.run)
     commands = [c for c in (compiled, ran) if c is not None]
     message = ""
     errors = [c for c in commands if c.status is CommandRunStatus.Error]

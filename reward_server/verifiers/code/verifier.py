@@ -246,10 +246,6 @@ class CodeVerifier:
             runner.close()
 
     @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
     def busy(self) -> int:
         """Items being verified now."""
         return self._busy
@@ -378,9 +374,6 @@ class CodeVerifier:
         return Verdict(score=score, extras=extras, tests=tests)
 
     def _log(self, position: int, reason: str, detail: str | None) -> None:
-        text = (detail or "").strip()
-        last = text.splitlines()[-1] if text else ""
-        last = last if len(last) <= _LOG_CHARS else last[: _LOG_CHARS - 3] + "..."
-        logger.warning(
-            "verifier %r: item %d: %s%s", self.name, position, reason, f": {last}" if last else ""
-        )
+        # A label's problem or the sandbox's reason: one line, never a program's output.
+        text = " ".join((detail or "").split())[:_LOG_CHARS] or "no detail"
+        logger.warning("verifier %r: item %d: %s: %s", self.name, position, reason, text)
