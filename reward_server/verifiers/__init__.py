@@ -12,6 +12,8 @@ Built-ins: ``math`` (math-verify decides whether the final answer equals the lab
 :mod:`reward_server.verifiers.answers` for how the answer and the label are read),
 ``exact``, ``regex`` and ``python`` (a user's ``f(prompt, response, label)``). A failing
 item never raises: its :class:`Verdict` carries ``on_error`` and the reason (:data:`REASONS`).
+``code`` (the response's program run against the label's tests in a sandbox) has a runner of
+its own with the pool's interface: :mod:`reward_server.verifiers.code`.
 """
 
 from reward_server.verifiers.items import REASONS, Reason, Task, Verdict
