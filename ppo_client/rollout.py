@@ -1,42 +1,46 @@
-"""The rollout step: encode prompts for the policy, sample responses, turn them into text for
-the reward, and compute the log-probs and values PPO needs (:class:`RolloutCollector`).
+"""The rollout step (:class:`RolloutCollector`): encode prompts for the policy, sample
+responses, send them to the reward as text while the policy and reference log-probs and the
+values PPO needs are computed, and gather the scores.
 
-The reward side only ever sees text: the prompt as the user wrote it (chat prompts as their
-original messages) and the response decoded with the policy tokenizer without special tokens.
+Its parts, one job each: :mod:`ppo_client.sampling` samples the responses (transformers'
+``generate`` or the vLLM engine), :class:`~ppo_client.streaming.RewardStream` decodes and
+scores rows as they finish, :class:`~ppo_client.timing.RolloutClock` times both for the
+``time/`` metrics. The reward side only ever sees text: the prompt as the user wrote it
+(chat prompts as their original messages) and the response decoded with the policy
+tokenizer without special tokens.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
-from transformers import (
-    GenerationConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from ppo_client import offsets, ppo
 from ppo_client.ppo import contains_token
-from ppo_client.streaming import (
-    Batch,
+from ppo_client.sampling import (
     FinishedRows,
+    Sampler,
+    TransformersSampler,
+    VllmSampler,
+    generate_responses,
+    sampling_config,
+)
+from ppo_client.streaming import (
     RewardInputs,
+    RewardStream,
+    RolloutDecoder,
     ScoreFn,
     Scores,
-    join_scores,
-    reorder,
     reward_inputs,
 )
+from ppo_client.timing import RolloutClock
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
     from ppo_client.models import PolicyAndValue, Reference
     from ppo_client.vllm_rollout import VllmRollout
 
+# The sampling and reward names are re-exported: they were imported from here before
+# those parts had modules of their own.
 __all__ = [
     "EncodedPrompts",
     "FinishedRows",
@@ -148,70 +154,6 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def sampling_config(
-    response_length: int, temperature: float, stop_token_id: int | None, pad_token_id: int
-) -> GenerationConfig:
-    """Pure sampling from softmax(logits / temperature): no top-k, no top-p, no other processors."""
-    return GenerationConfig(
-        max_new_tokens=response_length,
-        min_new_tokens=0,
-        do_sample=True,
-        temperature=temperature,
-        top_k=0,
-        top_p=1.0,
-        min_p=None,
-        typical_p=1.0,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        num_beams=1,
-        eos_token_id=stop_token_id,
-        pad_token_id=pad_token_id,
-        bos_token_id=None,
-        use_cache=True,
-    )
-
-
-@contextlib.contextmanager
-def _only_generation_config(model: PreTrainedModel, config: GenerationConfig) -> Iterator[None]:
-    """Make ``config`` the model's generation config for a while, so that none of the
-    checkpoint's own defaults (top_k, top_p, repetition penalty, EOS) leak into sampling."""
-    saved = model.generation_config
-    model.generation_config = config
-    try:
-        yield
-    finally:
-        model.generation_config = saved
-
-
-@torch.no_grad()
-def generate_responses(
-    policy: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    config: GenerationConfig,
-    chunk_size: int,
-    watcher: StoppingCriteria | None = None,
-) -> torch.Tensor:
-    """Sample responses (B, response_length) in chunks; positions after the end hold the pad id.
-    ``watcher`` (a :class:`FinishedRows`) sees every step of each chunk's ``generate``."""
-    length = int(config.max_new_tokens)
-    pad = int(config.pad_token_id)
-    context = input_ids.size(1)
-    out = torch.full((input_ids.size(0), length), pad, dtype=torch.long, device=input_ids.device)
-    with _only_generation_config(policy, config):
-        for start in range(0, input_ids.size(0), chunk_size):
-            rows = slice(start, start + chunk_size)
-            generated = policy.generate(
-                input_ids=input_ids[rows],
-                attention_mask=attention_mask[rows],
-                generation_config=config,
-                stopping_criteria=None if watcher is None else StoppingCriteriaList([watcher]),
-            )
-            new = generated[:, context:]
-            out[rows, : new.size(1)] = new
-    return out
-
-
 # ================================================================================= the step
 
 
@@ -256,9 +198,10 @@ def _concat(chunks: Sequence[RolloutTensors]) -> dict[str, torch.Tensor]:
 
 @dataclass
 class RolloutCollector:
-    """Steps 2-3 of an update: generate, truncate, decode and score each chunk of prompts;
-    while a chunk's reward request is in flight, compute its policy and reference log-probs
-    and its values."""
+    """Steps 2-3 of an update: a sampler generates each chunk of responses, the reward
+    stream decodes and scores rows as they finish (while the others generate), and while a
+    chunk's requests are in flight its policy and reference log-probs and its values are
+    computed; a clock times generation and the waits for the reward."""
 
     config: PPOConfig
     accelerator: Accelerator
@@ -290,45 +233,83 @@ class RolloutCollector:
         enc = encode_prompts(self.tokenizer, prompts, self.pad_token_id, cfg.max_prompt_length)
         if enc.num_truncated:
             logger.debug("%d prompt(s) cut to max_prompt_length", enc.num_truncated)
-        queries = enc.input_ids.to(device)  # (B, P), left-padded
-        query_mask = enc.attention_mask.to(device)
+        decoder = RolloutDecoder(
+            self.tokenizer,
+            self.stop_token_id,
+            prompts,
+            enc.input_ids.to(device),  # (B, P), left-padded
+            enc.attention_mask.to(device),
+            labels,
+        )
+        clock = RolloutClock()
+        stream = RewardStream(self.score, pool, decoder, clock)
         wrapper: PolicyAndValue = self.accelerator.unwrap_model(model)
         wrapper.eval()
-        batch = Batch(prompts, queries, query_mask, labels, pool)
-        if self.engine is not None:
-            tensors, waits = self._engine_rollout(wrapper, batch)
-        else:
-            tensors, waits = self._chunked_rollout(wrapper, batch)
+        tensors, engine_logprobs = self._roll_out(wrapper, decoder, stream, clock)
         # e. collect the scores; only the time spent blocked here is network the GPU did not hide
-        waited = time.perf_counter()
-        results = [f.result() for f in batch.futures]
-        reward_wait_s = waits + time.perf_counter() - waited
+        scored = stream.results()
         wrapper.train()
-        scored = reorder(join_scores(results), [row for rows in batch.groups for row in rows])
-        texts = batch.texts()
-        if cfg.reward_mode == "process":
-            return Rollout(
-                **tensors,
-                **self._process_rewards(scored, tensors["responses"], tensors["seq_lengths"]),
-                prompts=prompts,
-                texts=texts,
-                truncated=scored.truncated,
-                reward_wait_s=reward_wait_s,
-                engine_logprobs=batch.engine_logprobs,
-                generate_s=batch.generate_s,
-                reward_tail_s=batch.tail(),
-            )
         return Rollout(
             **tensors,
+            **self._rewards(scored, tensors["responses"], tensors["seq_lengths"]),
             prompts=prompts,
-            texts=texts,
-            raw_scores=torch.tensor(scored.scores, dtype=torch.float32, device=device),
+            texts=stream.texts(),
             truncated=scored.truncated,
-            reward_wait_s=reward_wait_s,
-            engine_logprobs=batch.engine_logprobs,
-            generate_s=batch.generate_s,
-            reward_tail_s=batch.tail(),
+            engine_logprobs=engine_logprobs,
+            reward_wait_s=clock.reward_wait_s,
+            generate_s=clock.generate_s,
+            reward_tail_s=clock.reward_tail_s,
         )
+
+    def _sampler(self, stream: RewardStream, clock: RolloutClock) -> Sampler:
+        """One rollout's sampler, sending finished rows to ``stream``: the engine the
+        trainer gave (rollout_engine vllm), else transformers' generate."""
+        cfg = self.config
+        if self.engine is not None:
+            return VllmSampler(
+                self.engine, cfg.stream_rewards, cfg.reward_stream_size, stream.submit, clock
+            )
+        return TransformersSampler(
+            config=self.gen_config,
+            chunk_size=cfg.local_rollout_forward_batch_size,
+            stream=cfg.stream_rewards,
+            group_size=cfg.reward_stream_size,
+            stop_token_id=self.stop_token_id,
+            on_finished=stream.submit,
+            clock=clock,
+        )
+
+    def _roll_out(
+        self,
+        wrapper: PolicyAndValue,
+        decoder: RolloutDecoder,
+        stream: RewardStream,
+        clock: RolloutClock,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """Every chunk's tensors (B, ...) and the engine's log-probs (B, T) if it gave any.
+        The sampler's next chunk is sampled once this one's passes are done."""
+        queries, query_mask = decoder.queries, decoder.query_mask
+        chunks: list[RolloutTensors] = []
+        engine_logprobs: list[torch.Tensor] = []
+        sampler = self._sampler(stream, clock)
+        # a. sample (pure sampling at the configured temperature), finished rows streamed
+        for sampled in sampler.chunks(wrapper.policy, queries, query_mask):
+            # b. truncate at the stop token; the response ends at index seq_len (inclusive)
+            responses, seq_lengths, resp_mask = self._cut(sampled.responses)
+            # c. decode to text and score on the worker thread the rows not sent yet
+            for rows in sampled.to_send:
+                local = [row - sampled.start for row in rows]
+                index = torch.tensor(local, dtype=torch.long, device=responses.device)
+                stream.submit(rows, responses[index])
+            # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
+            rows = slice(sampled.start, sampled.start + responses.size(0))
+            inputs = (queries[rows], query_mask[rows], responses, resp_mask, seq_lengths)
+            step = self.config.local_rollout_forward_batch_size
+            for k in range(0, responses.size(0), step):
+                chunks.append(self._passes(wrapper, *(t[k : k + step] for t in inputs)))
+            if sampled.engine_logprobs is not None:
+                engine_logprobs.append(sampled.engine_logprobs.masked_fill(~resp_mask, 0.0))
+        return _concat(chunks), torch.cat(engine_logprobs) if engine_logprobs else None
 
     def _cut(self, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Responses truncated at the stop token (the rest padded), their lengths and mask."""
@@ -336,151 +317,15 @@ class RolloutCollector:
         resp_mask = ppo.response_mask(seq_lengths, self.config.response_length)  # (b, T)
         return responses.masked_fill(~resp_mask, self.pad_token_id), seq_lengths, resp_mask
 
-    def _submit(self, batch: Batch, rows: list[int], responses: torch.Tensor) -> float:
-        """Decode ``rows`` (their responses given) and send them to the reward on the pool;
-        the seconds this thread was blocked doing so (an inline executor scores here)."""
-        decoding = time.perf_counter()
-        index = torch.tensor(rows, dtype=torch.long)
-        cut, seq_lengths, _ = self._cut(responses)
-        inputs = reward_inputs(
-            self.tokenizer,
-            [batch.prompts[r] for r in rows],
-            batch.queries[index.to(batch.queries.device)],
-            batch.query_mask[index.to(batch.queries.device)],
-            cut,
-            seq_lengths,
-        )
-        inputs.labels = None if batch.labels is None else [batch.labels[r] for r in rows]
-        submitted = time.perf_counter()
-        batch.generate_s += submitted - decoding
-        batch.futures.append(batch.pool.submit(self._score_timed, batch, inputs))
-        batch.groups.append(rows)
-        batch.sent.append(inputs)
-        return time.perf_counter() - submitted
-
-    def _score_timed(self, batch: Batch, inputs: RewardInputs) -> Scores:
-        """Score on the pool, noting when the answer came (before the future is done)."""
-        scored = self.score(inputs)
-        batch.scored_at.append(time.perf_counter())
-        return scored
-
-    def _chunked_rollout(
-        self, wrapper: PolicyAndValue, batch: Batch
-    ) -> tuple[dict[str, torch.Tensor], float]:
-        """transformers: per chunk, sample (with ``stream_rewards``, each row that emits the
-        stop token goes to the reward while the others still generate), send the rest, and
-        run the passes while the reward works."""
-        cfg = self.config
-        chunk, group = cfg.local_rollout_forward_batch_size, cfg.reward_stream_size
-        chunks: list[RolloutTensors] = []
-        waits = 0.0
-        for start in range(0, batch.queries.size(0), chunk):
-            rows = slice(start, start + chunk)
-            query, qmask = batch.queries[rows], batch.query_mask[rows]
-            # a. sample (pure sampling at the configured temperature), streaming finished rows
-            responses, left, blocked = self._sample_chunk(wrapper, batch, start, query, qmask)
-            waits += blocked
-            # b. truncate at the stop token; the response ends at index seq_len (inclusive)
-            responses, seq_lengths, resp_mask = self._cut(responses)
-            # c. decode to text and score on the worker thread the rows not sent yet: the
-            # whole chunk in one request without streaming, else reward_stream_size at a time
-            size = group if cfg.stream_rewards else len(left)
-            for k in range(0, len(left), size):
-                part = left[k : k + size]
-                index = torch.tensor(part, dtype=torch.long, device=responses.device)
-                waits += self._submit(batch, [start + r for r in part], responses[index])
-            # d. meanwhile: log-probs of policy and reference, and values, on the same inputs
-            chunks.append(self._passes(wrapper, query, qmask, responses, resp_mask, seq_lengths))
-        return _concat(chunks), waits
-
-    def _sample_chunk(
-        self,
-        wrapper: PolicyAndValue,
-        batch: Batch,
-        start: int,
-        query: torch.Tensor,
-        query_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, list[int], float]:
-        """Sample one chunk (rows ``start``...), sending each group of finished rows to the
-        reward meanwhile when streaming with a stop token. Returns the responses (b, T),
-        the chunk's rows not sent yet (finished ones first) and the seconds blocked sending."""
-        cfg = self.config
-        inside = [0.0, 0.0]  # seconds in send (decoding and sending), of them blocked
-
-        def send(rows: list[int], responses: torch.Tensor) -> None:
-            entered = time.perf_counter()
-            inside[1] += self._submit(batch, [start + r for r in rows], responses)
-            inside[0] += time.perf_counter() - entered
-
-        watcher = None
-        if cfg.stream_rewards and self.stop_token_id is not None:
-            context = query.size(1)
-            watcher = FinishedRows(
-                self.stop_token_id,
-                context,
-                cfg.response_length,
-                self.pad_token_id,
-                cfg.reward_stream_size,
-                send,
-            )
-        sampling = time.perf_counter()
-        responses = generate_responses(
-            wrapper.policy, query, query_mask, self.gen_config, query.size(0), watcher
-        )
-        # _submit counts the decoding of the rows sent meanwhile; the blocked time is a wait
-        batch.sampled_at = time.perf_counter()
-        batch.generate_s += batch.sampled_at - sampling - inside[0]
-        if watcher is None:
-            return responses, list(range(query.size(0))), inside[1]
-        sent = set(watcher.sent + watcher.pending)
-        rest = [r for r in range(query.size(0)) if r not in sent]
-        return responses, watcher.pending + rest, inside[1]
-
-    def _engine_rollout(
-        self, wrapper: PolicyAndValue, batch: Batch
-    ) -> tuple[dict[str, torch.Tensor], float]:
-        """vLLM: the policy's weights into the engine, every response sampled at once with
-        the finished ones sent to the reward as they finish, then the passes by chunk."""
-        cfg, engine = self.config, self.engine
-        assert engine is not None
-        sampling = time.perf_counter()
-        engine.sync(wrapper.policy)
-        cpu_rows = zip(batch.queries.cpu(), batch.query_mask.cpu(), strict=True)
-        ids = [q[m.bool()].tolist() for q, m in cpu_rows]
-        device = batch.queries.device
-        waits = [0.0]
-
-        def send(rows: list[int], responses: torch.Tensor) -> None:  # as rows finish
-            waits[0] += self._submit(batch, rows, responses[rows].to(device))
-
-        streaming = cfg.stream_rewards
-        group = cfg.reward_stream_size
-        sampled = engine.generate(ids, on_finished=send if streaming else None, group_size=group)
-        batch.sampled_at = time.perf_counter()
-        # Sync, sampling and the decoding of the rollouts sent meanwhile; not their waits.
-        batch.generate_s = time.perf_counter() - sampling - waits[0]
-        engine.sleep()
-        if not streaming:
-            for start in range(0, len(ids), group):
-                send(list(range(start, min(start + group, len(ids)))), sampled.responses)
-        responses = sampled.responses.to(device)
-        responses, seq_lengths, resp_mask = self._cut(responses)
-        chunks = []
-        chunk = cfg.local_rollout_forward_batch_size
-        for start in range(0, len(ids), chunk):
-            rows = slice(start, start + chunk)
-            chunks.append(
-                self._passes(
-                    wrapper,
-                    batch.queries[rows],
-                    batch.query_mask[rows],
-                    responses[rows],
-                    resp_mask[rows],
-                    seq_lengths[rows],
-                )
-            )
-        batch.engine_logprobs = sampled.logprobs.to(device).masked_fill(~resp_mask, 0.0)
-        return _concat(chunks), waits[0]
+    def _rewards(
+        self, scored: Scores, responses: torch.Tensor, seq_lengths: torch.Tensor
+    ) -> dict[str, Any]:
+        """The scores as the update takes them: the raw scores (reward_mode outcome), or
+        the outcome scores and the steps on their tokens (process)."""
+        if self.config.reward_mode == "process":
+            return self._process_rewards(scored, responses, seq_lengths)
+        device = self.accelerator.device
+        return {"raw_scores": torch.tensor(scored.scores, dtype=torch.float32, device=device)}
 
     def _process_rewards(
         self, scored: Scores, responses: torch.Tensor, seq_lengths: torch.Tensor

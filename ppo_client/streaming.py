@@ -1,8 +1,7 @@
 """The reward side of a rollout: what the reward function gets (:class:`RewardInputs`, the
-texts :func:`reward_inputs` decodes) and answers (:class:`Scores`), and the machinery that
-streams rows to it while the others still generate: :class:`FinishedRows` (a ``generate``
-stopping-criterion hook), :class:`Batch` (the requests in flight for one update's prompts)
-and the helpers that put streamed scores back in row order.
+texts :func:`reward_inputs` decodes, :class:`RolloutDecoder` for rows of a batch) and
+answers (:class:`Scores`), and :class:`RewardStream`, which sends rows to it as they finish
+while the others still generate and puts the scores back in row order.
 """
 
 from __future__ import annotations
@@ -13,15 +12,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import torch
-from transformers import PreTrainedTokenizerBase, StoppingCriteria
+from transformers import PreTrainedTokenizerBase
+
+from ppo_client import ppo
 
 if TYPE_CHECKING:
     from ppo_client.rollout import Prompt
+    from ppo_client.timing import RolloutClock
 
 __all__ = [
-    "Batch",
-    "FinishedRows",
     "RewardInputs",
+    "RewardStream",
+    "RolloutDecoder",
     "ScoreFn",
     "Scores",
     "join_scores",
@@ -103,39 +105,6 @@ def join_scores(results: Sequence[Scores]) -> Scores:
     )
 
 
-@dataclass
-class Batch:
-    """One update's prompts on their way through the rollout, and the reward requests sent
-    for them: ``groups[k]`` holds the rows whose scores ``futures[k]`` brings."""
-
-    prompts: list[Prompt]
-    queries: torch.Tensor  # (B, P) left-padded
-    query_mask: torch.Tensor
-    labels: list[Any] | None
-    pool: Executor
-    futures: list[Future[Scores]] = field(default_factory=list)
-    groups: list[list[int]] = field(default_factory=list)
-    sent: list[RewardInputs] = field(default_factory=list)  # what futures[k] scores
-
-    def texts(self) -> RewardInputs:
-        """What the reward saw of every rollout, in prompt order (decoded once, when sent)."""
-        order = row_order([row for group in self.groups for row in group])
-        prompts = [p for inputs in self.sent for p in inputs.prompts]
-        responses = [r for inputs in self.sent for r in inputs.responses]
-        return RewardInputs([prompts[k] for k in order], [responses[k] for k in order], self.labels)
-
-    engine_logprobs: torch.Tensor | None = None
-    generate_s: float = 0.0  # sampling (with the engine's weight sync) and decoding
-    sampled_at: float = 0.0  # perf_counter when the last row was sampled
-    scored_at: list[float] = field(default_factory=list)  # perf_counter of each answer
-
-    def tail(self) -> float:
-        """Seconds from the end of sampling to the reward's last score: the reward work
-        left when generation ended, whether the passes then hid it or not (all futures
-        done)."""
-        return max(0.0, max(self.scored_at, default=self.sampled_at) - self.sampled_at)
-
-
 def row_order(rows: Sequence[int]) -> list[int]:
     """For values given in the order of ``rows`` (a permutation of 0..B-1): where row 0,
     1, ... of them is."""
@@ -151,62 +120,86 @@ def reorder(scored: Scores, rows: Sequence[int]) -> Scores:
     return Scores(*(None if col is None else [col[k] for k in order] for col in scored))
 
 
-class FinishedRows(StoppingCriteria):
-    """Hands ``on_finished`` the rows of a ``generate`` call that have emitted the stop token,
-    ``group_size`` at a time (row indices in that call, and their responses so far padded to
-    ``response_length``: what the finished generation will hold for them), while the other
-    rows keep generating. It never stops a row itself: ``generate``'s own EOS and length
-    criteria decide that, exactly as without it; ``pending`` are the finished rows not yet
-    handed over when generation ends.
+@dataclass(frozen=True)
+class RolloutDecoder:
+    """One rollout's prompts as the policy and the reward see them: turns rows of its
+    responses into the reward's inputs."""
 
-    A row is finished at its first stop token, the token :func:`ppo.sequence_lengths` cuts
-    the response after, so a row sent now is decoded exactly as after ``generate``. (No
-    ``eos_token_id`` attribute: ``generate`` would take that for an EOS criterion.)
+    tokenizer: PreTrainedTokenizerBase
+    stop_token_id: int | None
+    prompts: list[Prompt]
+    queries: torch.Tensor  # (B, P) left-padded
+    query_mask: torch.Tensor  # (B, P)
+    labels: list[Any] | None  # one per prompt with label_column
+
+    def decode(self, rows: list[int], responses: torch.Tensor) -> RewardInputs:
+        """The reward's inputs of ``rows`` of the batch from their responses (len(rows), T),
+        each read up to its first stop token (the rest, cut or not, is never decoded)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.queries.device)
+        inputs = reward_inputs(
+            self.tokenizer,
+            [self.prompts[r] for r in rows],
+            self.queries[index],
+            self.query_mask[index],
+            responses,
+            ppo.sequence_lengths(responses, self.stop_token_id),
+        )
+        inputs.labels = None if self.labels is None else [self.labels[r] for r in rows]
+        return inputs
+
+
+class _Request(NamedTuple):
+    """One reward request: the batch rows it holds, what it sent, its answer to come."""
+
+    rows: list[int]
+    inputs: RewardInputs
+    answer: Future[Scores]
+
+
+@dataclass
+class RewardStream:
+    """One rollout's reward requests. :meth:`submit` decodes rows as they finish and hands
+    them to ``pool`` (a worker thread, or inline), so they are scored while generation and
+    the passes go on; :meth:`results` gathers every answer, in row order whatever order the
+    rows were sent in. The ``clock`` gets the decoding as generation, the time blocked
+    handing a request over or gathering answers as a reward wait, and each answer's time.
     """
 
-    def __init__(
-        self,
-        stop_token_id: int,
-        context: int,
-        response_length: int,
-        pad_token_id: int,
-        group_size: int,
-        on_finished: Callable[[list[int], torch.Tensor], None],
-    ) -> None:
-        self.stop_token_id = stop_token_id
-        self.context = context  # prompt width: the response starts at this column
-        self.response_length = response_length
-        self.pad_token_id = pad_token_id
-        self.group_size = group_size
-        self.on_finished = on_finished
-        self.done: torch.Tensor | None = None  # (b,) rows that have emitted the stop token
-        self.pending: list[int] = []
-        self.sent: list[int] = []
+    score: ScoreFn
+    pool: Executor
+    decoder: RolloutDecoder
+    clock: RolloutClock
+    _requests: list[_Request] = field(default_factory=list, init=False)
 
-    def __call__(
-        self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs: Any
-    ) -> torch.Tensor:
-        if self.done is None:
-            self.done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
-        # After its stop token generate pads a row with the pad id, which may be the stop
-        # token itself (pad == EOS): only a row's first stop token finishes it.
-        fresh = input_ids[:, -1].eq(self.stop_token_id) & ~self.done
-        # On a GPU this reads one flag per step; generate's own stop check reads one too.
-        if bool(fresh.any()):
-            self.done |= fresh
-            self.pending += fresh.nonzero().flatten().tolist()
-            while len(self.pending) >= self.group_size:
-                rows, self.pending = (
-                    self.pending[: self.group_size],
-                    self.pending[self.group_size :],
-                )
-                self.on_finished(rows, self._responses(input_ids, rows))
-                self.sent += rows
-        return torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
+    def submit(self, rows: list[int], responses: torch.Tensor) -> None:
+        """Send ``rows`` of the batch (their responses: (len(rows), T)) to the reward."""
+        with self.clock.generating():
+            inputs = self.decoder.decode(rows, responses)
+        with self.clock.waiting():  # an inline pool scores right here
+            answer = self.pool.submit(self._score, inputs)
+        self._requests.append(_Request(rows, inputs, answer))
 
-    def _responses(self, input_ids: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """(len(rows), response_length): the rows' tokens so far, then the pad id."""
-        new = input_ids[rows, self.context :]
-        out = new.new_full((len(rows), self.response_length), self.pad_token_id)
-        out[:, : new.size(1)] = new
-        return out
+    def _score(self, inputs: RewardInputs) -> Scores:
+        """Score on the pool, noting when the answer came (before its future is done)."""
+        scored = self.score(inputs)
+        self.clock.scored()
+        return scored
+
+    def results(self) -> Scores:
+        """The scores of every row sent, in row order (blocks until all are answered)."""
+        with self.clock.waiting():
+            answers = [request.answer.result() for request in self._requests]
+        return reorder(join_scores(answers), self._rows())
+
+    def texts(self) -> RewardInputs:
+        """What the reward saw of every row, in row order (decoded once, when sent)."""
+        order = row_order(self._rows())
+        prompts = [p for request in self._requests for p in request.inputs.prompts]
+        responses = [r for request in self._requests for r in request.inputs.responses]
+        return RewardInputs(
+            [prompts[k] for k in order], [responses[k] for k in order], self.decoder.labels
+        )
+
+    def _rows(self) -> list[int]:
+        """The rows in the order they were sent."""
+        return [row for request in self._requests for row in request.rows]

@@ -15,7 +15,7 @@ which stay untouched. On a GPU the engine sleeps while the trainer updates (its 
 released, and its weights too unless they are the base an adapter needs: level 2, else 1)
 and wakes for the next rollout.
 
-Sampling means what it means with transformers (:func:`ppo_client.rollout.sampling_config`):
+Sampling means what it means with transformers (:func:`ppo_client.sampling.sampling_config`):
 pure sampling from ``softmax(logits / temperature)`` (no top-k, no top-p), up to
 ``response_length`` new tokens, ending early only at the stop token (kept, the rest
 padded); the model's own EOS does not end a response unless it is the stop token. Each
@@ -25,8 +25,9 @@ vLLM's ``processed_logprobs``) is kept beside the trainer's own: their gap is lo
 with ``rollout_is_cap``, corrects the policy loss (:func:`ppo_client.ppo.policy_loss`).
 
 Rows finish at different times: :meth:`VllmRollout.generate` calls ``on_finished`` with
-each group of ``reward_stream_size`` finished rows as soon as it is complete (the last
-group with what is left), so that their reward requests run while the others generate.
+each group of ``reward_stream_size`` finished rows and their responses as soon as the group
+is complete (the last group with what is left), so that their reward requests run while
+the others generate.
 """
 
 from __future__ import annotations
@@ -397,7 +398,7 @@ class VllmRollout:
     ) -> Sampled:
         """Sample a response to each query (token ids, no padding). ``on_finished`` gets
         the row indices of each ``group_size`` rows as soon as they have all finished, and
-        the responses so far (those rows' are final)."""
+        those rows' responses (len(rows), T)."""
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
@@ -424,8 +425,8 @@ class VllmRollout:
                     pending.append(row)
                     done += 1
                     if on_finished is not None and (len(pending) >= group_size or done == n):
-                        on_finished(sorted(pending), responses)
-                        pending = []
+                        rows, pending = sorted(pending), []
+                        on_finished(rows, responses[rows])
         except BaseException:
             # A stop signal or a failing reward call: nothing of this batch stays in vLLM.
             engine.abort_request(ids)

@@ -33,7 +33,7 @@ from ppo_client.rollout import (
     pad_token_id_for,
     sampling_config,
 )
-from ppo_client.streaming import Batch
+from ppo_client.timing import RolloutClock
 from reward_client import RewardClient
 
 LENGTH = 16
@@ -179,14 +179,39 @@ def test_streamed_rollouts_score_as_unstreamed_ones_and_go_out_during_generation
     assert score_requests(server.url) - before == len(sizes) + 1 + 1
 
 
+def _clock(*times: float) -> RolloutClock:
+    """A clock that reads ``times`` in turn."""
+    reads = iter(times)
+    return RolloutClock(now=lambda: next(reads))
+
+
 def test_the_reward_tail_runs_from_the_end_of_sampling_to_the_last_answer() -> None:
     """``time/reward_tail_s``: the reward work left when generation ended (answers that
     came before it count for nothing)."""
-    empty = torch.zeros((0, 1), dtype=torch.long)
-    batch = Batch([], empty, empty, None, ThreadPoolExecutor(max_workers=1))
-    batch.sampled_at = 10.0
-    assert batch.tail() == 0.0  # nothing sent
-    batch.scored_at = [9.0, 12.5, 11.0]
-    assert batch.tail() == 2.5
-    batch.scored_at = [8.0, 9.5]  # all answered while the last rows generated
-    assert batch.tail() == 0.0
+    clock = _clock(10.0, 9.0, 12.5, 11.0)
+    clock.sampled()  # at 10.0
+    assert clock.reward_tail_s == 0.0  # nothing sent
+    for _ in range(3):
+        clock.scored()  # at 9.0, 12.5, 11.0
+    assert clock.reward_tail_s == 2.5
+    clock = _clock(10.0, 8.0, 9.5)
+    clock.sampled()
+    clock.scored()
+    clock.scored()  # all answered while the last rows generated
+    assert clock.reward_tail_s == 0.0
+
+
+def test_time_in_a_nested_phase_is_the_inner_phases_only() -> None:
+    """A request handed to the reward while rows generate is a wait, not generation; time
+    outside every phase (the passes) counts nowhere."""
+    clock = _clock(0.0, 1.0, 1.5, 1.5, 4.0, 4.25, 7.0, 9.0)
+    with clock.generating():  # 0.0 .. 4.25: sampling
+        with clock.generating():  # 1.0 .. 1.5: decoding rows that finished
+            pass
+        with clock.waiting():  # 1.5 .. 4.0: handing them over (an inline reward scores)
+            pass
+    # 4.25 .. 7.0: outside every phase (the passes)
+    with clock.waiting():  # 7.0 .. 9.0: gathering the answers
+        pass
+    assert clock.generate_s == 1.0 + 0.5 + 0.25
+    assert clock.reward_wait_s == 2.5 + 2.0
