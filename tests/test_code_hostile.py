@@ -209,6 +209,14 @@ HOSTILE: dict[str, tuple[str, object, str]] = {
         _ok("never"),
         "runtime_error",
     ),
+    # Files under the file size limit, until the work directory's tmpfs is full.
+    "fill_work_dir_with_files": (
+        "import errno\ni = 0\ntry:\n    while True:\n        with open(f'f{i}', 'wb') as f:\n"
+        "            f.write(b'x' * (8 << 20))\n        i += 1\n"
+        "except OSError as exc:\n    print('full' if exc.errno == errno.ENOSPC else exc)\n",
+        _ok("full"),
+        "passed",
+    ),
     "open_files_until_refused": (
         "files = []\ntry:\n    while True:\n        files.append(open('/dev/null'))\n"
         "except OSError:\n    print('refused')\n",
