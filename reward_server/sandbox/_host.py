@@ -70,6 +70,17 @@ def default_uid() -> int | None:
     return SANDBOX_UID if os.geteuid() == 0 else None
 
 
+def drop_privileges(uid: int) -> tuple[list[str], dict[str, object]]:
+    """How to start bwrap as ``uid`` (gid the same, no other groups): a ``setpriv`` prefix
+    when util-linux has one, else Popen's ``user``/``group``/``extra_groups``. The prefix
+    keeps the spawn cheap: with those Popen arguments CPython cannot vfork, and forking a
+    server that holds a model costs tens of milliseconds (82 ms measured for 2 GB)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"], {}
+    return [], {"user": uid, "group": uid, "extra_groups": []}
+
+
 def _permits(st: os.stat_result, uid: int, gid: int, bits: int) -> bool:
     if uid == 0:
         return True

@@ -3,7 +3,6 @@ the program built once, each test a fork of the runner."""
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import shutil
@@ -13,8 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from reward_server.sandbox._channel import Channel, RunnerGone
-from reward_server.sandbox._host import SANDBOX_ENV, SANDBOX_ROOT, bwrap_argv
+from reward_server.sandbox._channel import Channel, RunnerGone, runner_config
+from reward_server.sandbox._host import SANDBOX_ENV, SANDBOX_ROOT, bwrap_argv, drop_privileges
 from reward_server.sandbox._languages import Language, language
 from reward_server.sandbox._types import CompileResult, Limits, RunResult
 from reward_server.sandbox._verdicts import build_error, build_result, run_error, run_result
@@ -22,7 +21,11 @@ from reward_server.sandbox._verdicts import build_error, build_result, run_error
 if TYPE_CHECKING:
     from reward_server.sandbox._sandbox import Sandbox
 
-RUNNER_SOURCE = Path(__file__).with_name("_runner.py").read_text(encoding="utf-8")
+# The runner, one source: the forked job's side, then the loop that uses it.
+RUNNER_SOURCE = "\n".join(
+    Path(__file__).with_name(name).read_text(encoding="utf-8")
+    for name in ("_runner_job.py", "_runner.py")
+)
 #: Stack of every build and run (C++ recursion; thread stacks default to it, keep it sane).
 STACK_BYTES = 64 << 20
 #: Inodes of the item's work directory per MB of it (bwrap cannot cap them; the runner's
@@ -125,10 +128,11 @@ class Session:
                 "env": SANDBOX_ENV,
                 "files": sorted(self.files),
             }
-            argv += [sandbox.python, "-I", "-S", "-c", RUNNER_SOURCE, json.dumps(config)]
+            argv += [sandbox.python, "-I", "-S", "-c", RUNNER_SOURCE, runner_config(config)]
             user: dict[str, Any] = {}
             if sandbox.mode == "bwrap" and sandbox.uid not in (None, os.geteuid()):
-                user = {"user": sandbox.uid, "group": sandbox.uid, "extra_groups": []}
+                prefix, user = drop_privileges(sandbox.uid)
+                argv = prefix + argv
             return await channel.start(argv, memfds, env=dict(SANDBOX_ENV), **user)
         finally:
             for fd in memfds:
