@@ -13,7 +13,9 @@ logprobs and generate modes) each write their own block too, as does ``--only ro
 the score cache) writes its own block too.
 ``--only tenants`` (:mod:`bench.tenants`: two tenants on one server, one flooding it, the
 other's latency and the total throughput) writes its own block too; ``--tenants-quick``
-shrinks it to a smoke test.
+shrinks it to a smoke test. ``--only code`` (:mod:`bench.code`: tests per second per core of
+programs run in the sandbox against bare subprocesses, per language) writes its own block
+too; ``--code-quick`` shrinks it to a smoke test.
 """
 
 from __future__ import annotations
@@ -48,7 +50,17 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-PARTS = ("throughput", "ppo", "engines", "verifiers", "judges", "rollout", "cache", "tenants")
+PARTS = (
+    "throughput",
+    "ppo",
+    "engines",
+    "verifiers",
+    "judges",
+    "rollout",
+    "cache",
+    "tenants",
+    "code",
+)
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -96,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-rollout", action="store_true")
     p.add_argument("--skip-tenants", action="store_true")
     p.add_argument("--skip-cache", action="store_true")
+    p.add_argument("--skip-code", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -166,6 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--tenants-quick", action="store_true", help="a smoke test (seconds, not figures)"
     )
+    k = p.add_argument_group("code (programs in the sandbox against bare subprocesses)")
+    k.add_argument(
+        "--code-languages", type=_words, default=("python", "c", "cpp", "javascript", "java")
+    )
+    k.add_argument("--code-items", type=int, default=12, help="items per measurement")
+    k.add_argument("--code-tests", type=int, default=20, help="tests of the many-test item")
+    k.add_argument("--code-rounds", type=int, default=3)
+    k.add_argument(
+        "--code-quick", action="store_true", help="a smoke test: python, 2 items of 3 tests"
+    )
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -184,6 +207,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["rollout"] = args.skip_rollout
     skipped["tenants"] = args.skip_tenants
     skipped["cache"] = args.skip_cache
+    skipped["code"] = args.skip_code
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -258,6 +282,20 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
         )
     if "tenants" in parts:
         results["tenants"] = _run_tenants(args, model_path)
+    if "code" in parts:
+        from bench.code import CodeBenchConfig, quick_config, run_code_bench
+
+        code_cfg = (
+            quick_config()
+            if args.code_quick
+            else CodeBenchConfig(
+                languages=args.code_languages,
+                items=args.code_items,
+                tests=args.code_tests,
+                rounds=args.code_rounds,
+            )
+        )
+        results["code"] = run_code_bench(code_cfg)
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -301,9 +339,12 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
         from bench.tenants import render as render_tenants
 
         update_block(path, "tenants", render_tenants(results["tenants"]), "Tenants")
-    rest = [
-        part for part in parts if part not in ("verifiers", "judges", "rollout", "cache", "tenants")
-    ]
+    if "code" in parts:
+        from bench.code import render as render_code
+
+        update_block(path, "code", render_code(results["code"]), "Code")
+    own_blocks = ("verifiers", "judges", "rollout", "cache", "tenants", "code")
+    rest = [part for part in parts if part not in own_blocks]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))
     elif rest:
@@ -443,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     results, out = run(sys.argv[1:] if argv is None else argv)
     print(f"results: {out}")
-    for section in ("throughput", "ppo", "engines", "trainer_pattern", "cache", "tenants"):
+    for section in ("throughput", "ppo", "engines", "trainer_pattern", "cache", "tenants", "code"):
         for t in results.get(section, {}).get("targets", []):
             med = t["value"]["median"]
             print(
