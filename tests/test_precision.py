@@ -23,6 +23,7 @@ from ppo_client.config import ConfigError, PPOConfig
 from ppo_client.precision import CpuBf16, cpu_bf16_support
 from ppo_client.trainer import PPOTrainer
 from reward_server.engines import LoadOptions
+from reward_server.engines._checkpoint import cpu_has_native_bf16
 from reward_server.engines.transformers import load_parts
 
 SetCpu = Callable[..., None]
@@ -33,6 +34,8 @@ def set_cpu(monkeypatch: pytest.MonkeyPatch) -> SetCpu:
     """Make torch's CPU probes answer as a CPU with (or without) bf16 instructions."""
 
     def set_(*, avx512_bf16: bool, amx: bool = False) -> None:
+        for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+            monkeypatch.delenv(name, raising=False)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
 
@@ -62,6 +65,28 @@ def test_the_probe_reads_torch(set_cpu: SetCpu) -> None:
     assert cpu_bf16_support().native
     set_cpu(avx512_bf16=True)
     assert cpu_bf16_support().describe() == "CPU has native bfloat16 (AVX512-BF16)"
+
+
+@pytest.mark.parametrize(
+    ("variable", "cap", "native"),
+    [
+        ("ONEDNN_MAX_CPU_ISA", "AVX2", False),
+        ("ONEDNN_MAX_CPU_ISA", "avx512_core", False),
+        ("DNNL_MAX_CPU_ISA", "AVX512_CORE_VNNI", False),
+        ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", True),
+        ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX", True),
+        ("ONEDNN_MAX_CPU_ISA", "ALL", True),
+    ],
+)
+def test_a_onednn_cap_below_bf16_means_no_native_bf16(
+    set_cpu: SetCpu, monkeypatch: pytest.MonkeyPatch, variable: str, cap: str, native: bool
+) -> None:
+    """oneDNN held below the bfloat16 instructions emulates them (200x slower than float32
+    measured), so neither the trainer nor the server's --dtype auto picks bfloat16 there."""
+    set_cpu(avx512_bf16=True, amx=True)
+    monkeypatch.setenv(variable, cap)
+    assert cpu_bf16_support().native is native
+    assert cpu_has_native_bf16() is native
 
 
 def test_a_probe_missing_from_torch_counts_as_absent(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -91,8 +91,17 @@ def resolve_dtype(dtype: str, device: torch.device, config: Any) -> torch.dtype:
 
 
 def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX, by torch's probes (absent from a torch build: not there)."""
+    """AVX512-BF16 or AMX, by torch's probes (absent from a torch build: not there), unless
+    ``ONEDNN_MAX_CPU_ISA`` (old name ``DNNL_MAX_CPU_ISA``) caps oneDNN below them: bfloat16
+    then takes a fallback far slower than float32 (200x for a linear layer on an AMX Xeon)."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    cap = (
+        os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL"
+    ).upper()
+    if cap not in ("ALL", "DEFAULT") and not any(
+        k in cap for k in ("BF16", "FP16", "AMX", "AVX10")
+    ):
+        return False
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
