@@ -70,20 +70,18 @@ def _rmtree(top):
 
 
 def _json(value):
-    """JSON of a report (dicts, lists, strings, numbers, booleans, None)."""
-    if value is None or value is True or value is False:
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        escaped = (
-            c if c >= " " and c not in '"\\' else "\\u%04x" % ord(c)  # noqa: UP031
-            for c in value
-        )
-        return '"' + "".join(escaped) + '"'
-    if isinstance(value, dict):
-        return "{" + ",".join(_json(str(k)) + ":" + _json(v) for k, v in value.items()) + "}"
-    return "[" + ",".join(_json(v) for v in value) + "]"
+    """JSON of a message: a flat dict of strings, numbers, booleans and None."""
+    parts = []
+    for key, item in value.items():
+        if item is None or item is True or item is False:
+            text = "null" if item is None else "true" if item else "false"
+        elif isinstance(item, (int, float)):
+            text = repr(item)
+        else:  # a string: escape what JSON needs escaped, keep the rest
+            chars = (c if c >= " " and c not in '"\\' else "\\u%04x" % ord(c) for c in str(item))  # noqa: UP031
+            text = '"' + "".join(chars) + '"'
+        parts.append(f'"{key}":{text}')
+    return "{" + ",".join(parts) + "}"
 
 
 class Job:
