@@ -20,8 +20,8 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         # kind: process only: step_separator ("\\n\\n"), step_tag (null), step_aggregate (min)
       - name: correct            # a rule instead of a model: no `model` key
         kind: verifier
-        verifier: math           # math | exact | regex (pattern:) | python (function: mod:fn)
-        weight: 1.0              #   | code (the label's tests run in a sandbox, below)
+        verifier: math           # math | exact | regex (pattern:) | python (function: mod:fn;
+        weight: 1.0              #   sandbox: bwrap to call it in a sandbox) | code (below)
         workers: 2               # processes verifying items (default 1)
         timeout_s: 5             # per item; a timeout, crash or error scores on_error
         on_error: 0.0
@@ -108,7 +108,8 @@ ModelKind = Literal["sequence", "process", "verifier", "judge", "remote"]
 VerifierName = Literal["math", "exact", "regex", "python", "code"]
 #: How a code verifier scores an item: the share of its tests passed, or 1 when all passed.
 CodeScore = Literal["pass_rate", "all_pass"]
-#: Where a code verifier runs programs: a bubblewrap sandbox, or unsandboxed (trusted code).
+#: Where a code verifier runs programs, or a python verifier its function: a bubblewrap
+#: sandbox, or unsandboxed (trusted code; a python function in the pool's worker processes).
 CodeSandbox = Literal["bwrap", "none"]
 #: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
 #: :mod:`reward_server.scoring.aggregate`).
@@ -129,6 +130,8 @@ CODE_KEYS = (
     "sandbox",
     "bwrap",
 )
+#: Keys of a code verifier that a python verifier reads too (its function in the sandbox).
+PYTHON_SANDBOX_KEYS = ("sandbox", "bwrap", "memory_mb")
 #: Keys of an entry that only a verifier reads.
 VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_error", *CODE_KEYS)
 #: Keys of a judge in ``mode: generate`` only.
@@ -248,15 +251,15 @@ class ModelSpec(BaseModel):
     test_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """verifier: code: seconds one test may run (wall clock)."""
     memory_mb: int = Field(default=1024, ge=16, le=1 << 20)
-    """verifier: code: a program's memory limit (address space), in MiB."""
+    """verifier: code: a program's memory limit (address space), in MiB; verifier: python with sandbox: bwrap: the function's."""
     output_bytes: int = Field(default=1 << 20, ge=1024)
     """verifier: code: most bytes kept of a test's stdout (and of its stderr); a program that writes more is stopped: output_exceeded."""
     float_tolerance: float | None = Field(default=None, ge=0)
     """verifier: code: numbers in an answer match the expected ones within this tolerance, absolute or relative (default: exact)."""
-    sandbox: CodeSandbox = "bwrap"
-    """verifier: code: bwrap (every program in a bubblewrap sandbox; the server does not start where none can be made) or none (unsandboxed: trusted programs only, warned at every start)."""
+    sandbox: CodeSandbox | None = None
+    """verifier: code: bwrap (the default: every program in a bubblewrap sandbox; the server does not start where none can be made) or none (unsandboxed: trusted programs only, warned at every start). verifier: python: none (the default: the function runs in the worker processes, with the server's rights) or bwrap (each item's call in a sandbox of its own, seeing Python's standard library and the function's own file only; the server does not start where none can be made, or where the function does not import there)."""
     bwrap: str | None = Field(default=None, min_length=1)
-    """verifier: code: the bwrap binary to use (default: the one the server extra installs, else bwrap on PATH)."""
+    """verifier: code, and python with sandbox: bwrap: the bwrap binary to use (default: the one the server extra installs, else bwrap on PATH)."""
     template: str | None = Field(default=None, min_length=1)
     """kind: judge and openai-chat remotes: the Jinja prompt (prompt, response, label, messages) or a path to a .jinja file."""
     mode: JudgeMode = "logprobs"
@@ -347,12 +350,21 @@ class ModelSpec(BaseModel):
             raise ValueError("'function' is only for verifier: python")
         if self.pattern is not None and self.verifier != "regex":
             raise ValueError("'pattern' is only for verifier: regex")
+        python = self.verifier == "python"
         if self.verifier != "code":
-            given = [key for key in CODE_KEYS if key in self.model_fields_set]
+            shared = PYTHON_SANDBOX_KEYS if python else ()
+            given = [k for k in CODE_KEYS if k in self.model_fields_set and k not in shared]
             if given:
                 raise ValueError(f"{', '.join(given)}: only for verifier: code")
-        elif self.bwrap is not None and self.sandbox == "none":
+        if self.verifier in ("code", "python") and self.sandbox is None:
+            # The verifier's own default: code runs sandboxed, a python function (as it
+            # always did) in the worker processes. Set on the frozen entry as its value,
+            # not as a key the file gave.
+            object.__setattr__(self, "sandbox", "none" if python else "bwrap")
+        if self.bwrap is not None and self.sandbox == "none":
             raise ValueError("bwrap: not with sandbox: none (it runs no sandbox)")
+        if python and self.sandbox == "none" and "memory_mb" in self.model_fields_set:
+            raise ValueError("memory_mb: for verifier: python only with sandbox: bwrap")
         return self
 
     def _no_remote_keys(self) -> None:

@@ -4,7 +4,9 @@ A verifier loads no model: it reads each item's prompt, response and label and r
 (:mod:`reward_server.verifiers`: ``math``, ``exact``, ``regex`` or a user's ``python``
 function) in a pool of worker processes, each item under its own time limit; ``code`` runs
 the response's program against the label's tests in a sandbox instead
-(:mod:`reward_server.verifiers.code`, each test's verdict in the answer's ``tests``). It serves like
+(:mod:`reward_server.verifiers.code`, each test's verdict in the answer's ``tests``), and a
+``python`` function with ``sandbox: bwrap`` is called in one
+(:mod:`reward_server.verifiers.sandboxed`). It serves like
 a reward model (its score weighted, normalised and combined with the others, shown in
 ``components``), with one difference: an item whose verification fails (a timeout, a
 crashed worker, an exception, a non-finite result) is not an error of the request. It scores
@@ -38,6 +40,7 @@ from reward_server.verifiers.code import (
     CodeVerifier,
     default_workers,
 )
+from reward_server.verifiers.sandboxed import SandboxedFunction
 
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
@@ -103,7 +106,8 @@ def _result(verdict: Verdict) -> ItemResult:
 
 class Verifier(Protocol):
     """What runs a verifier's items: a :class:`~reward_server.verifiers.VerifierPool` of
-    worker processes, or a :class:`~reward_server.verifiers.code.CodeVerifier`."""
+    worker processes, a :class:`~reward_server.verifiers.code.CodeVerifier`, or a
+    :class:`~reward_server.verifiers.sandboxed.SandboxedFunction`."""
 
     @property
     def busy(self) -> int:
@@ -187,6 +191,10 @@ class VerifierModel:
         code verifier's limits as it applies them)."""
         keys = {"weight", "normalize", "verifier", "function", "pattern", "workers"}
         entry = self.spec.model_dump(include={*keys, "timeout_s", "on_error"})
+        if self.spec.verifier == "python":
+            entry["sandbox"] = self.spec.sandbox
+            if self.spec.sandbox == "bwrap":
+                entry["memory_mb"] = self.spec.memory_mb
         if isinstance(self.pool, CodeVerifier):
             entry = self.spec.model_dump(include={*keys, *CODE_KEYS})
             options = self.pool.options
@@ -245,10 +253,12 @@ def _load_code(spec: ModelSpec) -> VerifierModel:
 
 def load_verifier(spec: ModelSpec) -> VerifierModel:
     """Start the worker pool of a ``kind: verifier`` entry (ModelLoadError when its function
-    cannot be imported, or a code verifier's sandbox cannot be made)."""
+    cannot be imported, or a code verifier's sandbox, or a sandboxed python function's,
+    cannot be made)."""
     assert spec.verifier is not None
     if spec.verifier == "code":
         return _load_code(spec)
+    sandboxed = spec.verifier == "python" and spec.sandbox == "bwrap"
     options = VerifierOptions(
         verifier=spec.verifier,
         function=spec.function,
@@ -256,13 +266,23 @@ def load_verifier(spec: ModelSpec) -> VerifierModel:
         workers=spec.workers,
         timeout_s=spec.timeout_s,
         on_error=spec.on_error,
+        sandbox="bwrap" if sandboxed else "none",
+        bwrap=spec.bwrap if sandboxed else None,
+        memory_mb=spec.memory_mb,
     )
+    pool: Verifier
     try:
-        pool = VerifierPool(options, spec.name)
+        pool = (
+            SandboxedFunction(options, spec.name) if sandboxed else VerifierPool(options, spec.name)
+        )
     except ValueError as exc:
         raise ModelLoadError(f"verifier {spec.name!r}: {exc}") from None
     pool.start()
-    logger.info(
-        "verifier %s (%s) running on %d worker process(es)", spec.name, spec.verifier, spec.workers
-    )
+    if not sandboxed:  # a sandboxed function logs where it runs itself
+        logger.info(
+            "verifier %s (%s) running on %d worker process(es)",
+            spec.name,
+            spec.verifier,
+            spec.workers,
+        )
     return VerifierModel(spec, pool)

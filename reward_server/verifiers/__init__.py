@@ -13,7 +13,9 @@ Built-ins: ``math`` (math-verify decides whether the final answer equals the lab
 ``exact``, ``regex`` and ``python`` (a user's ``f(prompt, response, label)``). A failing
 item never raises: its :class:`Verdict` carries ``on_error`` and the reason (:data:`REASONS`).
 ``code`` (the response's program run against the label's tests in a sandbox) has a runner of
-its own with the pool's interface: :mod:`reward_server.verifiers.code`.
+its own with the pool's interface: :mod:`reward_server.verifiers.code`; so has a ``python``
+function with ``sandbox: bwrap`` (each call in a sandbox, through the code verifier's item
+runner): :mod:`reward_server.verifiers.sandboxed`.
 """
 
 from reward_server.verifiers.items import REASONS, Reason, Task, Verdict

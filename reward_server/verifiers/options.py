@@ -9,11 +9,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
 
-__all__ = ["VerifierName", "VerifierOptions", "check_options", "split_function"]
+__all__ = [
+    "FunctionSandbox",
+    "VerifierName",
+    "VerifierOptions",
+    "check_options",
+    "split_function",
+]
 
 #: The verifiers a :class:`~reward_server.verifiers.VerifierPool` runs (``code`` runs in
 #: :mod:`reward_server.verifiers.code` instead).
 VerifierName = Literal["math", "exact", "regex", "python"]
+#: Where a python verifier's function runs: ``none``, in the pool's worker processes (with
+#: the server's rights); ``bwrap``, each item's call in a bubblewrap sandbox of its own
+#: (:mod:`reward_server.verifiers.sandboxed`).
+FunctionSandbox = Literal["none", "bwrap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +34,9 @@ class VerifierOptions:
     the server's ``sys.path``), or ``"path/to/file.py:function"`` (a relative path is
     taken from the server's working directory); the function is called as
     ``f(prompt, response, label)`` and returns a number or a dict of numbers holding
-    ``"score"``. ``pattern`` (regex only): a response that matches it (``re.search``) scores
+    ``"score"``. ``sandbox`` (python only): ``"none"`` (the workers run the function) or
+    ``"bwrap"`` (each call in a sandbox; ``bwrap``: its binary, ``memory_mb``: the call's
+    address space). ``pattern`` (regex only): a response that matches it (``re.search``) scores
     1.0, else 0.0; without it, each item's label (a string) is its pattern.
     """
 
@@ -34,6 +46,9 @@ class VerifierOptions:
     workers: int = 1
     timeout_s: float = 5.0
     on_error: float = 0.0
+    sandbox: FunctionSandbox = "none"
+    bwrap: str | None = None
+    memory_mb: int = 1024
 
 
 def split_function(spec: str) -> tuple[str, str]:
@@ -62,6 +77,12 @@ def check_options(options: VerifierOptions) -> VerifierOptions:
         raise ValueError(f"function is for the python verifier, not {options.verifier!r}")
     if options.pattern is not None and options.verifier != "regex":
         raise ValueError(f"pattern is for the regex verifier, not {options.verifier!r}")
+    if options.sandbox not in get_args(FunctionSandbox):
+        raise ValueError(f"sandbox must be none or bwrap, not {options.sandbox!r}")
+    if options.sandbox != "none" and options.verifier != "python":
+        raise ValueError(f"sandbox is for the python verifier, not {options.verifier!r}")
+    if options.bwrap is not None and options.sandbox != "bwrap":
+        raise ValueError("bwrap is only for sandbox: bwrap")
     if options.verifier == "python":
         if not options.function:
             raise ValueError("the python verifier needs function: 'module:function'")
@@ -84,5 +105,9 @@ def _check_numbers(options: VerifierOptions) -> None:
         raise ValueError(f"workers must be at least 1, not {options.workers}")
     if not options.timeout_s > 0 or not math.isfinite(options.timeout_s):
         raise ValueError(f"timeout_s must be a positive number of seconds, not {options.timeout_s}")
+    if isinstance(options.memory_mb, bool) or not isinstance(options.memory_mb, int):
+        raise ValueError(f"memory_mb must be an integer, not {options.memory_mb!r}")
+    if options.memory_mb < 16:
+        raise ValueError(f"memory_mb must be at least 16, not {options.memory_mb}")
     if not math.isfinite(options.on_error):
         raise ValueError(f"on_error must be a finite number, not {options.on_error}")

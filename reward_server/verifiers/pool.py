@@ -43,11 +43,11 @@ from multiprocessing.process import BaseProcess
 from typing import Literal
 
 from reward_server.errors import BatcherClosedError, ModelLoadError
-from reward_server.verifiers.items import Reason, Task, Verdict
+from reward_server.verifiers.items import Task, Verdict
 from reward_server.verifiers.options import VerifierOptions, check_options
 from reward_server.verifiers.worker import Outcome, worker_main
 
-__all__ = ["VerifierPool"]
+__all__ = ["VerifierPool", "outcome_verdict"]
 
 logger = logging.getLogger("reward_server.verifiers")
 
@@ -240,22 +240,24 @@ class VerifierPool:
         return verdicts  # type: ignore[return-value]
 
     def _verdict(self, position: int, outcome: Outcome) -> Verdict:
-        """The verdict of one outcome; a failure is logged (one line, a traceback at DEBUG)."""
-        reason, score, extras, detail = outcome
-        if reason is None:
-            return Verdict(score=score, extras=extras, error=None)
-        self._log_failure(position, reason, detail)
-        return Verdict(score=self.options.on_error, extras={}, error=reason)
+        return outcome_verdict(self.name, position, outcome, self.options.on_error)
 
-    def _log_failure(self, position: int, reason: Reason, detail: str | None) -> None:
-        text = (detail or "").strip()
-        last = text.splitlines()[-1] if text else ""
-        last = last if len(last) <= _LOG_CHARS else last[: _LOG_CHARS - 3] + "..."
-        logger.warning(
-            "verifier %r: item %d: %s%s", self.name, position, reason, f": {last}" if last else ""
-        )
-        if reason == "error" and text:
-            logger.debug("verifier %r: item %d raised:\n%s", self.name, position, text)
+
+def outcome_verdict(name: str, position: int, outcome: Outcome, on_error: float) -> Verdict:
+    """The verdict of one item's outcome; a failure is logged (one line, a traceback at
+    DEBUG) and scores ``on_error``."""
+    reason, score, extras, detail = outcome
+    if reason is None:
+        return Verdict(score=score, extras=extras, error=None)
+    text = (detail or "").strip()
+    last = text.splitlines()[-1] if text else ""
+    last = last if len(last) <= _LOG_CHARS else last[: _LOG_CHARS - 3] + "..."
+    logger.warning(
+        "verifier %r: item %d: %s%s", name, position, reason, f": {last}" if last else ""
+    )
+    if reason == "error" and text:
+        logger.debug("verifier %r: item %d raised:\n%s", name, position, text)
+    return Verdict(score=on_error, extras={}, error=reason)
 
 
 def _exited(process: BaseProcess) -> bool:

@@ -25,7 +25,16 @@ from typing import Any
 
 from reward_server.verifiers.code.suite import Case, Suite
 
-__all__ = ["HARNESS", "HARNESS_FILE", "PROGRAM_FILE", "Outcome", "files", "read_outcome", "stdin"]
+__all__ = [
+    "HARNESS",
+    "HARNESS_FILE",
+    "PROGRAM_FILE",
+    "REPORTER",
+    "Outcome",
+    "files",
+    "read_outcome",
+    "stdin",
+]
 
 #: The harness's and the program's file names (Python).
 HARNESS_FILE = "main.py"
@@ -44,14 +53,11 @@ from math import ceil, floor, gcd, inf, sqrt
 from typing import *
 """
 
-HARNESS = (
-    """\
-import json, os, sys, traceback
-
-
-def _run():
-    test = json.loads(sys.stdin.readline())
-    marker = test.pop("marker")
+#: The harnesses' way back (this one's and a sandboxed python verifier's): ``_reporter(marker)``
+#: takes a copy of stdout before the program runs and gives ``report(outcome)``, which writes
+#: the marker and the outcome (JSON text) on a line of their own there. Needs ``os`` and ``sys``.
+REPORTER = """\
+def _reporter(marker):
     out = os.dup(1)
 
     def report(outcome):
@@ -62,6 +68,21 @@ def _run():
                 pass
         os.write(out, ("\\n" + marker + " " + outcome + "\\n").encode())
 
+    return report
+"""
+
+HARNESS = (
+    """\
+import json, os, sys, traceback
+
+
+"""
+    + REPORTER
+    + """
+
+def _run():
+    test = json.loads(sys.stdin.readline())
+    report = _reporter(test.pop("marker"))
     # A real module, so that what looks a class up by its module (dataclasses, pickle,
     # typing) finds the program's namespace.
     module = type(sys)("solution")

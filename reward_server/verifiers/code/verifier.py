@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -285,6 +286,54 @@ class CodeVerifier:
         sandbox, runner = self._running()
         return await runner.call(sandbox.run_once(language_name, files, stdin, limits))
 
+    async def run_program(
+        self,
+        language_name: str,
+        files: Mapping[str, str | bytes],
+        stdins: Sequence[str],
+        limits: Limits | None = None,
+    ) -> tuple[CompileResult, list[RunResult]]:
+        """The item runner of :meth:`verify` for a ready-made program (a python verifier's
+        function and its harness, not a response's): built once in one item's sandbox, run
+        on each of ``stdins`` concurrently, each run in a test slot, on the verifier's loop;
+        no runs when the build failed. ``limits``: each run's (default :attr:`limits`)."""
+        _, runner = self._running()
+        return await runner.call(
+            self._run_program(language_name, dict(files), stdins, limits or self.limits)
+        )
+
+    async def _run_program(
+        self,
+        language_name: str,
+        files: dict[str, str | bytes],
+        stdins: Sequence[str],
+        limits: Limits,
+    ) -> tuple[CompileResult, list[RunResult]]:
+        slots, _ = self._gates()
+
+        async def run(session: Session, stdin: str) -> RunResult:
+            async with slots:
+                return await session.run(stdin, limits=limits)
+
+        async with self._session(language_name, files, limits) as session:
+            compiled = session.compile_result
+            assert compiled is not None
+            if not compiled.ok:
+                return compiled, []
+            results = await asyncio.gather(*(run(session, stdin) for stdin in stdins))
+        return compiled, list(results)
+
+    @asynccontextmanager
+    async def _session(
+        self, language_name: str, files: dict[str, str | bytes], limits: Limits
+    ) -> AsyncIterator[Session]:
+        """One item's sandbox, its program built, once the session gate lets it start: the
+        one place the verifier opens the sandbox for an item."""
+        assert self.sandbox is not None
+        _, sessions = self._gates()
+        async with sessions, self.sandbox.session(language_name, files, limits) as session:
+            yield session
+
     async def _verify_all(self, tasks: Sequence[Task]) -> list[Verdict]:
         return list(await asyncio.gather(*(self._verify_item(i, t) for i, t in enumerate(tasks))))
 
@@ -311,17 +360,15 @@ class CodeVerifier:
         if program.refused is not None:
             item.verdicts = ["compile_error"] * len(suite.cases)
         else:
-            _, sessions = self._gates()
-            async with sessions:
-                await self._run_item(item, program)
+            await self._run_item(item, program)
         return self._verdict(position, item)
 
     async def _run_item(self, item: _Item, program: Program) -> None:
-        assert self.sandbox is not None
         lang = LANGUAGES[program.language]
-        files = harness.files(item.suite, program.source, lang.source)
-        async with self.sandbox.session(lang.name, files, self.limits) as session:
+        files: dict[str, str | bytes] = dict(harness.files(item.suite, program.source, lang.source))
+        async with self._session(lang.name, files, self.limits) as session:
             compiled = session.compile_result
+            assert compiled is not None
             item.spend(compiled.elapsed_s)
             if not compiled.ok:
                 verdict: TestVerdict = "compile_error"
