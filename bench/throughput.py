@@ -116,9 +116,9 @@ class InProcessScorer:
         max_tokens: int,
     ) -> dict[str, Any]:
         """Texts in arrival order, ``window`` at a time, each window sorted and cut where the
-        reward server's batcher would cut it (:func:`reward_server.scoring.batcher.partition`, under
+        reward server's batcher would cut it (:func:`reward_server.scheduling.batcher.partition`, under
         the server's row and padded-token limits)."""
-        from reward_server.scoring.batcher import partition
+        from reward_server.scheduling.batcher import partition
 
         t0 = time.perf_counter()
         ids = self.tokenizer(list(texts), truncation=True, max_length=512)["input_ids"]
@@ -205,7 +205,7 @@ def run_inprocess_sweep(
 
 def fit_inprocess_cost(points: Sequence[tuple[int, float]]) -> dict[str, float] | None:
     """The batcher's pass-cost fit over in-process passes: overhead and per token (ms)."""
-    from reward_server.scoring.batcher import fit_pass_cost, split_overhead_tokens
+    from reward_server.scheduling.batcher import fit_pass_cost, split_overhead_tokens
 
     fit = fit_pass_cost(points)
     if fit is None:

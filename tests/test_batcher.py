@@ -10,15 +10,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-import reward_server.scoring.batcher as batcher_module
-from reward_server.scoring.batcher import (
-    MAX_RETRY_AFTER,
-    MIN_RETRY_AFTER,
-    Batcher,
-    BatcherClosedError,
-    BatchStats,
-    QueueFullError,
-)
+import reward_server.scheduling.batcher as batcher_module
+from reward_server.errors import BatcherClosedError, QueueFullError
+from reward_server.scheduling import Batcher, BatchLimits, BatchStats
+from reward_server.scheduling.batcher import MAX_RETRY_AFTER, MIN_RETRY_AFTER
 
 T = TypeVar("T")
 FAIL = -1  # a row holding this token makes the fake scorer raise
@@ -93,7 +88,8 @@ def make(scorer: FakeScorer, **kwargs: Any) -> Batcher:
         "max_queue": 1000,
     }
     opts.update(kwargs)
-    return Batcher(scorer, **opts)
+    names = ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue")
+    return Batcher(scorer, BatchLimits(**{name: opts.pop(name) for name in names}), **opts)
 
 
 async def until(cond: Callable[[], bool]) -> None:
@@ -250,10 +246,7 @@ def test_non_numeric_output_fails_the_batch() -> None:
     async def main() -> None:
         batcher = Batcher(
             lambda rows: [None] * len(rows),  # type: ignore[arg-type,misc]
-            max_batch_tokens=64,
-            max_batch_size=4,
-            max_wait_ms=0,
-            max_queue=10,
+            BatchLimits(max_batch_tokens=64, max_batch_size=4, max_wait_ms=0, max_queue=10),
         )
         await batcher.start()
         with pytest.raises(TypeError):
@@ -431,7 +424,7 @@ def test_observer_exception_breaks_nothing() -> None:
 
 
 class Clock:
-    """The batcher's clock (``reward_server.scoring.batcher.time``): it moves only when a pass runs."""
+    """The batcher's clock (``reward_server.scheduling.batcher.time``): it moves only when a pass runs."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -518,6 +511,12 @@ def test_empty_row_is_refused_at_submit() -> None:
 
 def test_invalid_limits_rejected() -> None:
     with pytest.raises(ValueError):
-        Batcher(lambda rows: [], max_batch_tokens=0, max_batch_size=1, max_wait_ms=0, max_queue=1)
+        Batcher(
+            lambda rows: [],
+            BatchLimits(max_batch_tokens=0, max_batch_size=1, max_wait_ms=0, max_queue=1),
+        )
     with pytest.raises(ValueError):
-        Batcher(lambda rows: [], max_batch_tokens=1, max_batch_size=1, max_wait_ms=-1, max_queue=1)
+        Batcher(
+            lambda rows: [],
+            BatchLimits(max_batch_tokens=1, max_batch_size=1, max_wait_ms=-1, max_queue=1),
+        )

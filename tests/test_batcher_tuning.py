@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 import pytest
 
-import reward_server.scoring.batcher as batcher_module
-from reward_server.scoring.batcher import Batcher, _CostModel, partition
+import reward_server.scheduling.batcher as batcher_module
+from reward_server.scheduling import Batcher, BatchLimits
+from reward_server.scheduling.batcher import _CostModel, partition
 
 
 def score(row: Sequence[int]) -> float:
@@ -102,10 +103,7 @@ def test_window_is_cut_by_cost_and_results_stay_routed() -> None:
     async def main() -> None:
         batcher = Batcher(
             scorer,
-            max_batch_tokens=10_000,
-            max_batch_size=64,
-            max_wait_ms=0,
-            max_queue=100,
+            BatchLimits(max_batch_tokens=10_000, max_batch_size=64, max_wait_ms=0, max_queue=100),
             split_overhead_tokens=5,
         )
         await batcher.start()
@@ -133,7 +131,8 @@ def test_sparse_arrivals_do_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         # A minute of max_wait: a lone item would only leave at its deadline...
         batcher = Batcher(
-            scorer, max_batch_tokens=1000, max_batch_size=2, max_wait_ms=60_000, max_queue=10
+            scorer,
+            BatchLimits(max_batch_tokens=1000, max_batch_size=2, max_wait_ms=60_000, max_queue=10),
         )
         await batcher.start()
         for k in range(10):  # full batches never wait; they teach the batcher the gaps
@@ -153,9 +152,6 @@ def test_negative_overhead_rejected() -> None:
     with pytest.raises(ValueError, match="split_overhead_tokens"):
         Batcher(
             lambda rows: [],
-            max_batch_tokens=1,
-            max_batch_size=1,
-            max_wait_ms=0,
-            max_queue=1,
+            BatchLimits(max_batch_tokens=1, max_batch_size=1, max_wait_ms=0, max_queue=1),
             split_overhead_tokens=-1,
         )

@@ -2,7 +2,7 @@
 the micro-batcher and in the vLLM engine's hand-off, per-tenant queue shares and rate
 limits (429 with a Retry-After from the tenant's own budget), queue wait by tenant.
 
-The real Batcher and VllmScheduler are under test; fakes stand only at their seams (the
+The real Batcher and AdmissionScheduler are under test; fakes stand only at their seams (the
 pass a batcher runs, the rows vLLM runs). A row's tokens say whose it is (1: tenant A,
 2: tenant B), so the order the seam sees tells who was served when.
 """
@@ -20,11 +20,11 @@ import httpx
 import pytest
 from server_proc import metric, running_server
 
-from reward_server.config.fairness import DeficitRoundRobin, TokenBuckets
 from reward_server.config.tenants import DEFAULT_TENANT, Tenant, current_tenant, hash_key
-from reward_server.engines._vllm_scheduler import VllmScheduler
 from reward_server.errors import BatcherClosedError, QueueFullError, TenantLimitError
-from reward_server.scoring.batcher import Batcher, shared_pass_tokens
+from reward_server.scheduling import AdmissionScheduler, Batcher, BatchLimits
+from reward_server.scheduling.batcher import shared_pass_tokens
+from reward_server.scheduling.fairness import DeficitRoundRobin, TokenBuckets
 from reward_server.scoring.metrics import Metrics
 
 T = TypeVar("T")
@@ -84,7 +84,13 @@ def batcher(scorer: GatedScorer, **kw: Any) -> Batcher:
         "buckets": TokenBuckets(),
     }
     options.update(kw)
-    return Batcher(scorer, **options)
+    names = ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue")
+    return Batcher(scorer, BatchLimits(**{name: options.pop(name) for name in names}), **options)
+
+
+def limits(max_queue: int) -> BatchLimits:
+    """An admission scheduler's limits: ``max_queue`` (the engine forms its own batches)."""
+    return BatchLimits(max_batch_tokens=1, max_batch_size=1, max_wait_ms=0, max_queue=max_queue)
 
 
 async def settle() -> None:
@@ -488,9 +494,9 @@ def test_vllm_hands_requests_over_in_fair_order() -> None:
     async def main() -> None:
         engine = FakeRows()
         metrics = Metrics()
-        sched = VllmScheduler(
+        sched = AdmissionScheduler(
             engine,
-            max_queue=1000,
+            limits(max_queue=1000),
             observer=metrics,
             max_in_engine=4,
             quantum_tokens=20,
@@ -519,9 +525,9 @@ def test_vllm_weights_and_single_tenant_order() -> None:
     async def main() -> None:
         engine = FakeRows()
         engine.finish.set()
-        sched = VllmScheduler(
+        sched = AdmissionScheduler(
             engine,
-            max_queue=1000,
+            limits(max_queue=1000),
             observer=None,
             max_in_engine=2,
             quantum_tokens=20,
@@ -552,8 +558,8 @@ def test_vllm_weights_and_single_tenant_order() -> None:
 def test_vllm_per_tenant_admission_and_a_request_cancelled_while_waiting() -> None:
     async def main() -> None:
         engine = FakeRows()
-        sched = VllmScheduler(
-            engine, max_queue=10, observer=None, max_in_engine=2, buckets=TokenBuckets()
+        sched = AdmissionScheduler(
+            engine, limits(max_queue=10), observer=None, max_in_engine=2, buckets=TokenBuckets()
         )
         await sched.start()
         ta = Tenant("A", queue_share=0.4)  # 4 rows of 10
@@ -628,8 +634,8 @@ def test_a_rate_limited_tenant_gets_429_and_the_other_is_served(
 def test_vllm_stop_drains_or_fails_the_requests_waiting_their_turn() -> None:
     async def main() -> None:
         engine = FakeRows()
-        sched = VllmScheduler(
-            engine, max_queue=100, observer=None, max_in_engine=2, buckets=TokenBuckets()
+        sched = AdmissionScheduler(
+            engine, limits(max_queue=100), observer=None, max_in_engine=2, buckets=TokenBuckets()
         )
         await sched.start()
         tasks = [spawn(Tenant("A"), sched.submit, rows(A, 2)) for _ in range(3)]
@@ -645,8 +651,8 @@ def test_vllm_stop_drains_or_fails_the_requests_waiting_their_turn() -> None:
         assert engine.order == [A, A, A]
 
         engine2 = FakeRows()
-        sched2 = VllmScheduler(
-            engine2, max_queue=100, observer=None, max_in_engine=2, buckets=TokenBuckets()
+        sched2 = AdmissionScheduler(
+            engine2, limits(max_queue=100), observer=None, max_in_engine=2, buckets=TokenBuckets()
         )
         await sched2.start()
         waiting = [spawn(Tenant("A"), sched2.submit, rows(A, 2)) for _ in range(3)]

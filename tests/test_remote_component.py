@@ -36,9 +36,10 @@ from server_proc import free_port, metric, require_counterpart, running_server
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelsFileError, parse_models_file
+from reward_server.scheduling.rate_limit import RateLimiter
 from reward_server.scoring.items import Pairs
 from reward_server.scoring.metrics import Metrics
-from reward_server.scoring.remote_model import RateLimiter, RemoteModel, load_remote
+from reward_server.scoring.remote_model import RemoteModel, load_remote
 from reward_server.scoring.served import ServingContext
 
 QUERIES = ["What is 2 + 2?", "Name a colour.", "Say something long about the movie please."]

@@ -191,41 +191,38 @@ def test_which_kinds_are_cached() -> None:
 # ---------------------------------------------------------------------- requests in flight
 
 
-class HeldScheduler:
-    """The engine's scheduler (the seam): records each submit and holds it until released;
-    a row's score is the sum of its ids."""
-
-    running = True
-    queued = 0
+class HeldRows:
+    """The engine's rows (the seam): records each request's rows and holds them until
+    released; a row's score is the sum of its ids."""
 
     def __init__(self) -> None:
         self.calls: list[list[list[int]]] = []
         self.release = asyncio.Event()
 
-    async def start(self) -> None:
-        pass
-
-    async def stop(self, *, drain: bool = True) -> None:
-        pass
-
-    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
-        self.calls.append([list(row) for row in items])
+    async def run_rows(self, rows: Sequence[Sequence[int]]) -> tuple[list[float], int]:
+        self.calls.append([list(row) for row in rows])
         await self.release.wait()
-        return [float(sum(row)) for row in items]
+        return [float(sum(row)) for row in rows], 0
 
 
 class CharScorer:
-    """A scorer that schedules by itself (:class:`HeldScheduler`); one token per character."""
+    """A scorer that batches by itself (a RowRunner, held by :class:`HeldRows`); one token
+    per character."""
 
     name = "chars"
     device = "cpu"
     max_length = 64
 
     def __init__(self) -> None:
-        self.held = HeldScheduler()
+        self.held = HeldRows()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.errored = False
 
-    def scheduler(self, limits: object, observer: object) -> HeldScheduler:
-        return self.held
+    def check_rows(self, rows: Sequence[Sequence[int]]) -> None:
+        pass
+
+    async def run_rows(self, rows: Sequence[Sequence[int]]) -> tuple[list[float], int]:
+        return await self.held.run_rows(rows)
 
     def encode(
         self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None

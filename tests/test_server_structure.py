@@ -1,8 +1,9 @@
 """The server's module seams: what imports torch, which threads live how long, the engine
-seam (an engine that schedules its own passes needs no edit of the server)."""
+seam (an engine that batches by itself needs no edit of the server)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import subprocess
@@ -20,8 +21,8 @@ from reward_server.config import ServerSettings
 from reward_server.engines import available_engines, engine_module
 from reward_server.http import errors as http_errors
 from reward_server.http.app import create_app
+from reward_server.scheduling import AdmissionScheduler, Batcher
 from reward_server.scoring import items as items_module
-from reward_server.scoring.batcher import Batcher, BatchLimits, BatchObserver
 from reward_server.scoring.service import THREAD_PREFIX, Service
 from reward_server.text.rendering import Encoded
 
@@ -123,35 +124,28 @@ def test_engines_are_found_by_name() -> None:
         engine_module("nope")
 
 
-class OwnScheduler:
-    """A scheduler of the kind an async engine brings: scores each submit by itself."""
-
-    def __init__(self, limits: BatchLimits, observer: BatchObserver) -> None:
-        self.limits = limits
-        self.submits: list[int] = []
-        self.running = False
-        self.queued = 0
-
-    async def start(self) -> None:
-        self.running = True
-
-    async def stop(self, *, drain: bool = True) -> None:
-        self.running = False
-
-    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
-        self.submits.append(len(items))
-        return [float(sum(row)) for row in items]
-
-
 class SelfBatchingScorer:
-    """A scorer that schedules its own passes: the service must not wrap it in a Batcher."""
+    """A scorer that batches by itself (a RowRunner, as an async engine is): the service must
+    not wrap it in a Batcher; it gets every request's rows as they come."""
 
     name = "self-batching"
     device = "cpu"
     max_length = 32
 
     def __init__(self) -> None:
-        self.scheduler_made: OwnScheduler | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.submits: list[int] = []
+
+    @property
+    def errored(self) -> bool:
+        return False
+
+    def check_rows(self, rows: Sequence[Sequence[int]]) -> None:
+        pass
+
+    async def run_rows(self, rows: Sequence[Sequence[int]]) -> tuple[list[float], int]:
+        self.submits.append(len(rows))
+        return [float(sum(row)) for row in rows], 0
 
     def render_pairs(self, queries: Sequence[str], responses: Sequence[str]) -> list[str]:
         return [q + r for q, r in zip(queries, responses, strict=True)]
@@ -176,10 +170,6 @@ class SelfBatchingScorer:
     def close(self) -> None:
         pass
 
-    def scheduler(self, limits: BatchLimits, observer: BatchObserver) -> OwnScheduler:
-        self.scheduler_made = OwnScheduler(limits, observer)
-        return self.scheduler_made
-
 
 def test_an_engine_with_its_own_scheduler_gets_the_rows() -> None:
     scorer = SelfBatchingScorer()
@@ -189,9 +179,9 @@ def test_an_engine_with_its_own_scheduler_gets_the_rows() -> None:
         assert r.status_code == 200, r.text
         assert r.json()["scores"] == [float(ord("a") + ord("b")), float(ord("c"))]
         service = client.app.state.service  # type: ignore[attr-defined]
-        assert service.batcher is scorer.scheduler_made
-        assert not isinstance(service.batcher, Batcher)
-    own = scorer.scheduler_made
-    assert own is not None and own.submits == [2]
+        own = service.batcher
+        assert isinstance(own, AdmissionScheduler)
+        assert not isinstance(own, Batcher)
+    assert scorer.submits == [2]
     assert own.limits.max_queue == 100 and own.limits.max_batch_size == 8
     assert reward_threads() == []

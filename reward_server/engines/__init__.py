@@ -6,11 +6,11 @@ a :class:`Scorer` only through this protocol, on the compute thread the service 
 
 * the service calls ``load`` on its compute thread (one thread for every torch call: see
   :mod:`reward_server.scoring.service`), renders and tokenizes with ``render_*``/``encode`` on its
-  tokenizer thread, and hands token ids to a :class:`Scheduler`;
-* by default that scheduler is the server's micro-:class:`~reward_server.scoring.batcher.Batcher`,
-  which calls ``score_batch`` on the compute thread; an engine that batches by itself
-  (continuous batching in an async engine) offers ``scheduler(limits, observer)`` instead
-  (:class:`SelfScheduling`) and gets every request's rows as they come.
+  tokenizer thread, and hands token ids to a scheduler (:mod:`reward_server.scheduling`);
+* engines only run rows: the micro-batcher calls ``score_batch`` (or ``logits_batch``) on the
+  compute thread; an engine that batches by itself (continuous batching in an async engine)
+  is a :class:`~reward_server.scheduling.RowRunner` (``run_rows``) and gets every request's
+  rows as they come. Queues, batch windows and tenant turns are the scheduling layer's.
 
 No torch here: importing the package does not import an engine.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from reward_server.config import LoadOptions
@@ -32,14 +31,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_ENGINE",
-    "BatchLimits",
-    "BatchObserver",
-    "BatchStats",
     "Engine",
     "MultiLabel",
-    "Scheduler",
     "Scorer",
-    "SelfScheduling",
     "available_engines",
     "engine_module",
     "load_process_scorer",
@@ -101,75 +95,6 @@ class MultiLabel(Protocol):
 
     def logits_batch(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         """Every label's raw logit per row of token ids, in order."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class BatchStats:
-    """What one micro-batch did, for metrics: sizes, waits, time and outcome."""
-
-    rows: int
-    real_tokens: int
-    padded_tokens: int
-    queue_wait_s: tuple[float, ...]  # per row: time from submit to the pass starting
-    inference_s: float
-    error: BaseException | None  # None when the pass succeeded
-    cached_tokens: int = 0  # prompt tokens an engine's prefix cache served (vLLM)
-    # per row, as queue_wait_s: the tenant it came from (empty: not known)
-    tenants: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLimits:
-    """The limits a micro-batcher works under (from the server's settings)."""
-
-    max_batch_tokens: int  # padded tokens of one pass: longest row x rows
-    max_batch_size: int  # rows of one pass
-    max_wait_ms: float  # longest wait for company before a partial pass
-    max_queue: int  # items admitted and not yet started; beyond it QueueFullError
-
-
-class BatchObserver(Protocol):
-    """Receives one call per micro-batch, for metrics."""
-
-    def on_batch(self, stats: BatchStats) -> None:
-        """Called after each micro-batch, successful or not."""
-        ...
-
-
-class Scheduler(Protocol):
-    """Takes the token-id rows of every request and returns their scores, in order:
-    admission (the queue limit, QueueFullError), batching and the passes."""
-
-    @property
-    def running(self) -> bool:
-        """True once started and until stop() begins."""
-        ...
-
-    @property
-    def queued(self) -> int:
-        """Items admitted and not yet started."""
-        ...
-
-    async def start(self) -> None:
-        """Start taking work (on the running event loop)."""
-        ...
-
-    async def stop(self, *, drain: bool = True) -> None:
-        """Refuse new work; finish (drain) or fail what is queued."""
-        ...
-
-    async def submit(self, items: Sequence[Sequence[int]]) -> list[float]:
-        """Scores of ``items``, all or nothing (cancelling drops the unstarted ones)."""
-        ...
-
-
-@runtime_checkable
-class SelfScheduling(Protocol):
-    """A scorer that batches by itself: the service submits to its scheduler, no batcher."""
-
-    def scheduler(self, limits: BatchLimits, observer: BatchObserver) -> Scheduler:
-        """A scheduler that keeps ``limits.max_queue`` and reports its passes."""
         ...
 
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from reward_server.config import CPU_MEMORY_UTILIZATION, GPU_MEMORY_UTILIZATION, LoadOptions
-from reward_server.engines import BatchLimits, BatchObserver
 from reward_server.engines._checkpoint import (
     check_options,
     checkpoint_source,
@@ -41,7 +40,6 @@ from reward_server.engines._checkpoint import (
     model_max_length,
     read_config,
 )
-from reward_server.engines._vllm_scheduler import VllmScheduler
 from reward_server.errors import (
     BatcherClosedError,
     ModelLoadError,
@@ -56,7 +54,6 @@ __all__ = [
     "Started",
     "VllmEngine",
     "VllmRewardModel",
-    "VllmScheduler",
     "architecture",
     "bind_cpu_workers",
     "cached_tokens",
@@ -300,8 +297,9 @@ def architecture(config: Any) -> str:
 
 class VllmEngine(RendersText, abc.ABC):
     """A model served by vLLM's async engine with the server's own rendering: what the reward
-    model and the judge share (start-up facts, row checks, scheduling, shutdown). A subclass
-    says what one row is (:meth:`_run_row`)."""
+    model and the judge share (start-up facts, row checks, running rows, shutdown). It is a
+    :class:`~reward_server.scheduling.RowRunner`: the scheduling layer's admission scheduler
+    hands it rows. A subclass says what one row is (:meth:`_run_row`)."""
 
     def __init__(self, started: Started, renderer: Renderer, config: Any) -> None:
         self._engine: Any = started.engine
@@ -386,10 +384,6 @@ class VllmEngine(RendersText, abc.ABC):
         self.check_rows(batch)
         run = asyncio.run_coroutine_threadsafe(self.run_rows(batch), self.loop)
         return run.result()[0]
-
-    def scheduler(self, limits: BatchLimits, observer: BatchObserver) -> VllmScheduler:
-        """The server submits here: admission by ``limits.max_queue``, batching by vLLM."""
-        return VllmScheduler(self, max_queue=limits.max_queue, observer=observer)
 
     def engine_info(self) -> dict[str, object]:
         """The rendering, the network's facts and the vLLM settings (``engine_settings``)."""

@@ -130,7 +130,7 @@ class JudgeModel(BatchedModel):
         """Each row's expected value (or parsed answer) as the item's score."""
         if self.generates:
             return self._parsed(prepared, values)
-        scores = [row[0] for row in _check_rows(values, len(prepared))]
+        scores = [row[0] for row in _check_rows(values)]
         return [
             ItemResult(score=score, num_tokens=item.num_tokens, truncated=item.truncated)
             for item, score in zip(prepared, scores, strict=True)

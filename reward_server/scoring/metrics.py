@@ -13,7 +13,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from reward_server.engines import BatchObserver, BatchStats
+from reward_server.scheduling import BatchObserver, BatchStats
 
 PREFIX = "reward_server"
 CONTENT_TYPE = exposition.CONTENT_TYPE_LATEST

@@ -22,12 +22,9 @@ the answer's ``verifier_errors``. The key is read from the environment variable 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import re
-import time
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
@@ -35,6 +32,7 @@ import httpx
 from reward_client import AsyncRewardClient, RetryPolicy, RewardClientError
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.errors import ModelLoadError, NotReadyError
+from reward_server.scheduling.rate_limit import RateLimiter
 from reward_server.scoring.items import Items
 from reward_server.scoring.judge_model import judge_prompts
 from reward_server.scoring.served import ItemResult
@@ -46,46 +44,12 @@ if TYPE_CHECKING:
     from reward_server.scoring.served import ServingContext
     from reward_server.verifiers import Task
 
-__all__ = ["RATE_WINDOW_S", "RateLimiter", "RemoteModel", "load_remote"]
+__all__ = ["RemoteModel", "load_remote"]
 
 logger = logging.getLogger(__name__)
 
-#: ``max_rpm``'s window, in seconds.
-RATE_WINDOW_S = 60.0
 #: ``timeout_s`` of a remote entry that does not set it.
 DEFAULT_REMOTE_TIMEOUT_S = 30.0
-
-
-class RateLimiter:
-    """At most ``limit`` starts in any ``window_s`` seconds (a sliding window of the last
-    starts); ``clock`` and ``sleep`` are the test seam."""
-
-    def __init__(
-        self,
-        limit: int,
-        window_s: float = RATE_WINDOW_S,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.limit = limit
-        self.window_s = window_s
-        self._clock = clock
-        self._sleep = sleep
-        self._starts: collections.deque[float] = collections.deque()
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        """Wait until one more start keeps the window's count within the limit, and take it."""
-        async with self._lock:  # in arrival order
-            while True:
-                now = self._clock()
-                while self._starts and now - self._starts[0] >= self.window_s:
-                    self._starts.popleft()
-                if len(self._starts) < self.limit:
-                    self._starts.append(now)
-                    return
-                await self._sleep(self._starts[0] + self.window_s - now)
 
 
 class _Limited(httpx.AsyncBaseTransport):

@@ -3,8 +3,9 @@ into per-item results with its own scorer, rendering and scheduler (no torch, no
 
 A served model renders and tokenizes on the service's tokenizer thread (reading the
 request's plain :mod:`~reward_server.scoring.items`), queues the token-id rows on its own
-scheduler (a micro-:class:`~reward_server.scoring.batcher.Batcher` whose passes run on the
-service's one compute thread, or the engine's own scheduler) and gives back one
+scheduler (:func:`~reward_server.scheduling.make_scheduler`: the micro-batcher whose passes
+run on the service's one compute thread, or admission around an engine that batches by
+itself) and gives back one
 :class:`ItemResult` per item. Rows whose exact token ids the score cache holds, that another
 request is scoring, or that repeat an earlier row of the request are not queued again
 (:mod:`reward_server.scoring.score_cache`). The service fans a request out to its models and
@@ -24,21 +25,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from reward_server.config.models_file import ModelSpec
 from reward_server.engines import (
     LoadOptions,
     MultiLabel,
-    Scheduler,
     Scorer,
-    SelfScheduling,
     load_process_scorer,
     load_scorer,
 )
@@ -47,8 +45,15 @@ from reward_server.errors import (
     ModelLoadError,
     NotReadyError,
 )
+from reward_server.scheduling import (
+    BatchLimits,
+    BatchRunner,
+    RowRunner,
+    Scheduler,
+    TokenBuckets,
+    make_scheduler,
+)
 from reward_server.scoring.aggregate import label_weights, own_score
-from reward_server.scoring.batcher import Batcher, BatchLimits
 from reward_server.scoring.items import Items, Pairs, conversations, render
 from reward_server.scoring.score_cache import MISS, ScoreCache, caches_kind, model_identity
 from reward_server.text.steps import StepEncoded, StepOptions, StepScorer, step_results
@@ -115,8 +120,10 @@ class Tokenized(Protocol):
 @dataclass(frozen=True, slots=True)
 class ServingContext:
     """What the service lends every served model: its two threads, its settings, its
-    metrics, the policy's chat template (``--policy-tokenizer``) and the score cache that
-    every served model shares (None: no cache)."""
+    metrics, the policy's chat template (``--policy-tokenizer``), the score cache that every
+    served model shares (None: no cache) and the tenants' rate buckets. The service makes one
+    context when the app starts, so the buckets are the app's: shared by its models' schedulers,
+    never by another app in the process."""
 
     compute: Executor
     tokenizer: Executor
@@ -124,6 +131,7 @@ class ServingContext:
     metrics: Metrics
     policy_template: PolicyTemplate | None = None
     score_cache: ScoreCache | None = None
+    buckets: TokenBuckets = field(default_factory=TokenBuckets)
 
 
 class ServedModel(Protocol):
@@ -183,8 +191,8 @@ class ServedModel(Protocol):
 
 
 class BatchedModel(abc.ABC):
-    """A served model whose rows go through a scheduler: the micro-batcher on the service's compute
-    thread, or the engine's own when the scorer schedules itself."""
+    """A served model whose rows go through a scheduler: the micro-batcher on the service's
+    compute thread, or admission around the engine when it batches by itself."""
 
     kind: ClassVar[str]
 
@@ -245,7 +253,9 @@ class BatchedModel(abc.ABC):
         return 0 if self.scheduler is None else self.scheduler.queued
 
     async def start(self, ctx: ServingContext) -> None:
-        """Start the engine's scheduler, or a micro-batcher over :meth:`batch_function`."""
+        """Start the scheduler of the engine (:func:`~reward_server.scheduling.make_scheduler`):
+        admission around a :class:`~reward_server.scheduling.RowRunner`, else the micro-batcher
+        over :meth:`batch_function`."""
         s = ctx.settings
         self._ctx = ctx
         self.max_batch_tokens = s.batch_token_budget(self.scorer.device, self.scorer.max_length)
@@ -256,17 +266,19 @@ class BatchedModel(abc.ABC):
             max_queue=s.max_queue,
         )
         observer = ctx.metrics.model_observer(self.name)
-        if isinstance(self.scorer, SelfScheduling):
-            scheduler = self.scorer.scheduler(limits, observer)
+        engine: RowRunner | BatchRunner
+        if isinstance(self.scorer, RowRunner):
+            engine, convert = self.scorer, float  # it batches by itself: its values as given
         else:
-            run, convert = self.batch_function()
-            scheduler = Batcher(
-                run,
-                **dataclasses.asdict(limits),
-                observer=observer,
-                executor=ctx.compute,
-                convert=convert,
-            )
+            engine, convert = self.batch_function()
+        scheduler = make_scheduler(
+            engine,
+            limits,
+            observer=observer,
+            buckets=ctx.buckets,
+            executor=ctx.compute,
+            convert=convert,
+        )
         self.scheduler = scheduler
         await scheduler.start()
         ctx.metrics.track_model_queue(self.name, lambda: float(scheduler.queued))
@@ -300,9 +312,8 @@ class BatchedModel(abc.ABC):
         if cache and ctx.score_cache is not None and self._cache_id is not None:
             results = await self._score_cached(prepared, rows, ctx, scheduler, ctx.score_cache)
         else:
+            # One value per row: the scheduler's contract (scheduling.check_count).
             values = await scheduler.submit(rows)
-            if len(values) != len(prepared):
-                raise RuntimeError(f"{len(values)} scores for {len(prepared)} items")
             results = self.finish(prepared, values)
         ctx.metrics.on_model_items(self.name, len(results), sum(r.num_tokens for r in results))
         return results
@@ -352,8 +363,6 @@ class BatchedModel(abc.ABC):
             lost = [key for key, flight in waits.items() if flight.result() is MISS]
             if lost:
                 again = await scheduler.submit([row_of[key] for key in lost])
-                if len(again) != len(lost):
-                    raise RuntimeError(f"{len(again)} scores for {len(lost)} rows")
                 got.update(zip(lost, again, strict=True))
                 unique += [row_of[key] for key in lost]
         for i, key in enumerate(keys):
@@ -376,14 +385,12 @@ class BatchedModel(abc.ABC):
         anyone else's, so two requests never wait on each other."""
         for key in keys:
             cache.begin(key)
-        fresh: list[Any] = []
+        fresh: list[Any] | None = None
         try:
             fresh = list(await scheduler.submit(rows)) if rows else []
-            if len(fresh) != len(rows):
-                raise RuntimeError(f"{len(fresh)} scores for {len(rows)} rows")
         finally:
             for j, key in enumerate(keys):
-                cache.end(key, fresh[j] if len(fresh) == len(rows) else MISS)
+                cache.end(key, MISS if fresh is None else fresh[j])
         return fresh
 
     def close(self) -> None:
@@ -402,11 +409,9 @@ def _logit_row(value: Any) -> list[float]:
     return [float(v) for v in value]
 
 
-def _check_rows(values: Sequence[Any], expected: int) -> list[list[float]]:
-    """One row of finite logits per item (a lone score is a row of one), or RuntimeError
-    (a model bug: answered as 500)."""
-    if len(values) != expected:
-        raise RuntimeError(f"{len(values)} scores for {expected} items")
+def _check_rows(values: Sequence[Any]) -> list[list[float]]:
+    """Rows of finite logits (a lone score is a row of one), or RuntimeError (a model bug:
+    answered as 500). One per item: the scheduler's contract (scheduling.check_count)."""
     rows = [value if isinstance(value, list) else [float(value)] for value in values]
     for i, row in enumerate(rows):
         if not row or not all(math.isfinite(v) for v in row):
@@ -424,7 +429,7 @@ class SequenceModel(BatchedModel):
         super().__init__(spec, scorer)
         # Rows of every label's logit when the micro-batcher runs a MultiLabel scorer (the
         # score is read from them); else rows of the configured label's logit alone.
-        self._all_labels = isinstance(scorer, MultiLabel) and not isinstance(scorer, SelfScheduling)
+        self._all_labels = isinstance(scorer, MultiLabel) and not isinstance(scorer, RowRunner)
         self._label_in_row = 0
         self._labels = ["LABEL_0"]
         if isinstance(scorer, MultiLabel):
@@ -468,7 +473,7 @@ class SequenceModel(BatchedModel):
 
     def finish(self, prepared: Sequence[Tokenized], values: Sequence[Any]) -> list[ItemResult]:
         """The score of each row, with the row itself as ``logits``."""
-        rows = _check_rows(values, len(prepared))
+        rows = _check_rows(values)
         return [
             ItemResult(
                 score=own_score(row, self._label_in_row, self._weights),
@@ -520,7 +525,7 @@ class ProcessModel(BatchedModel):
 
     def finish(self, prepared: Sequence[Tokenized], values: Sequence[Any]) -> list[ItemResult]:
         """Each item's step scores read at its steps' tokens, and their aggregate."""
-        rows = _check_rows(values, len(prepared))
+        rows = _check_rows(values)
         items = cast("Sequence[StepEncoded]", prepared)
         results = step_results(rows, items, self.process.steps.aggregate)
         return [

@@ -3,9 +3,9 @@ the path of one request's items (each served model: render + tokenize -> schedul
 results; then the models' scores combined).
 
 No torch and no HTTP here: each model is an engine's :class:`~reward_server.engines.Scorer`
-inside a :class:`~reward_server.scoring.served.ServedModel` with its own scheduler (the
-micro-batcher, or the engine's own); items arrive as plain data
-(:mod:`~reward_server.scoring.items`). A request fans out to every model at once (or to the one it names) and
+inside a :class:`~reward_server.scoring.served.ServedModel` with its own scheduler
+(:mod:`reward_server.scheduling`: the micro-batcher, or admission around the engine's own);
+items arrive as plain data (:mod:`~reward_server.scoring.items`). A request fans out to every model at once (or to the one it names) and
 the results are gathered; the first failure cancels the other models' rows.
 
 Threads, all owned by the service and gone after :meth:`Service.stop`:
@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelSpec
 from reward_server.config.tenants import current_tenant
-from reward_server.engines import LoadOptions, Scheduler, Scorer
+from reward_server.engines import LoadOptions, Scorer
 from reward_server.errors import (
     ClientDisconnectedError,
     ModelLoadError,
@@ -45,6 +45,7 @@ from reward_server.errors import (
     TooManyItemsError,
     UnknownModelError,
 )
+from reward_server.scheduling import Scheduler
 from reward_server.scoring.aggregate import AggregateName, Weighting, combine
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult, CodeRuns
 from reward_server.scoring.items import Items

@@ -1,13 +1,13 @@
 """The micro-batcher's waiting room: one queue of items per tenant, and whose turn is next.
 
-:class:`~reward_server.scoring.batcher.Batcher` hands each admitted submit to
+:class:`~reward_server.scheduling.batcher.Batcher` hands each admitted submit to
 :meth:`TenantQueues.add`, which makes it a :class:`Request` (the future its caller awaits)
 and queues one :class:`Item` per row at the end of the tenant's queue. The batcher's consumer
 takes items back out as a :class:`Window` of one tenant: either the tenant served alone,
 gathered by the batcher's own waiting rules through :meth:`TenantQueues.pop_live` and
 :meth:`TenantQueues.take`, or, while several tenants have work, one fair turn
 (:meth:`TenantQueues.turn`: deficit round robin on tokens,
-:class:`~reward_server.config.fairness.DeficitRoundRobin`), so backlogged tenants share the
+:class:`~reward_server.scheduling.fairness.DeficitRoundRobin`), so backlogged tenants share the
 passes in proportion to their weights. Results go back through :meth:`Item.deliver`.
 
 Plain data structures used on the event loop's thread only: no awaits and no locks. Items
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reward_server.config.fairness import DeficitRoundRobin
 from reward_server.config.tenants import Tenant
+from reward_server.scheduling.fairness import DeficitRoundRobin
 
 __all__ = ["RECENT_S", "Item", "Request", "TenantQueues", "Window"]
 

@@ -1,17 +1,18 @@
-"""Admission and lifecycle around vLLM's own scheduler, for any model the vLLM engine serves
-(:class:`~reward_server.engines.vllm.VllmEngine`: a reward model, a judge).
+"""Admission, fair hand-off and lifecycle for an engine that batches by itself (a
+:class:`~reward_server.scheduling.contract.RowRunner`: vLLM's async engine, for a reward
+model or a judge).
 
-vLLM batches the rows of all requests continuously; what the server keeps is its admission
-limit (``max_queue``: 429 with a Retry-After from the measured rate), cancelling the rows of
-a client that hung up, draining on SIGTERM and one metrics record per request.
+The engine batches the rows of all requests continuously; what the server keeps is its
+admission limit (``max_queue``: 429 with a Retry-After from the measured rate), cancelling the
+rows of a client that hung up, draining on SIGTERM and one metrics record per request.
 
-Tenants (issue 23): vLLM serves what it holds first come, first served, so a tenant that
-floods it would make every other wait behind the whole flood. The scheduler therefore hands
-vLLM at most ``max_in_engine`` rows at a time (enough to keep its batches full) and keeps
-the rest in one queue per tenant; which request goes next follows deficit round robin on
-tokens across the tenants with work (:class:`~reward_server.config.fairness.DeficitRoundRobin`),
+Tenants: the engine serves what it holds first come, first served, so a tenant that floods it
+would make every other wait behind the whole flood. The scheduler therefore hands the engine
+at most ``max_in_engine`` rows at a time (enough to keep its batches full) and keeps the rest
+in one queue per tenant; which request goes next follows deficit round robin on tokens
+across the tenants with work (:class:`~reward_server.scheduling.fairness.DeficitRoundRobin`),
 as the micro-batcher's windows do. Admission is per tenant too: its share of ``max_queue``
-and its rate limit (:class:`~reward_server.config.fairness.TenantAdmission`).
+and its rate limit (:class:`~reward_server.scheduling.fairness.TenantAdmission`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,20 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from reward_server.config.fairness import DeficitRoundRobin, TenantAdmission, TokenBuckets
 from reward_server.config.tenants import Tenant, current_tenant
-from reward_server.engines import BatchObserver, BatchStats
 from reward_server.errors import BatcherClosedError, QueueFullError
+from reward_server.scheduling.contract import (
+    BatchLimits,
+    BatchObserver,
+    BatchStats,
+    RowRunner,
+    check_count,
+)
+from reward_server.scheduling.fairness import DeficitRoundRobin, TenantAdmission, TokenBuckets
 
-__all__ = ["DEFAULT_MAX_IN_ENGINE", "DEFAULT_QUANTUM_TOKENS", "RowRunner", "VllmScheduler"]
+__all__ = ["DEFAULT_MAX_IN_ENGINE", "DEFAULT_QUANTUM_TOKENS", "AdmissionScheduler"]
 
 #: Rows handed to vLLM at a time. vLLM runs up to ``max_num_seqs`` rows per step (256 by
 #: default on most GPUs); twice that keeps the next step's rows waiting inside vLLM, while a
@@ -43,26 +50,6 @@ _MIN_RETRY_AFTER = 0.1
 _MAX_RETRY_AFTER = 30.0
 
 
-class RowRunner(Protocol):
-    """What the scheduler needs of a vLLM-served model."""
-
-    loop: asyncio.AbstractEventLoop | None
-
-    @property
-    def errored(self) -> bool:
-        """True once vLLM's engine core has died."""
-        ...
-
-    def check_rows(self, rows: Sequence[Sequence[int]]) -> None:
-        """ValueError for a row vLLM must not see."""
-        ...
-
-    async def run_rows(self, rows: Sequence[Sequence[int]]) -> tuple[list[Any], int]:
-        """Every row's value, in order (all or nothing), and the prompt tokens vLLM's
-        prefix cache served."""
-        ...
-
-
 @dataclass(eq=False, slots=True)
 class _Pending:
     """One request waiting for its turn to be handed to vLLM."""
@@ -75,8 +62,8 @@ class _Pending:
     started: float | None = None
 
 
-class VllmScheduler:
-    """Admission, fair hand-off and lifecycle around vLLM's own scheduler (the Scheduler
+class AdmissionScheduler:
+    """Admission, fair hand-off and lifecycle around an engine's own batching (the Scheduler
     protocol).
 
     ``queued`` counts rows admitted and not finished, waiting here or in vLLM: vLLM does not
@@ -88,19 +75,21 @@ class VllmScheduler:
     def __init__(
         self,
         model: RowRunner,
+        limits: BatchLimits,
         *,
-        max_queue: int,
-        observer: BatchObserver | None,
+        observer: BatchObserver | None = None,
         max_in_engine: int = DEFAULT_MAX_IN_ENGINE,
         quantum_tokens: int = DEFAULT_QUANTUM_TOKENS,
         buckets: TokenBuckets | None = None,
     ) -> None:
-        """``buckets``: the tenants' rate-limit buckets (None: the server's, shared by every
-        served model)."""
+        """``model``: the engine that runs the rows; ``limits``: of them only ``max_queue``
+        applies (the engine forms its own batches). ``buckets``: the tenants' rate-limit
+        buckets, shared by the app's schedulers (None: this scheduler's own)."""
         if max_in_engine < 1:
             raise ValueError("max_in_engine must be positive")
         self._model = model
-        self.max_queue = max_queue
+        self.limits = limits
+        self.max_queue = limits.max_queue
         self.max_in_engine = max_in_engine
         self._observer = observer
         self._in_flight = 0  # rows admitted and not finished (here or in vLLM)
@@ -112,7 +101,7 @@ class VllmScheduler:
         self._pending: dict[str, deque[_Pending]] = {}  # by tenant name, oldest first
         self._weights: dict[str, float] = {}
         self._drr = DeficitRoundRobin(quantum_tokens)
-        self._admission = TenantAdmission(max_queue, buckets)
+        self._admission = TenantAdmission(limits.max_queue, buckets)
 
     async def start(self) -> None:
         """Bind the engine to the running event loop; idle until the first submit."""
@@ -174,7 +163,7 @@ class VllmScheduler:
             task = asyncio.ensure_future(self._model.run_rows(items))
             self._tasks.add(task)
             values, cached = await task
-            return values
+            return check_count(values, n)
         except BaseException as exc:
             if task is not None:
                 task.cancel()

@@ -19,21 +19,21 @@ padding the short ones.
 When requests arrive further apart than ``max_wait_ms`` (one client waiting for its own
 answers), waiting for company is pure latency, so the first item goes out at once.
 
-Tenants (issue 23): items wait in one queue per tenant (:data:`current_tenant` at submit).
+Tenants: items wait in one queue per tenant (:data:`current_tenant` at submit).
 While one tenant alone has work, windows form as above from its queue. When several have
 work, each window is one tenant's turn of deficit round robin on tokens
-(:class:`~reward_server.config.fairness.DeficitRoundRobin`: ``max_batch_tokens * weight``
+(:class:`~reward_server.scheduling.fairness.DeficitRoundRobin`: ``max_batch_tokens * weight``
 tokens a turn), so backlogged tenants share the passes in proportion to their weights and
 a tenant that floods the server gets only what the others leave. A window may stop at a
 pass boundary and put its unstarted items back at the front of their queue
-(:meth:`~reward_server.scoring._tenant_queues.TenantQueues.gives_way`): one formed while
+(:meth:`~reward_server.scheduling.tenant_queues.TenantQueues.gives_way`): one formed while
 its tenant was alone, once it has run a turn's tokens and another tenant waits; and any
 window, for a *sparse* tenant (a request of at most a turn that arrived to an empty queue,
 from a tenant served less than the running one lately), which so waits for the running
 pass only. While tenants share the server, passes are kept to ten times a pass's fixed
 cost in tokens (:func:`shared_pass_tokens`: on a CPU a few hundred tokens, on a GPU the
 usual limit) and run oldest first. The queues and the turns live in
-:class:`~reward_server.scoring._tenant_queues.TenantQueues`. Admission is per
+:class:`~reward_server.scheduling.tenant_queues.TenantQueues`. Admission is per
 tenant too: a tenant over its queue share or its rate limit gets
 :class:`~reward_server.errors.TenantLimitError` (429) while the others are admitted.
 """
@@ -52,21 +52,22 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
-from reward_server.config.fairness import TenantAdmission, TokenBuckets
 from reward_server.config.tenants import current_tenant
-from reward_server.engines import BatchLimits, BatchObserver, BatchStats
 from reward_server.errors import BatcherClosedError, QueueFullError
-from reward_server.scoring._tenant_queues import RECENT_S, Item, Request, TenantQueues, Window
+from reward_server.scheduling.contract import (
+    BatchLimits,
+    BatchObserver,
+    BatchRunner,
+    BatchStats,
+    check_count,
+)
+from reward_server.scheduling.fairness import TenantAdmission, TokenBuckets
+from reward_server.scheduling.tenant_queues import RECENT_S, Item, Request, TenantQueues, Window
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BatchLimits",
-    "BatchObserver",
-    "BatchStats",
     "Batcher",
-    "BatcherClosedError",
-    "QueueFullError",
     "fill_sizes",
     "fit_pass_cost",
     "partition",
@@ -226,12 +227,9 @@ class Batcher:
 
     def __init__(
         self,
-        run_batch: Callable[[list[Sequence[int]]], Sequence[Any]],
+        run_batch: BatchRunner,
+        limits: BatchLimits,
         *,
-        max_batch_tokens: int,
-        max_batch_size: int,
-        max_wait_ms: float,
-        max_queue: int,
         observer: BatchObserver | None = None,
         sort_window: int = 4,
         split_overhead_tokens: float | None = None,
@@ -239,12 +237,16 @@ class Batcher:
         convert: Callable[[Any], Any] = float,
         buckets: TokenBuckets | None = None,
     ) -> None:
-        """``convert``: checks and converts each row's result (a float by default; a list of
-        every label's logit for a scorer's ``logits_batch``). ``split_overhead_tokens``: what one extra forward pass costs, in padded tokens;
-        None learns it from the passes run (the usual choice). ``executor``: where
-        ``run_batch`` runs (one worker: the service's compute thread, which the caller shuts
-        down); None starts a private thread, shut down by :meth:`stop`. ``buckets``: the
-        tenants' rate-limit buckets (None: the server's, shared by every served model)."""
+        """``run_batch``: the engine's pass over rows of token ids; ``limits``: the batch and
+        queue limits. ``convert``: checks and converts each row's result (a float by default; a
+        list of every label's logit for a scorer's ``logits_batch``). ``split_overhead_tokens``:
+        what one extra forward pass costs, in padded tokens; None learns it from the passes
+        run (the usual choice). ``executor``: where ``run_batch`` runs (one worker: the
+        service's compute thread, which the caller shuts down); None starts a private thread,
+        shut down by :meth:`stop`. ``buckets``: the tenants' rate-limit buckets, shared by
+        the app's schedulers (None: this batcher's own)."""
+        max_batch_tokens, max_batch_size = limits.max_batch_tokens, limits.max_batch_size
+        max_wait_ms, max_queue = limits.max_wait_ms, limits.max_queue
         if max_batch_tokens < 1 or max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_tokens, max_batch_size and max_queue must be positive")
         if max_wait_ms < 0 or sort_window < 1:
@@ -253,6 +255,7 @@ class Batcher:
             raise ValueError("split_overhead_tokens must be >= 0")
         self._run_batch = run_batch
         self._convert = convert
+        self.limits = limits
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -536,10 +539,7 @@ class Batcher:
         """``run_batch(inputs)`` on the worker thread, checked for one result per input."""
         loop = asyncio.get_running_loop()
         outputs = await loop.run_in_executor(self._executor, self._run_batch, inputs)
-        if not isinstance(outputs, Sequence) or len(outputs) != len(inputs):
-            got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
-            raise RuntimeError(f"scorer returned {got} results for {len(inputs)} inputs")
-        return [self._convert(v) for v in outputs]
+        return [self._convert(v) for v in check_count(outputs, len(inputs))]
 
     def _learn(self, rows: int, padded_tokens: int, seconds: float) -> None:
         """Update the throughput estimate (for Retry-After) and the pass-cost model."""

@@ -1,10 +1,10 @@
-"""Sharing one server between tenants (issue 23): the turn order of weighted fair queueing,
+"""Sharing one server between tenants: the turn order of weighted fair queueing,
 per-tenant admission (queue shares, rate limits) and the rate limits' token buckets.
 
 Plain data structures with no asyncio and no HTTP, shared by both schedulers: the
-micro-:class:`~reward_server.scoring.batcher.Batcher` (items, forward passes) and the vLLM
-engine's :class:`~reward_server.engines._vllm_scheduler.VllmScheduler` (requests handed to
-vLLM). Tenants are told apart by name, so a keys file reloaded with new weights or limits
+micro-:class:`~reward_server.scheduling.batcher.Batcher` (items, forward passes) and
+:class:`~reward_server.scheduling.admission.AdmissionScheduler` (requests handed to an engine
+that batches by itself). Tenants are told apart by name, so a keys file reloaded with new weights or limits
 keeps each tenant's place in the queues and the tokens in its bucket.
 
 * :class:`DeficitRoundRobin`: whose work goes next. Each tenant with work waits in a ring;
@@ -13,8 +13,10 @@ keeps each tenant's place in the queues and the tokens in its bucket.
   robin), so backlogged tenants get tokens in proportion to their weights, whatever the
   sizes of their requests, and a tenant that arrives waits for at most one turn of each
   other tenant.
-* :class:`TokenBuckets`: one bucket per tenant with a ``tokens_per_s`` limit, shared by every
-  served model of the server (:data:`TENANT_BUCKETS`, unless a scheduler is given its own).
+* :class:`TokenBuckets`: one bucket per tenant with a ``tokens_per_s`` limit. One set per
+  app (the service makes it and hands it to every served model's scheduler), so a tenant's
+  limit holds across the models it scores against, and two apps in one process (tests, Ray
+  Serve replicas) never share a bucket.
 * :class:`TenantAdmission`: the per-tenant half of admission (the queue share, then the rate
   limit), all or nothing, with a Retry-After from the tenant's own backlog or bucket.
 """
@@ -34,7 +36,6 @@ from reward_server.errors import TenantLimitError
 __all__ = [
     "MAX_RETRY_AFTER",
     "MIN_RETRY_AFTER",
-    "TENANT_BUCKETS",
     "DeficitRoundRobin",
     "TenantAdmission",
     "TokenBuckets",
@@ -180,16 +181,6 @@ class TokenBuckets:
             level, at = self._level.get(tenant.name, (rate * BURST_SECONDS, now))
             return min(rate * BURST_SECONDS, level + (now - at) * rate)
 
-    def reset(self) -> None:
-        """Forget every bucket (all full again)."""
-        with self._lock:
-            self._level.clear()
-
-
-#: The server's buckets: every scheduler of the process takes from these unless given its
-#: own, so a tenant's limit holds across all the models it scores against.
-TENANT_BUCKETS = TokenBuckets()
-
 
 @dataclass(slots=True)
 class _Share:
@@ -203,7 +194,8 @@ class TenantAdmission:
 
     def __init__(self, max_queue: int, buckets: TokenBuckets | None = None) -> None:
         self.max_queue = max_queue
-        self.buckets = TENANT_BUCKETS if buckets is None else buckets
+        # None: buckets of this scheduler's own (the service passes the app's).
+        self.buckets = TokenBuckets() if buckets is None else buckets
         self._shares: dict[str, _Share] = {}
 
     def queued(self, name: str) -> int:
