@@ -8,7 +8,8 @@ built once (compiled languages) and run on each of its tests; every output is ch
 - **sandboxed**: ``reward_server.sandbox`` as the code verifier uses it: one session per item
   (a bwrap sandbox with a warm runner, the build, then each test a fork of the runner), the
   tests of an item at once, ``workers`` = the machine's cores;
-- **bare**: the limit, no isolation at all: the same build command in a temporary folder,
+- **bare**: the limit, no isolation at all: the same build command in a temporary folder
+  (on ``/dev/shm``, a tmpfs like the sandbox's),
   then one fresh process per test (``python3 main.py``, ``./main``, ``node main.js``, ``java
   Main``, with the same flags and the sandbox's environment), ``cores`` processes at once.
 
@@ -54,6 +55,7 @@ PROGRAMS = {
     "bash": "read -r a b\necho $((a + b))\n",
 }
 LIMITS = Limits(run_timeout_s=20.0, compile_timeout_s=120.0)
+_TMPFS = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 ITEM_TARGET = 0.8  # sandboxed / bare on the 20-test item, every language
 PYTHON_TARGET = 1 / 3  # Python's per-test cost sandboxed / a bare python start
 
@@ -106,7 +108,7 @@ async def run_bare(python: str, lang: str, items: list[Item], workers: int) -> t
     spec = LANGUAGES[lang]
     slots = asyncio.Semaphore(workers)
     # The sandbox's environment: a host's (CA bundles for node, say) would slow starts down.
-    env = {**SANDBOX_ENV, **dict(spec.env)}
+    env = {**SANDBOX_ENV, **dict(spec.env), "TMPDIR": _TMPFS or tempfile.gettempdir()}
 
     async def process(argv: list[str], cwd: str, stdin: bytes) -> tuple[int, bytes]:
         async with slots:
@@ -114,6 +116,9 @@ async def run_bare(python: str, lang: str, items: list[Item], workers: int) -> t
                 *argv,
                 cwd=cwd,
                 env=env,
+                # Its own session, as each sandboxed job has: with the kernel's autogroup
+                # scheduling, a session is a group with its own share of a loaded machine.
+                start_new_session=True,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -122,7 +127,9 @@ async def run_bare(python: str, lang: str, items: list[Item], workers: int) -> t
             return proc.returncode or 0, out
 
     async def one(item: Item) -> int:
-        with tempfile.TemporaryDirectory(prefix="bench-code-") as folder:
+        # A tmpfs, as the sandbox's work directory is (a compiler's temporary files on a
+        # disk would slow the bare builds down, not the sandboxed ones).
+        with tempfile.TemporaryDirectory(prefix="bench-code-", dir=_TMPFS) as folder:
             Path(folder, spec.source).write_text(PROGRAMS[lang], encoding="utf-8")
             values = {"prog": folder, "source": spec.source, "python": python}
             values["memory_mb"] = str(LIMITS.memory_mb)

@@ -447,3 +447,35 @@ def test_no_new_namespaces_and_no_privileges(isolated: Sandbox) -> None:
     assert first.split()[0] == "-1", result.stdout
     assert second == "['0000000000000000', '0000000000000000', '1']"
     _still_works(isolated)
+
+
+def test_the_runner_and_other_items_are_out_of_reach(isolated: Sandbox) -> None:
+    """A program cannot read or trace the runner (PID 1), nor see a file another item
+    running at the same time wrote in its own sandbox."""
+    writer = "import time\nopen('/tmp/other-item.txt', 'w').write('mine')\ntime.sleep(1.5)\n"
+    reader = """
+        import ctypes, os, time
+        time.sleep(0.5)
+        for path in ("/proc/1/mem", "/proc/1/environ", "/proc/1/maps", "/tmp/other-item.txt"):
+            try:
+                open(path, "rb").read(16)
+                print(path, "READ")
+            except OSError as exc:
+                print(path, "no", exc.errno)
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("ptrace", libc.ptrace(16, 1, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
+    """
+
+    async def side_by_side() -> list[RunResult]:
+        async def item(code: str) -> RunResult:
+            files = {"main.py": textwrap.dedent(code)}
+            async with isolated.session("python", files, LIMITS) as session:
+                return await session.run("")
+
+        return list(await asyncio.gather(item(writer), item(reader)))
+
+    wrote, read = asyncio.run(side_by_side())
+    assert wrote.status == "ok", wrote
+    assert read.status == "ok" and "READ" not in read.stdout, read.stdout
+    assert read.stdout.splitlines()[-1].split()[1] == "-1"  # ptrace refused
+    _still_works(isolated)
