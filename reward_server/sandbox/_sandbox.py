@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import weakref
 from typing import Literal
@@ -20,6 +21,8 @@ from reward_server.sandbox._host import (
 from reward_server.sandbox._languages import language
 from reward_server.sandbox._session import Session
 from reward_server.sandbox._types import CompileResult, Limits, RunResult, SandboxUnavailable
+
+logger = logging.getLogger(__name__)
 
 Mode = Literal["bwrap", "none"]
 
@@ -83,6 +86,14 @@ class Sandbox:
             reason = self._self_test()
             if reason is not None:
                 raise SandboxUnavailable(reason)
+            who = f"uid {self.uid}" if self.uid is not None else "this user"
+            logger.info(
+                "sandbox: bwrap %s as %s, Python %s, %d workers",
+                path,
+                who,
+                self.python,
+                self.workers,
+            )
 
     # -- checks -----------------------------------------------------------------------
     @staticmethod
