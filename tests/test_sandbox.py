@@ -25,7 +25,10 @@ from reward_server.sandbox import (
     language,
 )
 
-LIMITS = Limits(run_timeout_s=5.0, compile_timeout_s=60.0, memory_mb=512)
+# Generous wall-clock limits: a loaded machine must not turn a right answer into a timeout.
+LIMITS = Limits(run_timeout_s=30.0, compile_timeout_s=120.0, memory_mb=512)
+# The limits of a run meant to time out.
+SHORT = Limits(run_timeout_s=1.5, memory_mb=512)
 
 # Each program reads "a b" and prints a + b; it prints a - b when a == 13 (a wrong answer),
 # crashes on "crash" and loops on "loop".
@@ -141,14 +144,17 @@ def _run_item(
     files: dict[str, str | bytes],
     inputs: list[str | bytes],
     limits: Limits = LIMITS,
+    short: tuple[str | bytes, ...] = (),
 ) -> tuple[CompileResult, list[RunResult]]:
+    """Build once, run each input (those in ``short`` under :data:`SHORT`), at once."""
+
     async def go() -> tuple[CompileResult, list[RunResult]]:
         async with sandbox.session(language_name, files, limits) as item:
             assert item.compile_result is not None
             if not item.compile_result.ok:
                 return item.compile_result, []
-            results = await asyncio.gather(*(item.run(text) for text in inputs))
-            return item.compile_result, list(results)
+            runs = [item.run(text, limits=SHORT if text in short else None) for text in inputs]
+            return item.compile_result, list(await asyncio.gather(*runs))
 
     return asyncio.run(go())
 
@@ -158,9 +164,8 @@ def test_each_language_right_wrong_slow_crashing_and_broken(sandbox: Sandbox, na
     assert sandbox.why_unavailable(name) is None
     cases = [(1, 2), (40, 2), (13, 3), (-5, 5)]
     inputs = [f"{a} {b}\n" for a, b in cases]
-    limits = Limits(run_timeout_s=2.0, compile_timeout_s=60.0, memory_mb=512)
     built, results = _run_item(
-        sandbox, name, _dedent(PROGRAMS[name]), [*inputs, "crash\n", "loop\n"], limits
+        sandbox, name, _dedent(PROGRAMS[name]), [*inputs, "crash\n", "loop\n"], short=("loop\n",)
     )
     assert built.ok and built.status == "ok", built
     *answers, crash, loop = results
@@ -270,8 +275,8 @@ def test_per_run_limits_and_a_failed_build(sandbox: Sandbox) -> None:
     async def go() -> tuple[RunResult, RunResult, RunResult]:
         code = "import time\ntime.sleep(float(input()))\nprint('woke')\n"
         async with sandbox.session("python", {"main.py": code}, LIMITS) as item:
-            fast = await item.run("0.01\n", limits=Limits(run_timeout_s=3.0, memory_mb=256))
-            slow = await item.run("3\n", limits=Limits(run_timeout_s=0.5, memory_mb=256))
+            fast = await item.run("0.01\n", limits=Limits(run_timeout_s=30.0, memory_mb=256))
+            slow = await item.run("5\n", limits=Limits(run_timeout_s=0.5, memory_mb=256))
         async with sandbox.session("python", {"main.py": "def (:"}, LIMITS) as broken:
             assert broken.compile_result is not None and not broken.compile_result.ok
             unbuilt = await broken.run("")
@@ -425,8 +430,10 @@ def test_workers_default_to_the_cores() -> None:
 def test_mode_none_runs_the_same_programs_with_rlimits() -> None:
     plain = Sandbox(mode="none", workers=2)
     files = _dedent(PROGRAMS["cpp"])
-    limits = Limits(run_timeout_s=2.0, compile_timeout_s=60.0, memory_mb=256)
-    built, (right, loop) = _run_item(plain, "cpp", files, ["2 3\n", "loop\n"], limits)
+    limits = Limits(run_timeout_s=30.0, compile_timeout_s=120.0, memory_mb=256)
+    built, (right, loop) = _run_item(
+        plain, "cpp", files, ["2 3\n", "loop\n"], limits, short=("loop\n",)
+    )
     assert built.ok and right.stdout == "5\n" and loop.status == "timeout"
     bomb = "x = bytearray(1 << 30)\n"
     _, (memory,) = _run_item(plain, "python", {"main.py": bomb}, [""], limits)
