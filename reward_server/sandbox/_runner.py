@@ -17,7 +17,6 @@ job's pipes come with SCM_RIGHTS). When the socket closes, it kills everything a
 import _signal as signal
 import _sitebuiltins
 import _socket as socket
-import array
 import builtins
 import marshal
 import os
@@ -156,13 +155,13 @@ class Runner:
         quietly(self.ctl.send, _json(msg).encode("utf-8", "backslashreplace"))
 
     def receive(self):
-        fds = array.array("i")
+        fds = []  # native ints (no array module: its import costs a few ms per item)
         data, ancdata, _flags, _addr = self.ctl.recvmsg(1 << 20, socket.CMSG_SPACE(MAX_FDS * 4))
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % fds.itemsize
-                fds.frombytes(payload[:usable])
-        return data, list(fds)
+                for i in range(0, len(payload) - len(payload) % 4, 4):
+                    fds.append(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True))
+        return data, fds
 
     def handle(self, data, fds):
         try:
@@ -400,6 +399,8 @@ class Runner:
 
 def main():
     cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
+    if cfg.get("code_fd") is not None:  # the runner's own bytecode came on it (see _session)
+        os.close(cfg["code_fd"])
     # What site would add with -S left out: exit() and quit().
     builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
     builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")

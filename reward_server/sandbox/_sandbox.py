@@ -19,7 +19,7 @@ from reward_server.sandbox._host import (
     tool_binds,
 )
 from reward_server.sandbox._languages import language
-from reward_server.sandbox._session import Session
+from reward_server.sandbox._session import Session, compile_runner
 from reward_server.sandbox._types import CompileResult, Limits, RunResult, SandboxUnavailable
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class Sandbox:
             self.python = found
         self.bwrap: str | None = None
         self._binds = tool_binds([self.python])
+        self._runner_code = compile_runner(self.python)
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
         self._slots = weakref.WeakKeyDictionary()
         if mode == "bwrap":

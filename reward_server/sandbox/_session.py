@@ -3,9 +3,11 @@ the program built once, each test a fork of the runner."""
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -22,10 +24,38 @@ if TYPE_CHECKING:
     from reward_server.sandbox._sandbox import Sandbox
 
 # The runner, one source: the forked job's side, then the loop that uses it.
+logger = logging.getLogger(__name__)
+
 RUNNER_SOURCE = "\n".join(
     Path(__file__).with_name(name).read_text(encoding="utf-8")
     for name in ("_runner_job.py", "_runner.py")
 )
+# Compiling that source costs 7 ms at every start: the sandbox's interpreter compiles it once
+# (compile_runner), and each runner starts from the bytecode, read from a descriptor.
+_COMPILE = (
+    "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(compile("
+    "sys.stdin.buffer.read(), '<sandbox runner>', 'exec', dont_inherit=True)))"
+)
+_BOOT = "import marshal, os; exec(marshal.loads(os.pread({fd}, {size}, 0)))"
+
+
+def compile_runner(python: str) -> bytes | None:
+    """The runner's bytecode for ``python`` (marshal is per interpreter version), or None
+    when that fails (then each runner compiles its source)."""
+    try:
+        done = subprocess.run(
+            [python, "-I", "-S", "-c", _COMPILE],
+            input=RUNNER_SOURCE.encode(),
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("could not compile the sandbox's runner with %s: %s", python, exc)
+        return None
+    return done.stdout
+
+
 #: Stack of every build and run (C++ recursion; thread stacks default to it, keep it sane).
 STACK_BYTES = 64 << 20
 #: Inodes of the item's work directory per MB of it (bwrap cannot cap them; the runner's
@@ -128,7 +158,16 @@ class Session:
                 "env": SANDBOX_ENV,
                 "files": sorted(self.files),
             }
-            argv += [sandbox.python, "-I", "-S", "-c", RUNNER_SOURCE, runner_config(config)]
+            code = sandbox._runner_code
+            if code is not None:
+                fd = os.memfd_create("sandbox-runner")
+                memfds.append(fd)
+                _write_all(fd, code)
+                config["code_fd"] = fd
+                boot = _BOOT.format(fd=fd, size=len(code))
+            else:
+                boot = RUNNER_SOURCE
+            argv += [sandbox.python, "-I", "-S", "-c", boot, runner_config(config)]
             user: dict[str, Any] = {}
             if sandbox.mode == "bwrap" and sandbox.uid not in (None, os.geteuid()):
                 prefix, user = drop_privileges(sandbox.uid)
