@@ -92,7 +92,6 @@ async def run_sandboxed(sandbox: Sandbox, lang: str, items: list[Item]) -> tuple
 
     async def one(item: Item) -> int:
         async with sessions, sandbox.session(lang, files, LIMITS) as session:
-            assert session.compile_result is not None
             if not session.compile_result.ok:
                 raise RuntimeError(f"{lang} did not build: {session.compile_result.stderr}")
             results = await asyncio.gather(*(session.run(stdin) for stdin, _ in item))

@@ -150,7 +150,6 @@ def _run_item(
 
     async def go() -> tuple[CompileResult, list[RunResult]]:
         async with sandbox.session(language_name, files, limits) as item:
-            assert item.compile_result is not None
             if not item.compile_result.ok:
                 return item.compile_result, []
             runs = [item.run(text, limits=SHORT if text in short else None) for text in inputs]
@@ -278,7 +277,7 @@ def test_per_run_limits_and_a_failed_build(sandbox: Sandbox) -> None:
             fast = await item.run("0.01\n", limits=Limits(run_timeout_s=30.0, memory_mb=256))
             slow = await item.run("5\n", limits=Limits(run_timeout_s=0.5, memory_mb=256))
         async with sandbox.session("python", {"main.py": "def (:"}, LIMITS) as broken:
-            assert broken.compile_result is not None and not broken.compile_result.ok
+            assert not broken.compile_result.ok
             unbuilt = await broken.run("")
         return fast, slow, unbuilt
 

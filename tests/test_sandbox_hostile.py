@@ -114,7 +114,7 @@ def _run(
 
     async def go() -> RunResult:
         async with sandbox.session(language, {name: textwrap.dedent(code)}, limits) as item:
-            assert item.compile_result is not None and item.compile_result.ok, item.compile_result
+            assert item.compile_result.ok, item.compile_result
             result = await item.run(stdin)
             outer = item.pid
             assert outer is not None

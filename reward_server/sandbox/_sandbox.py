@@ -114,8 +114,9 @@ class Sandbox:
             source = "import os\nprint('ok', os.getpid() > 0)\n"
             limits = Limits(run_timeout_s=20.0, compile_timeout_s=20.0)
             async with self.session("python", {"main.py": source}, limits) as item:
-                if not item.compile_result.ok:
-                    return item.compile_result.stderr.strip() or item.compile_result.status
+                built = item.compile_result
+                if not built.ok:
+                    return built.stderr.strip() or built.status
                 result = await item.run("")
                 if result.status != "ok" or result.stdout.strip() != "ok True":
                     return result.message or result.stderr.strip() or result.status
@@ -132,9 +133,10 @@ class Sandbox:
             f"bwrap ({self.bwrap}) cannot make a sandbox here as {who}: {line}. It needs "
             "unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
             "kernel.unprivileged_userns_clone=1 on Debian, "
-            "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu; in a container: no "
-            "seccomp/AppArmor profile that blocks unshare and mount, or a pod with "
-            "hostUsers: false), or run code without isolation with sandbox: none"
+            "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu; in a container, "
+            "seccomp and AppArmor profiles that allow unshare and mount, e.g. docker run "
+            "--security-opt seccomp=unconfined --security-opt apparmor=unconfined), or run "
+            "code without isolation with sandbox: none"
         )
 
     def why_unavailable(self, name: str) -> str | None:

@@ -78,7 +78,8 @@ class Session:
         self.language: Language = language(language_name)
         self.files = _clean_files(self.language, files)
         self.limits = limits
-        self.compile_result: CompileResult | None = None
+        # The build's result once the session is entered (async with).
+        self.compile_result = CompileResult(False, "sandbox_error", "", "not started", 0.0, None)
         self._root = SANDBOX_ROOT
         self._host_dir: str | None = None  # mode none: the item's folder on the host
         self._channel: Channel | None = None
@@ -234,7 +235,7 @@ class Session:
     async def run(self, stdin: str | bytes, *, limits: Limits | None = None) -> RunResult:
         """Run the program once on ``stdin`` (``limits``: this run's, default the
         session's; the work directory's size is the session's)."""
-        if self.compile_result is None or self._channel is None:
+        if self._channel is None:
             raise RuntimeError("use the session as `async with sandbox.session(...) as item`")
         if self._closed:
             raise RuntimeError("the session is closed")
