@@ -82,11 +82,12 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--ppo-batch", "4",
             "--ppo-response-length", "6",
             "--skip-engines",
-            "--skip-verifiers",  # these six have a tiny-size test each below
+            "--skip-verifiers",  # these seven have a tiny-size test of their own
             "--skip-judges",
             "--skip-rollout",
             "--skip-cache",
             "--skip-tenants",
+            "--skip-code",  # tests/test_bench_code.py
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
