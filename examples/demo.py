@@ -37,7 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from examples import demo_data, demo_models
 from ppo_client.precision import Bf16Setting
-from reward_server.launcher import deferred_signals, running_server
+from reward_server.launcher import deferred_signals, held_for_children, running_server
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -146,7 +146,9 @@ def run_trainer(config_path: Path) -> int:
     """
     trainer: subprocess.Popen[bytes] | None = None
     try:
-        with deferred_signals():  # a signal cannot lose the handle between fork and return
+        # deferred_signals: a signal cannot lose the handle between fork and return;
+        # held_for_children: nor can the trainer's interpreter lose one as it starts.
+        with deferred_signals(), held_for_children():
             # One torch thread each: the trainer and the server share this machine's cores.
             trainer = subprocess.Popen(
                 [str(PPO_CLIENT), "train", "--config", str(config_path)], env=ONE_THREAD

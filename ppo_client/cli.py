@@ -193,15 +193,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.command == "train":
         # From here on a signal ends the run cleanly, whatever it is doing.
-        with stop_at_once():
-            logging.basicConfig(
-                level=args.log_level.upper(),
-                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            )
-            # One line per reward request would drown the progress bar; retries and failures
-            # are logged by the reward client itself.
-            logging.getLogger("httpx").setLevel(logging.WARNING)
-            return _train(args, rest)
+        entered = False
+        try:
+            with stop_at_once():
+                entered = True
+                logging.basicConfig(
+                    level=args.log_level.upper(),
+                    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                )
+                # One line per reward request would drown the progress bar; retries and
+                # failures are logged by the reward client itself.
+                logging.getLogger("httpx").setLevel(logging.WARNING)
+                return _train(args, rest)
+        except TrainingStopped as exc:
+            if entered:
+                raise  # came while the outcome was being reported: run() exits with it
+            # A signal a launcher held back while this process started, delivered as the
+            # handlers came (stop_at_once unblocks it).
+            return _report_stop(exc, None)
+    # Started with the signals blocked by a launcher that expected `train`: Ctrl-C must work.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return _score(args)

@@ -67,6 +67,10 @@ def stop_at_once() -> Iterator[None]:
     _received_early = None
     previous = {sig: signal.signal(sig, _raise_at_once) for sig in _SIGNALS}
     try:
+        # A launcher may start this process with the signals blocked, so that none is lost
+        # while the interpreter starts (reward_server.launcher.held_for_children): one that
+        # came meanwhile is delivered here, to the handler just installed.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         yield
     finally:
         for sig, handler in previous.items():

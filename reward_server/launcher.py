@@ -64,6 +64,28 @@ def deferred_signals() -> Iterator[None]:
         _handle_now(caught[0], previous[caught[0]])
 
 
+@contextlib.contextmanager
+def held_for_children() -> Iterator[None]:
+    """Children started in the block begin with SIGINT and SIGTERM blocked (the signal mask
+    survives fork and exec); signals this process gets meanwhile wait until the block ends.
+
+    For a child that unblocks them itself once its handlers are in place, as ``ppo-client
+    train`` does: a signal that comes while its interpreter starts (before any of its code
+    runs, when Python may swallow the KeyboardInterrupt: an error in ``site`` reading a
+    ``.pth`` file is reported and skipped) then stays pending and stops it as soon as it can
+    act on it. Never for a child that does not unblock them (a ``reward-server``): it could
+    not be stopped but by SIGKILL. Outside the main thread, a plain block.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _handle_now(signum: int, handler: Any) -> None:
     """Act on ``signum`` as ``handler`` (what ``signal.signal`` returned) would have."""
     if callable(handler):

@@ -31,7 +31,7 @@ from server_proc import free_port
 
 from ppo_client import stopping
 from reward_client import RetryEvent, RetryPolicy, RewardClient, RewardClientError
-from reward_server.launcher import deferred_signals
+from reward_server.launcher import deferred_signals, held_for_children
 
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 EXIT_WITHIN_S = 10
@@ -304,3 +304,34 @@ def test_deferred_signals_hand_the_signal_over_after_the_block() -> None:
                 child.kill()
                 child.wait()
     assert reached_end and child is not None and child.returncode == -signal.SIGKILL
+
+
+def test_a_signal_held_back_by_the_launcher_stops_the_trainer_once_it_can(
+    gone_server_config: Path, tmp_path: Path
+) -> None:
+    """Started with SIGINT blocked (as the demo starts it), the trainer gets a signal sent at
+    once only when its handlers are in place, and stops as a stopped run: the signal can
+    neither kill it half-started nor be swallowed while its interpreter starts. Without
+    the unblocking it would retry the gone server for 600 s."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    argv = [str(PPO_CLIENT), "train", "--config", str(gone_server_config)]
+    with held_for_children():
+        proc = subprocess.Popen(
+            [*argv, "--output_dir", str(tmp_path / "out")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        proc.send_signal(signal.SIGINT)  # the signal is pending in the child from its exec
+    # This process's own mask is back as it was.
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stopped = [ln for ln in out.splitlines() if ln.startswith("ppo-client train: stopped")]
+    assert proc.returncode == 130, out[-3000:]
+    assert len(stopped) == 1 and "before the first update: stopped by SIGINT" in stopped[0], out
