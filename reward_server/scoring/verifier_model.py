@@ -31,6 +31,7 @@ from reward_server.scoring.items import (
     Sequences,
     Texts,
 )
+from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.served import ItemResult
 from reward_server.text.policy_template import recover_conversations
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
@@ -158,9 +159,14 @@ class VerifierModel:
     async def start(self, ctx: ServingContext) -> None:
         """Take the service's context (the pool's workers started at load time)."""
         self._ctx = ctx
-        ctx.metrics.track_model_queue(self.name, lambda: float(self.pool.busy))
-        ctx.metrics.track_verifier_workers(self.name, lambda: float(self.pool.live_workers))
         self.running = True
+
+    def snapshot(self) -> ModelState | None:
+        """Items being verified and workers ready, for /metrics at a scrape; None until
+        started."""
+        if self._ctx is None:
+            return None
+        return ModelState(self.name, self.pool.busy, live_workers=self.pool.live_workers)
 
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work; the pool itself ends in close()."""

@@ -1,0 +1,67 @@
+"""The HTTP layer's series: requests by endpoint and status, their latency, those being
+handled, error answers, and the requests that authenticated, by tenant. They live in the
+app's one registry, beside the core's (:class:`~reward_server.scoring.metrics.Metrics`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from reward_server.scoring.metrics import TIME_BUCKETS, Metrics, counter, gauge, histogram
+
+__all__ = ["HttpMetrics", "app_metrics"]
+
+
+class HttpMetrics:
+    """Counted by the metrics middleware and the error answers."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = counter(
+            registry, "requests", "HTTP requests by endpoint and status.", ("endpoint", "status")
+        )
+        self.request_seconds = histogram(
+            registry,
+            "request_duration_seconds",
+            "HTTP request latency by endpoint.",
+            TIME_BUCKETS,
+            ("endpoint",),
+        )
+        self.in_progress = gauge(
+            registry,
+            "requests_in_progress",
+            "HTTP requests being handled, by endpoint.",
+            ("endpoint",),
+        )
+        self.errors = counter(
+            registry, "errors", "Error answers by status and kind.", ("status", "type")
+        )
+        self.tenant_requests = counter(
+            registry,
+            "tenant_requests",
+            "HTTP requests that authenticated, by tenant, endpoint and status.",
+            ("tenant", "endpoint", "status"),
+        )
+        self.tenant_errors = counter(
+            registry,
+            "tenant_errors",
+            "Error answers to authenticated requests, by tenant and status.",
+            ("tenant", "status"),
+        )
+
+    def on_answer(self, endpoint: str, status: int, seconds: float, tenant: str | None) -> None:
+        """Count one answered request (by its tenant too, when it authenticated) and its time."""
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        self.request_seconds.labels(endpoint=endpoint).observe(seconds)
+        if tenant is not None:
+            self.tenant_requests.labels(tenant=tenant, endpoint=endpoint, status=str(status)).inc()
+            if status >= 400:
+                self.tenant_errors.labels(tenant=tenant, status=str(status)).inc()
+
+    def on_error(self, status: int, kind: str) -> None:
+        """Count one error answer."""
+        self.errors.labels(status=str(status), type=kind).inc()
+
+
+def app_metrics() -> tuple[Metrics, HttpMetrics]:
+    """A new app's metrics: the core's and the HTTP layer's, in one registry of its own."""
+    core = Metrics()
+    return core, HttpMetrics(core.registry)
