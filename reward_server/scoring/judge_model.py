@@ -32,16 +32,14 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from reward_server.engines import DEFAULT_ENGINE, Scorer
 from reward_server.errors import ModelLoadError
-from reward_server.scoring.items import Items
+from reward_server.scoring.items import Items, judge_prompts
 from reward_server.scoring.served import BatchedModel, ItemResult, Tokenized, _check_rows
-from reward_server.scoring.verifier_model import tasks
-from reward_server.text.judge_prompt import JudgePrompt, JudgeTemplate
+from reward_server.text.judge_prompt import JudgeTemplate
 
 if TYPE_CHECKING:
     from reward_server.config import LoadOptions, ModelSpec
-    from reward_server.verifiers import Task
 
-__all__ = ["JudgeModel", "JudgeScorer", "judge_prompts", "load_judge"]
+__all__ = ["JudgeModel", "JudgeScorer", "load_judge"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,25 +58,6 @@ class JudgeScorer(Scorer, Protocol):
     def render_prompts(self, contents: Sequence[str]) -> list[str]:
         """Each content as the one user message of the chat template, generation prompt on."""
         ...
-
-
-def _judge_prompt(task: Task) -> JudgePrompt:
-    """A verifier's reading of an item (prompt: text, messages or None) as a judge's."""
-    prompt = task.prompt
-    if prompt is None:
-        return JudgePrompt(prompt="", response=task.response, label=task.label)
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-        return JudgePrompt(prompt, task.response, task.label, messages)
-    messages = [dict(m) for m in prompt]
-    joined = "\n\n".join(str(m.get("content", "")) for m in messages)
-    return JudgePrompt(joined, task.response, task.label, messages)
-
-
-def judge_prompts(items: Items, policy_template: Any = None) -> list[JudgePrompt]:
-    """What a judge's template reads of each item (see :mod:`reward_server.text.judge_prompt`);
-    ``policy_template``: the policy's, undone on policy-templated texts."""
-    return [_judge_prompt(task) for task in tasks(items, policy_template)]
 
 
 class JudgeModel(BatchedModel):

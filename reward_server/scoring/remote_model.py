@@ -33,11 +33,9 @@ from reward_client import AsyncRewardClient, RetryPolicy, RewardClientError
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scheduling.rate_limit import RateLimiter
-from reward_server.scoring.items import Items
-from reward_server.scoring.judge_model import judge_prompts
+from reward_server.scoring.items import Items, judge_prompts, tasks
 from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.served import ItemResult
-from reward_server.scoring.verifier_model import tasks
 from reward_server.text.judge_prompt import JudgeTemplate
 
 if TYPE_CHECKING:
