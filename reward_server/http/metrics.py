@@ -15,37 +15,24 @@ class HttpMetrics:
     """Counted by the metrics middleware and the error answers."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        endpoint, tenant = ("endpoint",), ("tenant",)
         self.requests = counter(
-            registry, "requests", "HTTP requests by endpoint and status.", ("endpoint", "status")
+            registry, "requests", "HTTP requests by endpoint and status.", (*endpoint, "status")
         )
+        latency = "HTTP request latency by endpoint."
         self.request_seconds = histogram(
-            registry,
-            "request_duration_seconds",
-            "HTTP request latency by endpoint.",
-            TIME_BUCKETS,
-            ("endpoint",),
+            registry, "request_duration_seconds", latency, TIME_BUCKETS, endpoint
         )
-        self.in_progress = gauge(
-            registry,
-            "requests_in_progress",
-            "HTTP requests being handled, by endpoint.",
-            ("endpoint",),
-        )
-        self.errors = counter(
-            registry, "errors", "Error answers by status and kind.", ("status", "type")
-        )
+        handled = "HTTP requests being handled, by endpoint."
+        self.in_progress = gauge(registry, "requests_in_progress", handled, endpoint)
+        errors = "Error answers by status and kind."
+        self.errors = counter(registry, "errors", errors, ("status", "type"))
+        authenticated = "HTTP requests that authenticated, by tenant, endpoint and status."
         self.tenant_requests = counter(
-            registry,
-            "tenant_requests",
-            "HTTP requests that authenticated, by tenant, endpoint and status.",
-            ("tenant", "endpoint", "status"),
+            registry, "tenant_requests", authenticated, (*tenant, *endpoint, "status")
         )
-        self.tenant_errors = counter(
-            registry,
-            "tenant_errors",
-            "Error answers to authenticated requests, by tenant and status.",
-            ("tenant", "status"),
-        )
+        tenant_errors = "Error answers to authenticated requests, by tenant and status."
+        self.tenant_errors = counter(registry, "tenant_errors", tenant_errors, (*tenant, "status"))
 
     def on_answer(self, endpoint: str, status: int, seconds: float, tenant: str | None) -> None:
         """Count one answered request (by its tenant too, when it authenticated) and its time."""

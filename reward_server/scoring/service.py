@@ -253,8 +253,7 @@ class Service:
 
     def snapshot(self) -> ServiceState:
         """What /metrics reads at a scrape: readiness, each started model's state, the cache's."""
-        models = (model.snapshot() for model in self.served)
-        started = tuple(state for state in models if state is not None)
+        started = tuple(s for s in (model.snapshot() for model in self.served) if s is not None)
         return ServiceState(self.ready, started, self.score_cache.snapshot())
 
     def models_info(self) -> list[dict[str, object]]:
@@ -353,12 +352,11 @@ class Service:
         for model in self.served:
             await model.start(context)
         self.draining = False
-        models = list(self.served)
-        self.code_runs = _code_runs(models, self.settings.max_queue)
-        for model in models:
+        self.code_runs = _code_runs(self.served, self.settings.max_queue)
+        for model in self.served:
             self._warn_limits(model)
-        if len(models) > 1:
-            logger.info("serving %d models, combined by %s", len(models), self.aggregate)
+        if len(self.served) > 1:
+            logger.info("serving %d models, combined by %s", len(self.served), self.aggregate)
 
     def _warn_limits(self, model: ServedModel) -> None:
         """Log the settings that contradict each other."""
