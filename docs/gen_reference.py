@@ -175,18 +175,25 @@ def errors_table() -> str:
 
 
 def metrics_table() -> str:
-    """Every series a fresh server's metrics registry defines, with its type and help."""
-    from reward_server.scoring.metrics import Metrics
+    """Every series a fresh app's metrics registry defines, with its type and help."""
+    from reward_server.http.metrics import app_metrics
 
-    registry = Metrics().registry
+    registry = app_metrics()[0].registry
     # prometheus_client keeps each collector under several names (_total, _bucket, ...).
     collectors = {id(c): c for c in registry._names_to_collectors.values()}.values()
+    series = []
+    for c in collectors:
+        if hasattr(c, "_name"):  # a counter, histogram or gauge kept by its user
+            kind = getattr(c, "_type", "")
+            name = c._name + ("_total" if kind == "counter" else "")
+            series.append((name, kind, getattr(c, "_labelnames", ()), c._documentation))
+        else:  # the collector of the gauges read at a scrape: its families
+            for f in c.describe():
+                series.append((f.name, f.type, getattr(f, "_labelnames", ()), f.documentation))
     rows = ["| Series | Type | Labels | What it counts |", "|---|---|---|---|"]
-    for c in sorted(collectors, key=lambda c: getattr(c, "_name", "")):
-        kind = getattr(c, "_type", "")
-        name = c._name + ("_total" if kind == "counter" else "")
-        labels = ", ".join(f"`{label}`" for label in getattr(c, "_labelnames", ()))
-        rows.append(f"| `{name}` | {kind} | {labels} | {_cell(c._documentation)} |")
+    for name, kind, labelnames, doc in sorted(series, key=lambda s: s[0].removesuffix("_total")):
+        labels = ", ".join(f"`{label}`" for label in labelnames)
+        rows.append(f"| `{name}` | {kind} | {labels} | {_cell(doc)} |")
     return "\n".join(rows)
 
 

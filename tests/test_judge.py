@@ -34,8 +34,7 @@ from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelsFileError, parse_models_file
 from reward_server.errors import ChatTemplateError, ModelLoadError
 from reward_server.http.app import create_app
-from reward_server.scoring.items import Conversations, Pairs, Texts
-from reward_server.scoring.judge_model import judge_prompts
+from reward_server.scoring.items import Conversations, Pairs, Texts, judge_prompts
 from reward_server.text.judge_prompt import JudgePrompt, JudgeTemplate
 
 ATOL = 1e-5

@@ -40,8 +40,8 @@ from server_proc import require_counterpart
 from ppo_client.cli import build_parser as ppo_parser
 from ppo_client.config import PPOConfig, RewardEnvironment
 from reward_server.config import ENV_PREFIX, ServerSettings, parse_models_file
+from reward_server.http.metrics import app_metrics
 from reward_server.http.routes import router
-from reward_server.scoring.metrics import Metrics
 
 KUBECTL = shutil.which("kubectl")
 require_counterpart(KUBECTL is not None, "REWARD_SERVER_TEST_KUBECTL", "kubectl")
@@ -193,7 +193,7 @@ def exported_metrics() -> set[str]:
     }
     return {
         family.name + suffix
-        for family in Metrics().registry.collect()
+        for family in app_metrics()[0].registry.collect()
         for suffix in suffixes[family.type]
     }
 

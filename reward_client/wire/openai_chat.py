@@ -2,7 +2,9 @@
 request body for one prompt and the score read from the reply (no I/O).
 
 The prompt goes as the one user message; the reply's first choice's ``message.content`` is
-searched with a regular expression whose first group is the score (a float).
+searched with a regular expression whose first group is the score (a float). The reward
+server's own judges in ``mode: generate`` read their answers with the same
+:func:`parse_score`.
 """
 
 from __future__ import annotations

@@ -271,6 +271,12 @@ class TenantKeys:
         return self._table
 
     @property
+    def count(self) -> int:
+        """Tenants in force now (1 without a key: every request is the default tenant)."""
+        table = self._table
+        return len(table.tenants) if table is not None else 1
+
+    @property
     def required(self) -> bool:
         """Whether requests must carry a key."""
         return self._table is not None

@@ -30,9 +30,9 @@ from reward_server.http.compat import (
     vllm,
 )
 from reward_server.http.errors import install_error_handlers
+from reward_server.http.metrics import app_metrics
 from reward_server.http.middleware import BodyLimitMiddleware, MetricsMiddleware
 from reward_server.http.routes import router
-from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.service import Service
 
 __all__ = ["create_app"]
@@ -48,12 +48,12 @@ def create_app(
 ) -> FastAPI:
     """Build the FastAPI app; the lifespan loads the models of ``settings`` that are not
     given (``model``: --model's scorer; ``models``: models-file entries' scorers by name)."""
-    metrics = Metrics()
+    metrics, http_metrics = app_metrics()
     service = Service(settings, model, metrics, models=models)
     tenant_keys = TenantKeys(
         settings.tenants, settings.api_keys, on_reload=metrics.on_tenant_reload
     )
-    metrics.track_tenants(lambda: len(tenant_keys.table.tenants) if tenant_keys.table else 1)
+    metrics.watch(service, tenant_keys)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,7 +71,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
-    app.state.metrics = metrics
+    app.state.http_metrics = http_metrics
     app.state.tenant_keys = tenant_keys
     app.include_router(router)  # /score, /health, /info, /metrics
     app.include_router(openrlhf.router)  # OpenRLHF's /get_reward
@@ -85,10 +85,10 @@ def create_app(
     app.add_middleware(
         BodyLimitMiddleware,
         limit=settings.max_body_bytes,
-        metrics=metrics,
+        metrics=http_metrics,
         error_bodies=protocol_error_bodies(vllm.router, tei.router),
     )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=http_metrics)
     return app
 
 

@@ -39,7 +39,7 @@ from reward_server.errors import (
 from reward_server.http.schemas import ErrorResponse
 
 if TYPE_CHECKING:
-    from reward_server.scoring.metrics import Metrics
+    from reward_server.http.metrics import HttpMetrics
 
 logger = logging.getLogger("reward_server")
 
@@ -223,7 +223,7 @@ def error_response(
     status: int,
     kind: str,
     message: str,
-    metrics: Metrics | None,
+    metrics: HttpMetrics | None,
     headers: Mapping[str, str] | None = None,
     *,
     body: ErrorBody = default_error_body,
@@ -231,7 +231,7 @@ def error_response(
 ) -> JSONResponse:
     """The JSON error body every failure answers with (counted in ``metrics``)."""
     if metrics is not None:
-        metrics.errors.labels(status=str(status), type=kind).inc()
+        metrics.on_error(status, kind)
     return JSONResponse(body(status, kind, message, param), status_code=status, headers=headers)
 
 
@@ -242,7 +242,7 @@ def answer_error(
     status, kind = classify(exc)
     if status >= 500 and not isinstance(exc, _SAFE_5XX):
         logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    metrics = getattr(request.app.state, "metrics", None)
+    metrics = getattr(request.app.state, "http_metrics", None)
     param = getattr(exc, "param", None)
     return error_response(
         status, kind, _message(exc, status), metrics, _headers(exc), body=body, param=param

@@ -14,7 +14,7 @@ from reward_server.http.errors import (
     default_error_body,
     error_response,
 )
-from reward_server.scoring.metrics import Metrics
+from reward_server.http.metrics import HttpMetrics
 
 __all__ = ["ENDPOINTS", "BodyLimitMiddleware", "MetricsMiddleware"]
 
@@ -103,7 +103,7 @@ class BodyLimitMiddleware(_HTTPMiddleware):
         self,
         app: ASGIApp,
         limit: int,
-        metrics: Metrics | None = None,
+        metrics: HttpMetrics | None = None,
         error_bodies: Mapping[str, ErrorBody] | None = None,
     ) -> None:
         """``error_bodies``: the error shape of paths that answer in another protocol's."""
@@ -142,7 +142,7 @@ class BodyLimitMiddleware(_HTTPMiddleware):
 class MetricsMiddleware(_HTTPMiddleware):
     """Count every HTTP answer by endpoint and status, and time it."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
         super().__init__(app)
         self.metrics = metrics
 
@@ -158,12 +158,11 @@ class MetricsMiddleware(_HTTPMiddleware):
             await self.app(scope, receive, answer.send)
         finally:
             in_progress.dec()
-            status = str(answer.status or 500)
-            self.metrics.requests.labels(endpoint=endpoint, status=status).inc()
-            self.metrics.request_seconds.labels(endpoint=endpoint).observe(
-                time.perf_counter() - begin
+            # The tenant is set by the auth dependency once the key matched (401s belong to
+            # no tenant).
+            self.metrics.on_answer(
+                endpoint,
+                answer.status or 500,
+                time.perf_counter() - begin,
+                scope.get("state", {}).get(TENANT_STATE),
             )
-            # Set by the auth dependency once the key matched (401s belong to no tenant).
-            tenant = scope.get("state", {}).get(TENANT_STATE)
-            if tenant is not None:
-                self.metrics.on_tenant_request(tenant, endpoint, int(status))

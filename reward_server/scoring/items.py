@@ -1,11 +1,13 @@
 """A request's items as plain data, and how a served model reads them.
 
 The HTTP layer turns each route's body into one of the shapes below: values, never
-callables. The served models read them on the service's tokenizer thread: as texts in their
-own chat template (:func:`render`), or as conversations whose last message is the response
-(:func:`conversations`: process reward models score the response's steps). Pairs stay pairs
-as long as possible, because a model without a chat template joins them, and a process model
-finds the response in a pair without a template.
+callables. The served models read them on the service's tokenizer thread, each kind through
+one reader here: as texts in their own chat template (:func:`render`), as conversations
+whose last message is the response (:func:`conversations`: process reward models score the
+response's steps), as a verifier's tasks (:func:`tasks`: prompt, response and label; remote
+components read them too), or as what a judge's template reads (:func:`judge_prompts`).
+Pairs stay pairs as long as possible, because a model without a chat template joins them,
+and a process model finds the response in a pair without a template.
 
 No torch and no HTTP here.
 """
@@ -17,7 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from reward_server.errors import ResponseNotFoundError
+from reward_server.text.judge_prompt import JudgePrompt
 from reward_server.text.policy_template import recover_conversations
+from reward_server.verifiers.items import Task
 
 if TYPE_CHECKING:
     from reward_server.engines import Scorer
@@ -34,7 +38,9 @@ __all__ = [
     "Sequences",
     "Texts",
     "conversations",
+    "judge_prompts",
     "render",
+    "tasks",
 ]
 
 #: One chat message: ``role`` and ``content``.
@@ -160,3 +166,58 @@ def conversations(
         "and texts cannot be split into prompt and response; send queries and responses, "
         "or conversations"
     )
+
+
+def _label(labels: Labels, i: int) -> Any:
+    return None if labels is None else labels[i]
+
+
+def _from_conversations(conversations: Any, labels: Labels) -> list[Task]:
+    """The last message is the response, the messages before it the prompt."""
+    return [
+        Task(prompt=list(conv[:-1]), response=conv[-1]["content"], label=_label(labels, i))
+        for i, conv in enumerate(conversations)
+    ]
+
+
+def tasks(items: Items, template: PolicyTemplate | None) -> list[Task]:
+    """The items as a verifier reads them: prompt (the query, the messages before the
+    response, or None for a bare text), response and label (``template``: the policy's, to
+    undo on :class:`PolicyTexts`)."""
+    if isinstance(items, Pairs):
+        return [
+            Task(prompt=q, response=r, label=_label(items.labels, i))
+            for i, (q, r) in enumerate(zip(items.queries, items.responses, strict=True))
+        ]
+    if isinstance(items, Conversations):
+        return _from_conversations(items.conversations, items.labels)
+    if isinstance(items, PolicyTexts) and template is not None:
+        return _from_conversations(_recovered(items, template), items.labels)
+    if isinstance(items, Texts | PolicyTexts):
+        return [
+            Task(prompt=None, response=text, label=_label(items.labels, i))
+            for i, text in enumerate(items.texts)
+        ]
+    return [
+        Task(prompt=s[0] if len(s) == 2 else None, response=s[-1], label=None)
+        for s in items.sequences
+    ]
+
+
+def _judge_prompt(task: Task) -> JudgePrompt:
+    """A verifier's reading of an item (prompt: text, messages or None) as a judge's."""
+    prompt = task.prompt
+    if prompt is None:
+        return JudgePrompt(prompt="", response=task.response, label=task.label)
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+        return JudgePrompt(prompt, task.response, task.label, messages)
+    messages = [dict(m) for m in prompt]
+    joined = "\n\n".join(str(m.get("content", "")) for m in messages)
+    return JudgePrompt(joined, task.response, task.label, messages)
+
+
+def judge_prompts(items: Items, policy_template: PolicyTemplate | None = None) -> list[JudgePrompt]:
+    """What a judge's template reads of each item (see :mod:`reward_server.text.judge_prompt`);
+    ``policy_template``: the policy's, undone on policy-templated texts."""
+    return [_judge_prompt(task) for task in tasks(items, policy_template)]

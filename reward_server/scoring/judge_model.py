@@ -11,7 +11,8 @@ batch). Its score is weighted, normalised and combined like any other model's.
 In ``mode: generate`` the judge answers in text instead (greedy unless ``temperature`` is
 above 0, up to ``max_new_tokens``; one left-padded ``generate`` call per micro-batch) and the
 score is the number that the first match of ``score_pattern`` captures in its one group, as
-a float. An answer without a match (or whose group is not a finite number) scores the entry's
+a float (:func:`reward_client.wire.openai_chat.parse_score`, the parser of a remote chat
+judge's reply too). An answer without a match (or whose group is not a finite number) scores the entry's
 ``on_error`` with the reason ``parse`` in the answer's ``verifier_errors``, counted in
 ``reward_server_verifier_errors_total{model,reason="parse"}`` (the verifiers' counter).
 The prompt is cut to ``max_length - max_new_tokens`` tokens, leaving room for the answer.
@@ -25,23 +26,21 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from reward_client.wire.openai_chat import parse_score
 from reward_server.engines import DEFAULT_ENGINE, Scorer
 from reward_server.errors import ModelLoadError
-from reward_server.scoring.items import Items
+from reward_server.scoring.items import Items, judge_prompts
 from reward_server.scoring.served import BatchedModel, ItemResult, Tokenized, _check_rows
-from reward_server.scoring.verifier_model import tasks
-from reward_server.text.judge_prompt import JudgePrompt, JudgeTemplate
+from reward_server.text.judge_prompt import JudgeTemplate
 
 if TYPE_CHECKING:
     from reward_server.config import LoadOptions, ModelSpec
-    from reward_server.verifiers import Task
 
-__all__ = ["JudgeModel", "JudgeScorer", "judge_prompts", "load_judge"]
+__all__ = ["JudgeModel", "JudgeScorer", "load_judge"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,25 +59,6 @@ class JudgeScorer(Scorer, Protocol):
     def render_prompts(self, contents: Sequence[str]) -> list[str]:
         """Each content as the one user message of the chat template, generation prompt on."""
         ...
-
-
-def _judge_prompt(task: Task) -> JudgePrompt:
-    """A verifier's reading of an item (prompt: text, messages or None) as a judge's."""
-    prompt = task.prompt
-    if prompt is None:
-        return JudgePrompt(prompt="", response=task.response, label=task.label)
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-        return JudgePrompt(prompt, task.response, task.label, messages)
-    messages = [dict(m) for m in prompt]
-    joined = "\n\n".join(str(m.get("content", "")) for m in messages)
-    return JudgePrompt(joined, task.response, task.label, messages)
-
-
-def judge_prompts(items: Items, policy_template: Any = None) -> list[JudgePrompt]:
-    """What a judge's template reads of each item (see :mod:`reward_server.text.judge_prompt`);
-    ``policy_template``: the policy's, undone on policy-templated texts."""
-    return [_judge_prompt(task) for task in tasks(items, policy_template)]
 
 
 class JudgeModel(BatchedModel):
@@ -113,19 +93,6 @@ class JudgeModel(BatchedModel):
             max_tokens = room if max_tokens is None else min(max_tokens, room)
         return self.judge.encode(texts, truncate=cut, max_length=max_tokens)
 
-    def parse(self, answer: str) -> float | None:
-        """The score in a generated answer: the first match's group as a float; None when
-        nothing matches or the group is not a finite number."""
-        assert self.pattern is not None
-        match = self.pattern.search(answer)
-        if match is None or match.group(1) is None:
-            return None
-        try:
-            value = float(match.group(1))
-        except ValueError:
-            return None
-        return value if math.isfinite(value) else None
-
     def finish(self, prepared: Sequence[Tokenized], values: Sequence[Any]) -> list[ItemResult]:
         """Each row's expected value (or parsed answer) as the item's score."""
         if self.generates:
@@ -141,9 +108,10 @@ class JudgeModel(BatchedModel):
         if len(answers) != len(prepared):
             raise RuntimeError(f"{len(answers)} answers for {len(prepared)} rows")
         metrics = self._context().metrics
+        assert self.pattern is not None
         results = []
         for item, answer in zip(prepared, answers, strict=True):
-            score = self.parse(answer)
+            score = parse_score(answer, self.pattern)
             if score is None:
                 logger.debug("judge %s: no score in %r", self.name, answer)
                 metrics.on_verifier_error(self.name, "parse")

@@ -1,8 +1,18 @@
-"""Prometheus metrics of one app instance (its own registry, so apps never share counters)."""
+"""Prometheus metrics of one app instance (its own registry, so apps never share series).
+
+Counters and histograms count where things happen (a request's items, each forward pass, the
+score cache's hits). The gauges (queues, verifier workers, readiness, the score cache's size,
+the tenants in force) are read when Prometheus scrapes, by one collector, from one plain
+snapshot of the service (:class:`ServiceState`, from each served model's and the cache's
+``snapshot()``) and the tenants in force. The HTTP layer's series
+(:mod:`reward_server.http.metrics`) live in the same registry.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -12,38 +22,166 @@ from prometheus_client import (
     exposition,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 from reward_server.scheduling import BatchObserver, BatchStats
+
+__all__ = [
+    "CONTENT_TYPE",
+    "TIME_BUCKETS",
+    "CacheState",
+    "Metrics",
+    "ModelState",
+    "ServiceState",
+    "counter",
+    "gauge",
+    "histogram",
+]
 
 PREFIX = "reward_server"
 CONTENT_TYPE = exposition.CONTENT_TYPE_LATEST
 
 _ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
-_TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+def counter(
+    registry: CollectorRegistry, name: str, doc: str, labels: Sequence[str] = ()
+) -> Counter:
+    """A counter ``reward_server_<name>_total`` in ``registry``."""
+    return Counter(f"{PREFIX}_{name}", doc, labels, registry=registry)
+
+
+def histogram(
+    registry: CollectorRegistry,
+    name: str,
+    doc: str,
+    buckets: Sequence[float],
+    labels: Sequence[str] = (),
+) -> Histogram:
+    """A histogram ``reward_server_<name>`` in ``registry``."""
+    return Histogram(f"{PREFIX}_{name}", doc, labels, buckets=buckets, registry=registry)
+
+
+def gauge(registry: CollectorRegistry, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+    """A gauge ``reward_server_<name>`` in ``registry``, set where its value changes."""
+    return Gauge(f"{PREFIX}_{name}", doc, labels, registry=registry)
+
+
+# ---------------------------------------------------------------------- read at a scrape
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """One started served model at a scrape."""
+
+    name: str
+    #: Rows queued, not yet in a pass (a verifier: items being verified; a remote
+    #: component: items the remote is scoring).
+    queued: int
+    #: A verifier's workers ready now (processes, or a code verifier's test slots); None
+    #: for the other kinds.
+    live_workers: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheState:
+    """The score cache at a scrape."""
+
+    entries: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceState:
+    """The service at a scrape: whether it accepts work, its started models, its cache."""
+
+    ready: bool = False
+    models: tuple[ModelState, ...] = ()
+    cache: CacheState = CacheState()
+
+    @property
+    def queued(self) -> int:
+        """Items waiting, over every model."""
+        return sum(model.queued for model in self.models)
+
+
+class StateSource(Protocol):
+    """What the collector reads the service's state from (the service is one)."""
+
+    def snapshot(self) -> ServiceState:
+        """The state now."""
+        ...
+
+
+class TenantSource(Protocol):
+    """What the collector reads the tenants in force from (``TenantKeys`` is one)."""
+
+    @property
+    def count(self) -> int:
+        """Tenants in force now."""
+        ...
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+class _StateCollector:
+    """The gauges, built from one snapshot each time the registry is collected (zeros
+    until :meth:`Metrics.watch` names what to read)."""
+
+    def __init__(self) -> None:
+        self.service: StateSource | None = None
+        self.tenants: TenantSource | None = None
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The families, without reading anything (the registry's names)."""
+        return list(self._families(ServiceState(), 0))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The families with their values now."""
+        state = self.service.snapshot() if self.service is not None else ServiceState()
+        tenants = self.tenants.count if self.tenants is not None else 0
+        return self._families(state, tenants)
+
+    @staticmethod
+    def _families(state: ServiceState, tenants: int) -> Iterator[GaugeMetricFamily]:
+        yield _gauge("queue_items", "Items waiting to be scored.", state.queued)
+        yield _gauge("ready", "1 when the server accepts work.", 1.0 if state.ready else 0.0)
+        model = ["model"]
+        queued = GaugeMetricFamily(
+            f"{PREFIX}_model_queue_items", "Items waiting, by model.", labels=model
+        )
+        workers = GaugeMetricFamily(
+            f"{PREFIX}_verifier_workers", "Live worker processes of each verifier.", labels=model
+        )
+        for one in state.models:
+            queued.add_metric([one.name], one.queued)
+            if one.live_workers is not None:
+                workers.add_metric([one.name], one.live_workers)
+        yield queued
+        yield workers
+        yield _gauge(
+            "score_cache_entries", "Entries the score cache holds now.", state.cache.entries
+        )
+        yield _gauge(
+            "score_cache_bytes",
+            "Bytes counted for the score cache's entries now.",
+            state.cache.bytes,
+        )
+        yield _gauge(
+            "tenants", "Tenants now in force (the keys file's; 1 without --api-keys).", tenants
+        )
 
 
 class Metrics:
-    """Counters and histograms of the server; also the batcher's ``BatchObserver``."""
+    """The core's counters and histograms, and the collector of its gauges, in the app's
+    registry; also the batcher's ``BatchObserver``."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        # HTTP layer (MetricsMiddleware and the error handlers).
-        self.requests = self._counter(
-            "requests", "HTTP requests by endpoint and status.", ("endpoint", "status")
-        )
-        self.request_seconds = self._histogram(
-            "request_duration_seconds",
-            "HTTP request latency by endpoint.",
-            _TIME_BUCKETS,
-            ("endpoint",),
-        )
-        self.in_progress = self._gauge(
-            "requests_in_progress", "HTTP requests being handled, by endpoint.", ("endpoint",)
-        )
-        self.errors = self._counter(
-            "errors", "Error answers by status and kind.", ("status", "type")
-        )
         # Scoring (the service).
         self.items = self._counter(
             "items", "Items scored successfully, by endpoint.", ("endpoint",)
@@ -64,16 +202,21 @@ class Metrics:
             _RATIO_BUCKETS,
         )
         self.queue_wait = self._histogram(
-            "queue_wait_seconds", "Time an item waited before its forward pass.", _TIME_BUCKETS
+            "queue_wait_seconds", "Time an item waited before its forward pass.", TIME_BUCKETS
         )
         self.inference = self._histogram(
-            "inference_seconds", "Duration of one forward pass.", _TIME_BUCKETS
+            "inference_seconds", "Duration of one forward pass.", TIME_BUCKETS
         )
-        self.queued = self._gauge("queue_items", "Items waiting to be scored.")
-        self.ready = self._gauge("ready", "1 when the server accepts work.")
         self._model_series()
         self._score_cache_series()
         self._tenant_series()
+        self._state = _StateCollector()
+        self.registry.register(self._state)
+
+    def watch(self, service: StateSource, tenants: TenantSource) -> None:
+        """Read the gauges from ``service``'s snapshot and ``tenants`` at every scrape."""
+        self._state.service = service
+        self._state.tenants = tenants
 
     def _model_series(self) -> None:
         """The series by served model (the server's series above sum over the models) and
@@ -90,10 +233,9 @@ class Metrics:
         self.model_inference = self._histogram(
             "model_inference_seconds",
             "Duration of one forward pass, by model.",
-            _TIME_BUCKETS,
+            TIME_BUCKETS,
             model,
         )
-        self.model_queued = self._gauge("model_queue_items", "Items waiting, by model.", model)
         self.model_cached_tokens = self._counter(
             "model_cached_tokens",
             "Prompt tokens served from the engine's prefix cache instead of computed, by "
@@ -107,9 +249,6 @@ class Metrics:
             "non_finite, bad_result).",
             (*model, "reason"),
         )
-        self.verifier_workers = self._gauge(
-            "verifier_workers", "Live worker processes of each verifier.", model
-        )
         # Remote components (kind: remote).
         self.remote_errors = self._counter(
             "remote_errors",
@@ -119,26 +258,13 @@ class Metrics:
         )
 
     def _tenant_series(self) -> None:
-        """The series by tenant (issue 23): names come from the keys file (--api-keys), or
-        "default" without one, so the label set stays bounded. The server-wide series above
-        keep their names and sum over the tenants."""
+        """The series by tenant: names come from the keys file (--api-keys), or "default"
+        without one, so the label set stays bounded. The server-wide series above keep their
+        names and sum over the tenants (requests by tenant: :mod:`reward_server.http.metrics`)."""
         tenant = ("tenant",)
-        self.tenant_requests = self._counter(
-            "tenant_requests",
-            "HTTP requests that authenticated, by tenant, endpoint and status.",
-            (*tenant, "endpoint", "status"),
-        )
-        self.tenant_errors = self._counter(
-            "tenant_errors",
-            "Error answers to authenticated requests, by tenant and status.",
-            (*tenant, "status"),
-        )
         self.tenant_items = self._counter("tenant_items", "Items scored, by tenant.", tenant)
         self.tenant_tokens = self._counter(
             "tenant_tokens", "Tokens scored (unpadded), by tenant.", tenant
-        )
-        self.tenants = self._gauge(
-            "tenants", "Tenants now in force (the keys file's; 1 without --api-keys)."
         )
         self.tenant_reloads = self._counter(
             "tenant_reloads",
@@ -148,23 +274,13 @@ class Metrics:
         self.tenant_queue_wait = self._histogram(
             "tenant_queue_wait_seconds",
             "Time an item waited before its forward pass (vLLM: before vLLM got it), by tenant.",
-            _TIME_BUCKETS,
+            TIME_BUCKETS,
             tenant,
         )
-
-    def track_tenants(self, count: Callable[[], float]) -> None:
-        """Read the number of tenants in force from ``count`` whenever metrics are scraped."""
-        self.tenants.set_function(count)
 
     def on_tenant_reload(self, ok: bool) -> None:
         """Count one reload of the keys file."""
         self.tenant_reloads.labels(outcome="ok" if ok else "error").inc()
-
-    def on_tenant_request(self, tenant: str, endpoint: str, status: int) -> None:
-        """Count one answered request of ``tenant`` (an error too, by status)."""
-        self.tenant_requests.labels(tenant=tenant, endpoint=endpoint, status=str(status)).inc()
-        if status >= 400:
-            self.tenant_errors.labels(tenant=tenant, status=str(status)).inc()
 
     def on_tenant_items(self, tenant: str, items: int, tokens: int) -> None:
         """Count the items and tokens ``tenant`` had scored in one request."""
@@ -190,17 +306,6 @@ class Metrics:
             "flight (scored once), by model.",
             model,
         )
-        self.score_cache_entries = self._gauge(
-            "score_cache_entries", "Entries the score cache holds now."
-        )
-        self.score_cache_bytes = self._gauge(
-            "score_cache_bytes", "Bytes counted for the score cache's entries now."
-        )
-
-    def track_score_cache(self, entries: Callable[[], float], size: Callable[[], float]) -> None:
-        """Read the score cache's entries and bytes whenever metrics are scraped."""
-        self.score_cache_entries.set_function(entries)
-        self.score_cache_bytes.set_function(size)
 
     def on_score_cache(self, model: str, hits: int, misses: int, duplicates: int) -> None:
         """Count one request's cache hits, misses and in-request duplicates of ``model``."""
@@ -212,30 +317,12 @@ class Metrics:
             self.score_cache_duplicates.labels(model=model).inc(duplicates)
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
-        """A counter ``reward_server_<name>_total`` in this registry."""
-        return Counter(f"{PREFIX}_{name}", doc, labels, registry=self.registry)
+        return counter(self.registry, name, doc, labels)
 
     def _histogram(
         self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()
     ) -> Histogram:
-        """A histogram ``reward_server_<name>`` in this registry."""
-        return Histogram(f"{PREFIX}_{name}", doc, labels, buckets=buckets, registry=self.registry)
-
-    def _gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
-        """A gauge ``reward_server_<name>`` in this registry."""
-        return Gauge(f"{PREFIX}_{name}", doc, labels, registry=self.registry)
-
-    def track_queue(self, queued: Callable[[], float]) -> None:
-        """Read the queue length from ``queued`` whenever metrics are scraped."""
-        self.queued.set_function(queued)
-
-    def track_model_queue(self, model: str, queued: Callable[[], float]) -> None:
-        """Read one model's queue length from ``queued`` whenever metrics are scraped."""
-        self.model_queued.labels(model=model).set_function(queued)
-
-    def track_verifier_workers(self, model: str, live: Callable[[], float]) -> None:
-        """Read a verifier's live worker processes from ``live`` whenever scraped."""
-        self.verifier_workers.labels(model=model).set_function(live)
+        return histogram(self.registry, name, doc, buckets, labels)
 
     def on_verifier_error(self, model: str, reason: str) -> None:
         """Count one item a verifier scored on_error, by reason."""

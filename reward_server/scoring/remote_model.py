@@ -33,10 +33,9 @@ from reward_client import AsyncRewardClient, RetryPolicy, RewardClientError
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scheduling.rate_limit import RateLimiter
-from reward_server.scoring.items import Items
-from reward_server.scoring.judge_model import judge_prompts
+from reward_server.scoring.items import Items, judge_prompts, tasks
+from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.served import ItemResult
-from reward_server.scoring.verifier_model import tasks
 from reward_server.text.judge_prompt import JudgeTemplate
 
 if TYPE_CHECKING:
@@ -201,9 +200,12 @@ class RemoteModel:
     async def start(self, ctx: ServingContext) -> None:
         """Take the service's context and make the client."""
         self._ctx = ctx
-        ctx.metrics.track_model_queue(self.name, lambda: float(self._in_flight))
         self._client = self.make_client()
         self.running = True
+
+    def snapshot(self) -> ModelState | None:
+        """Items the remote is scoring, for /metrics at a scrape; None until started."""
+        return None if self._ctx is None else ModelState(self.name, self._in_flight)
 
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work and close the client."""

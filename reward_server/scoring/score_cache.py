@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from reward_server.config.models_file import ModelSpec
+from reward_server.scoring.metrics import CacheState
 
 __all__ = [
     "ENTRY_OVERHEAD_BYTES",
@@ -217,6 +218,10 @@ class ScoreCache:
     def bytes(self) -> int:
         """Bytes counted for the entries held now."""
         return self._bytes
+
+    def snapshot(self) -> CacheState:
+        """Its entries and bytes now (read by /metrics at a scrape)."""
+        return CacheState(len(self._entries), self._bytes)
 
     @staticmethod
     def key(model: bytes, input_ids: Sequence[int]) -> bytes:

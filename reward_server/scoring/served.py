@@ -55,6 +55,7 @@ from reward_server.scheduling import (
 )
 from reward_server.scoring.aggregate import label_weights, own_score
 from reward_server.scoring.items import Items, Pairs, conversations, render
+from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.score_cache import MISS, ScoreCache, caches_kind, model_identity
 from reward_server.text.steps import StepEncoded, StepOptions, StepScorer, step_results
 
@@ -170,6 +171,10 @@ class ServedModel(Protocol):
         """Start the model's scheduler on the running event loop."""
         ...
 
+    def snapshot(self) -> ModelState | None:
+        """Its state for /metrics at a scrape; None until started."""
+        ...
+
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work; finish (drain) or fail what is queued."""
         ...
@@ -281,12 +286,15 @@ class BatchedModel(abc.ABC):
         )
         self.scheduler = scheduler
         await scheduler.start()
-        ctx.metrics.track_model_queue(self.name, lambda: float(scheduler.queued))
         cache = ctx.score_cache
         if cache is not None and cache.enabled and caches_kind(self.spec):
             engine = f"{type(self.scorer).__module__}.{type(self.scorer).__qualname__}"
             identity = model_identity(self.spec, self.scorer.info(), engine)
             self._cache_id = identity.digest()
+
+    def snapshot(self) -> ModelState | None:
+        """Its queue for /metrics at a scrape; None until started."""
+        return None if self._ctx is None else ModelState(self.name, self.queued)
 
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work; finish (drain) or fail what is queued."""

@@ -50,14 +50,9 @@ from reward_server.scoring.aggregate import AggregateName, Weighting, combine
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult, CodeRuns
 from reward_server.scoring.items import Items
 from reward_server.scoring.loading import load_model
-from reward_server.scoring.metrics import Metrics
+from reward_server.scoring.metrics import Metrics, ServiceState
 from reward_server.scoring.score_cache import ScoreCache
-from reward_server.scoring.served import (
-    ItemResult,
-    ServedModel,
-    ServingContext,
-    served_model_for,
-)
+from reward_server.scoring.served import ItemResult, ServedModel, ServingContext, served_model_for
 from reward_server.text.policy_template import (
     PolicyTemplate,
     PolicyTemplateLoadError,
@@ -256,6 +251,11 @@ class Service:
         """Items per request accepted (a request larger than the queue could never fit)."""
         return self.settings.effective_max_client_batch
 
+    def snapshot(self) -> ServiceState:
+        """What /metrics reads at a scrape: readiness, each started model's state, the cache's."""
+        started = tuple(s for s in (model.snapshot() for model in self.served) if s is not None)
+        return ServiceState(self.ready, started, self.score_cache.snapshot())
+
     def models_info(self) -> list[dict[str, object]]:
         """One entry per served model for GET /info."""
         return [model.info() for model in self.served]
@@ -349,19 +349,14 @@ class Service:
             policy_template=self.policy_template,
             score_cache=self.score_cache if self.score_cache.enabled else None,
         )
-        cache = self.score_cache
-        self.metrics.track_score_cache(lambda: float(cache.entries), lambda: float(cache.bytes))
         for model in self.served:
             await model.start(context)
         self.draining = False
-        models = list(self.served)
-        self.code_runs = _code_runs(models, self.settings.max_queue)
-        self.metrics.track_queue(lambda: float(sum(model.queued for model in models)))
-        self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
-        for model in models:
+        self.code_runs = _code_runs(self.served, self.settings.max_queue)
+        for model in self.served:
             self._warn_limits(model)
-        if len(models) > 1:
-            logger.info("serving %d models, combined by %s", len(models), self.aggregate)
+        if len(self.served) > 1:
+            logger.info("serving %d models, combined by %s", len(self.served), self.aggregate)
 
     def _warn_limits(self, model: ServedModel) -> None:
         """Log the settings that contradict each other."""

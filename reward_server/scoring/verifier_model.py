@@ -19,20 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from reward_server.config.models_file import CODE_KEYS
 from reward_server.errors import ModelLoadError, NotReadyError
-from reward_server.scoring.items import (
-    Conversations,
-    Items,
-    Pairs,
-    PolicyTexts,
-    Sequences,
-    Texts,
-)
+from reward_server.scoring.items import Items, tasks
+from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.served import ItemResult
-from reward_server.text.policy_template import recover_conversations
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
 from reward_server.verifiers.code import (
     DEFAULT_TIMEOUT_S,
@@ -45,52 +38,10 @@ from reward_server.verifiers.sandboxed import SandboxedFunction
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
     from reward_server.scoring.served import ServingContext
-    from reward_server.text.policy_template import PolicyTemplate
 
-__all__ = ["Verifier", "VerifierModel", "code_options", "load_verifier", "tasks"]
+__all__ = ["Verifier", "VerifierModel", "code_options", "load_verifier"]
 
 logger = logging.getLogger(__name__)
-
-#: Messages: the prompt of a conversation, the messages before its response.
-Messages = list[dict[str, str]]
-
-
-def _label(labels: tuple[Any, ...] | None, i: int) -> Any:
-    return None if labels is None else labels[i]
-
-
-def _from_conversations(conversations: Any, labels: tuple[Any, ...] | None) -> list[Task]:
-    """The last message is the response, the messages before it the prompt."""
-    return [
-        Task(prompt=list(conv[:-1]), response=conv[-1]["content"], label=_label(labels, i))
-        for i, conv in enumerate(conversations)
-    ]
-
-
-def tasks(items: Items, template: PolicyTemplate | None) -> list[Task]:
-    """The items as the verifier reads them: prompt (the query, the messages before the
-    response, or None for a bare text), response and label."""
-    if isinstance(items, Pairs):
-        return [
-            Task(prompt=q, response=r, label=_label(items.labels, i))
-            for i, (q, r) in enumerate(zip(items.queries, items.responses, strict=True))
-        ]
-    if isinstance(items, Conversations):
-        return _from_conversations(items.conversations, items.labels)
-    if isinstance(items, PolicyTexts) and template is not None:
-        prompts = list(items.prompts) if items.prompts is not None else None
-        recovered = recover_conversations(template, items.texts, prompts)
-        return _from_conversations(recovered, items.labels)
-    if isinstance(items, Texts | PolicyTexts):
-        return [
-            Task(prompt=None, response=text, label=_label(items.labels, i))
-            for i, text in enumerate(items.texts)
-        ]
-    assert isinstance(items, Sequences)
-    return [
-        Task(prompt=s[0] if len(s) == 2 else None, response=s[-1], label=None)
-        for s in items.sequences
-    ]
 
 
 def _result(verdict: Verdict) -> ItemResult:
@@ -158,9 +109,14 @@ class VerifierModel:
     async def start(self, ctx: ServingContext) -> None:
         """Take the service's context (the pool's workers started at load time)."""
         self._ctx = ctx
-        ctx.metrics.track_model_queue(self.name, lambda: float(self.pool.busy))
-        ctx.metrics.track_verifier_workers(self.name, lambda: float(self.pool.live_workers))
         self.running = True
+
+    def snapshot(self) -> ModelState | None:
+        """Items being verified and workers ready, for /metrics at a scrape; None until
+        started."""
+        if self._ctx is None:
+            return None
+        return ModelState(self.name, self.pool.busy, live_workers=self.pool.live_workers)
 
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work; the pool itself ends in close()."""

@@ -1,0 +1,294 @@
+"""What ``/metrics`` carries: every family with its type, help and labels, and the series a
+real server exposes after a known set of requests (a reward model, verifiers, a remote
+component, the score cache and two tenants), so that moving where a series is kept or read
+cannot drop, rename or relabel one. Also: two apps in one process keep their own series."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from server_proc import ServerProcess, free_port, running_server
+from test_server_api import FakeModel, settings
+from test_tenants import KEY_A, KEY_B, WRONG, bearer, keys_yaml
+
+from reward_server.http.app import create_app
+
+FUNCTIONS = """
+def boom(prompt, response, label):
+    raise RuntimeError("a verifier bug")
+"""
+
+#: Every family /metrics carries: name -> (type, help).
+FAMILIES: dict[str, tuple[str, str]] = {
+    "reward_server_batch_padded_tokens": ("counter", "Padded tokens run through the model."),
+    "reward_server_batch_padding_efficiency": (
+        "histogram",
+        "Real tokens / padded tokens per forward pass (1.0 = no padding).",
+    ),
+    "reward_server_batch_rows": ("histogram", "Rows per forward pass."),
+    "reward_server_batches": ("counter", "Forward passes by outcome (ok or error)."),
+    "reward_server_errors": ("counter", "Error answers by status and kind."),
+    "reward_server_inference_seconds": ("histogram", "Duration of one forward pass."),
+    "reward_server_items": ("counter", "Items scored successfully, by endpoint."),
+    "reward_server_model_batch_rows": ("histogram", "Rows per forward pass, by model."),
+    "reward_server_model_batches": ("counter", "Forward passes by model and outcome."),
+    "reward_server_model_cached_tokens": (
+        "counter",
+        "Prompt tokens served from the engine's prefix cache instead of computed, by model (vLLM engine).",
+    ),
+    "reward_server_model_inference_seconds": (
+        "histogram",
+        "Duration of one forward pass, by model.",
+    ),
+    "reward_server_model_items": ("counter", "Items scored, by model."),
+    "reward_server_model_queue_items": ("gauge", "Items waiting, by model."),
+    "reward_server_model_tokens": ("counter", "Tokens scored, by model."),
+    "reward_server_queue_items": ("gauge", "Items waiting to be scored."),
+    "reward_server_queue_wait_seconds": (
+        "histogram",
+        "Time an item waited before its forward pass.",
+    ),
+    "reward_server_ready": ("gauge", "1 when the server accepts work."),
+    "reward_server_remote_errors": (
+        "counter",
+        "Items a remote component scored on_error, by model and reason (remote_error, timeout, parse).",
+    ),
+    "reward_server_request_duration_seconds": ("histogram", "HTTP request latency by endpoint."),
+    "reward_server_requests": ("counter", "HTTP requests by endpoint and status."),
+    "reward_server_requests_in_progress": ("gauge", "HTTP requests being handled, by endpoint."),
+    "reward_server_score_cache_bytes": (
+        "gauge",
+        "Bytes counted for the score cache's entries now.",
+    ),
+    "reward_server_score_cache_duplicates": (
+        "counter",
+        "Items answered by an identical item of the same request or of a request in flight (scored once), by model.",
+    ),
+    "reward_server_score_cache_entries": ("gauge", "Entries the score cache holds now."),
+    "reward_server_score_cache_hits": (
+        "counter",
+        "Items answered from the score cache (scored by an earlier request), by model.",
+    ),
+    "reward_server_score_cache_misses": (
+        "counter",
+        "Rows the score cache did not hold and the model scored, by model.",
+    ),
+    "reward_server_tenant_errors": (
+        "counter",
+        "Error answers to authenticated requests, by tenant and status.",
+    ),
+    "reward_server_tenant_items": ("counter", "Items scored, by tenant."),
+    "reward_server_tenant_queue_wait_seconds": (
+        "histogram",
+        "Time an item waited before its forward pass (vLLM: before vLLM got it), by tenant.",
+    ),
+    "reward_server_tenant_reloads": (
+        "counter",
+        "Reloads of the keys file by outcome (ok; error: the old tenants stay).",
+    ),
+    "reward_server_tenant_requests": (
+        "counter",
+        "HTTP requests that authenticated, by tenant, endpoint and status.",
+    ),
+    "reward_server_tenant_tokens": ("counter", "Tokens scored (unpadded), by tenant."),
+    "reward_server_tenants": (
+        "gauge",
+        "Tenants now in force (the keys file's; 1 without --api-keys).",
+    ),
+    "reward_server_tokens": ("counter", "Tokens scored (unpadded)."),
+    "reward_server_truncated_items": ("counter", "Items truncated."),
+    "reward_server_verifier_errors": (
+        "counter",
+        "Items a verifier scored on_error, by model and reason (timeout, crash, error, non_finite, bad_result).",
+    ),
+    "reward_server_verifier_workers": ("gauge", "Live worker processes of each verifier."),
+}
+#: The label sets of each family's series after :func:`_traffic` (a histogram's without
+#: ``le``), as ``name=value`` joined by commas.
+SERIES: dict[str, list[str]] = {
+    "reward_server_batch_padded_tokens": [""],
+    "reward_server_batch_padding_efficiency": [""],
+    "reward_server_batch_rows": [""],
+    "reward_server_batches": ["outcome=ok"],
+    "reward_server_errors": ["status=401,type=unauthorized", "status=422,type=invalid_request"],
+    "reward_server_inference_seconds": [""],
+    "reward_server_items": ["endpoint=/score"],
+    "reward_server_model_batch_rows": ["model=rm"],
+    "reward_server_model_batches": ["model=rm,outcome=ok"],
+    "reward_server_model_inference_seconds": ["model=rm"],
+    "reward_server_model_items": ["model=away", "model=boom", "model=exact", "model=rm"],
+    "reward_server_model_queue_items": ["model=away", "model=boom", "model=exact", "model=rm"],
+    "reward_server_model_tokens": ["model=away", "model=boom", "model=exact", "model=rm"],
+    "reward_server_queue_items": [""],
+    "reward_server_queue_wait_seconds": [""],
+    "reward_server_ready": [""],
+    "reward_server_remote_errors": ["model=away,reason=remote_error"],
+    "reward_server_request_duration_seconds": [
+        "endpoint=/health",
+        "endpoint=/info",
+        "endpoint=/metrics",
+        "endpoint=/score",
+    ],
+    "reward_server_requests": [
+        "endpoint=/health,status=200",
+        "endpoint=/info,status=200",
+        "endpoint=/metrics,status=200",
+        "endpoint=/score,status=200",
+        "endpoint=/score,status=401",
+        "endpoint=/score,status=422",
+    ],
+    "reward_server_requests_in_progress": [
+        "endpoint=/health",
+        "endpoint=/info",
+        "endpoint=/metrics",
+        "endpoint=/score",
+    ],
+    "reward_server_score_cache_bytes": [""],
+    "reward_server_score_cache_entries": [""],
+    "reward_server_score_cache_hits": ["model=rm"],
+    "reward_server_score_cache_misses": ["model=rm"],
+    "reward_server_tenant_errors": ["status=422,tenant=beta"],
+    "reward_server_tenant_items": ["tenant=alpha", "tenant=beta"],
+    "reward_server_tenant_queue_wait_seconds": ["tenant=alpha"],
+    "reward_server_tenant_requests": [
+        "endpoint=/info,status=200,tenant=alpha",
+        "endpoint=/score,status=200,tenant=alpha",
+        "endpoint=/score,status=200,tenant=beta",
+        "endpoint=/score,status=422,tenant=beta",
+    ],
+    "reward_server_tenant_tokens": ["tenant=alpha", "tenant=beta"],
+    "reward_server_tenants": [""],
+    "reward_server_tokens": [""],
+    "reward_server_truncated_items": [""],
+    "reward_server_verifier_errors": ["model=boom,reason=error"],
+    "reward_server_verifier_workers": ["model=boom", "model=exact"],
+}
+#: The gauges after :func:`_traffic`: (name, labels) -> value.
+GAUGES: dict[tuple[str, str], float] = {
+    ("reward_server_model_queue_items", "model=away"): 0.0,
+    ("reward_server_model_queue_items", "model=boom"): 0.0,
+    ("reward_server_model_queue_items", "model=exact"): 0.0,
+    ("reward_server_model_queue_items", "model=rm"): 0.0,
+    ("reward_server_queue_items", ""): 0.0,
+    ("reward_server_ready", ""): 1.0,
+    ("reward_server_requests_in_progress", "endpoint=/health"): 0.0,
+    ("reward_server_requests_in_progress", "endpoint=/info"): 0.0,
+    ("reward_server_requests_in_progress", "endpoint=/metrics"): 1.0,
+    ("reward_server_requests_in_progress", "endpoint=/score"): 0.0,
+    ("reward_server_score_cache_bytes", ""): 514.0,
+    ("reward_server_score_cache_entries", ""): 2.0,
+    ("reward_server_tenants", ""): 2.0,
+    ("reward_server_verifier_workers", "model=boom"): 1.0,
+    ("reward_server_verifier_workers", "model=exact"): 1.0,
+}
+#: Samples in all (histograms' buckets included; counters' ``_created`` left out).
+SAMPLES = 228
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "le")
+
+
+def scrape(text: str) -> tuple[dict[str, Any], dict[str, list[str]], dict[Any, float], int]:
+    """The families (type, help), each family's label sets, the gauges' values and the
+    number of samples of an exposition (counters' ``_created`` left out: the text format
+    gives them families of their own, and their values are times)."""
+    families: dict[str, tuple[str, str]] = {}
+    series: dict[str, set[str]] = {}
+    gauges: dict[tuple[str, str], float] = {}
+    samples = 0
+    for family in text_string_to_metric_families(text):
+        if family.name.endswith("_created"):
+            continue
+        families[family.name] = (family.type, family.documentation)
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            samples += 1
+            series.setdefault(family.name, set()).add(_labels(sample.labels))
+            if family.type == "gauge":
+                gauges[(sample.name, _labels(sample.labels))] = sample.value
+    return families, {k: sorted(v) for k, v in series.items()}, gauges, samples
+
+
+@pytest.fixture(scope="module")
+def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("metrics")
+    (folder / "metrics_functions.py").write_text(FUNCTIONS, encoding="utf-8")
+    models = {
+        "models": [
+            {"name": "rm", "model": str(gpt2_rm)},
+            {"name": "exact", "kind": "verifier", "verifier": "exact", "workers": 1},
+            {
+                "name": "boom",
+                "kind": "verifier",
+                "verifier": "python",
+                "function": f"{folder / 'metrics_functions.py'}:boom",
+                "workers": 1,
+                "weight": 0.0,
+                "on_error": -2.0,
+            },
+            {
+                "name": "away",
+                "kind": "remote",
+                "url": f"http://127.0.0.1:{free_port()}",
+                "timeout_s": 0.5,
+                "weight": 0.0,
+                "on_error": 0.0,
+            },
+        ]
+    }
+    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
+    (folder / "keys.yaml").write_text(keys_yaml(("alpha", KEY_A), ("beta", KEY_B)))
+    args = ("--models", str(folder / "models.yaml"), "--api-keys", str(folder / "keys.yaml"))
+    with running_server(None, *args, timeout=300) as srv:
+        yield srv
+
+
+def _traffic(url: str) -> str:
+    """A fixed set of requests; the /metrics text after them."""
+    body = {"queries": ["q1", "q2"], "responses": ["4", "five"], "labels": ["4", "4"]}
+    with httpx.Client(base_url=url, timeout=120) as http:
+        for key in (KEY_A, KEY_A, KEY_B):  # the second and third are answered from the cache
+            answer = http.post("/score", json=body, headers=bearer(key))
+            assert answer.status_code == 200, answer.text
+        assert http.post("/score", json=body, headers=bearer(WRONG)).status_code == 401
+        assert http.post("/score", json={"texts": []}, headers=bearer(KEY_B)).status_code == 422
+        assert http.get("/health").status_code == 200
+        assert http.get("/info", headers=bearer(KEY_A)).status_code == 200
+        http.get("/metrics")
+        return http.get("/metrics").text
+
+
+def test_a_server_exposes_every_series_it_did(server: ServerProcess) -> None:
+    families, series, gauges, samples = scrape(_traffic(server.url))
+    assert families == FAMILIES
+    assert series == SERIES
+    assert gauges == GAUGES
+    assert samples == SAMPLES
+
+
+def test_two_apps_in_one_process_keep_their_own_series() -> None:
+    one = create_app(settings(), model=FakeModel())
+    two = create_app(settings(), model=FakeModel())
+    with TestClient(one) as first, TestClient(two) as second:
+        assert first.post("/score", json={"texts": ["a", "b"]}).status_code == 200
+        text_one = first.get("/metrics").text
+        text_two = second.get("/metrics").text
+    assert 'reward_server_items_total{endpoint="/score"} 2.0' in text_one
+    assert 'reward_server_items_total{endpoint="/score"}' not in text_two
+    assert "reward_server_ready 1.0" in text_one and "reward_server_ready 1.0" in text_two
+    assert _help_and_type(text_one) == _help_and_type(text_two)
+
+
+def _help_and_type(text: str) -> set[str]:
+    """The HELP and TYPE lines of every family (a counter's ``_created`` has its own once
+    the counter has a child: left out)."""
+    return {line for line in text.splitlines() if line.startswith("# ") and "_created " not in line}
