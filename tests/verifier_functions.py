@@ -1,4 +1,4 @@
-"""Python verifiers for tests/test_verifiers.py, imported by the pool's worker processes as
+"""Python verifiers for tests/integration/test_verifiers.py, imported by the pool's worker processes as
 ``verifier_functions:NAME`` (tests/ is on the workers' sys.path, as on pytest's)."""
 
 from __future__ import annotations

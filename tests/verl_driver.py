@@ -1,6 +1,6 @@
 """Run verl's own reward managers with ``reward_client.integrations.verl`` and a server.
 
-``tests/test_verl.py`` runs this script in a subprocess with verl 0.9.1 on its PYTHONPATH
+``tests/integration/test_verl.py`` runs this script in a subprocess with verl 0.9.1 on its PYTHONPATH
 (``make setup`` installs verl without its pins into ``.venv/verl``; the test process itself
 never imports verl). Usage: ``python verl_driver.py CASE.json RESULT.json``.
 

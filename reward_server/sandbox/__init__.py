@@ -15,7 +15,7 @@ The pieces::
           └ run(stdin) ------- one test: a fork of the runner -> RunResult
 
 What one item's sandbox guarantees (``mode="bwrap"``), each with a hostile test in
-``tests/test_sandbox_hostile.py``:
+``tests/integration/test_sandbox_hostile.py``:
 
 - new user, PID, network, IPC, UTS, mount and cgroup namespaces; started as an
   unprivileged uid when the server is root (the kernel does not count root's processes);

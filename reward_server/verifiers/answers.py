@@ -27,7 +27,7 @@ verl's math-verify reward does), because math-verify reads LaTeX only inside del
 
 A response with one ``\\boxed{}``, or none and a plain final number, gets the score that
 math-verify's own extraction over the whole response (``parse(response)``) gives, as the
-table of tests/test_verifiers.py checks. They differ
+table of tests/integration/test_verifiers.py checks. They differ
 when a response holds several boxes (math-verify takes them all, as a set; here the last
 one is the answer) and when a response without a box ends in LaTeX such as
 ``$\\frac{1}{2}$`` (here the last number, 2, is the answer: box final answers). Labels that

@@ -1,0 +1,252 @@
+"""RemoteReward (TRL reward function) against a mock transport (a stdlib HTTP server:
+test_trl_remote_reward_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+import httpx
+import pytest
+
+from reward_client import RewardServerError
+from reward_client.integrations.trl import RemoteReward
+
+URL = "http://rm:8000"
+
+
+def fake_score(item: Any) -> float:
+    """Deterministic score of one item of any form."""
+    return float(len(json.dumps(item))) / 10
+
+
+def answer(body: dict[str, Any]) -> dict[str, Any]:
+    """A /score answer: one score per item, every other item truncated."""
+    if "texts" in body:
+        items: list[Any] = body["texts"]
+    elif "queries" in body:
+        items = list(zip(body["queries"], body["responses"], strict=True))
+    else:
+        items = body["conversations"]
+    return {
+        "scores": [fake_score(i) for i in items],
+        "tokens": [7] * len(items),
+        "truncated": [i % 2 == 1 for i in range(len(items))],
+    }
+
+
+class Recorder:
+    """Mock transport handler recording /score bodies."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        return httpx.Response(200, json=answer(body))
+
+
+def make_reward(recorder: Recorder, **kwargs: Any) -> RemoteReward:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(recorder))
+    return RemoteReward(URL, http_client=http, max_client_batch=3, **kwargs)
+
+
+def test_plain_prompts_are_sent_as_queries_and_responses() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder)
+    prompts = ["The movie was", "I think", "A B", "x"]
+    completions = [" great", " not bad", " C", " yz"]
+    logged: list[tuple[str, float]] = []
+    scores = asyncio.run(
+        reward(
+            prompts=prompts,
+            completions=completions,
+            completion_ids=[[1], [2], [3], [4]],
+            trainer_state=None,
+            log_metric=lambda name, value: logged.append((name, value)),
+            log_extra=lambda column, values: None,
+            label=["a", "b", "c", "d"],
+        )
+    )
+    assert scores == [fake_score([p, c]) for p, c in zip(prompts, completions, strict=True)]
+    assert all(isinstance(s, float) for s in scores)
+    assert recorder.bodies == [
+        {"queries": prompts[:3], "responses": completions[:3]},
+        {"queries": prompts[3:], "responses": completions[3:]},
+    ]
+    # The fake server truncates the second item of each request: 1 of 4 here.
+    assert logged == [("rewards/remote_reward/truncated_frac", 0.25)]
+
+
+def test_conversational_prompts_are_sent_as_conversations() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder)
+    prompts = [
+        [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}],
+        [{"role": "user", "content": "Tell me a joke"}],
+    ]
+    completions = [
+        [{"role": "assistant", "content": "Hello!"}],
+        [{"role": "assistant", "content": "No."}],
+    ]
+    scores = asyncio.run(reward(prompts=prompts, completions=completions))
+    expected = [p + c for p, c in zip(prompts, completions, strict=True)]
+    assert recorder.bodies == [{"conversations": expected}]
+    assert scores == [fake_score(c) for c in expected]
+
+
+def test_message_content_is_reduced_to_text() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder, truncate=False)
+    prompts = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]]
+    completions = [
+        [
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
+            {"role": "tool", "name": "f", "content": "42"},
+            {"role": "assistant", "content": "It is 42.", "thinking": "hmm"},
+        ]
+    ]
+    asyncio.run(reward(prompts=prompts, completions=completions))
+    assert recorder.bodies == [
+        {
+            "conversations": [
+                [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": ""},
+                    {"role": "tool", "content": "42"},
+                    {"role": "assistant", "content": "It is 42."},
+                ]
+            ],
+            "truncate": False,
+        }
+    ]
+
+
+def test_name_is_readable_for_trl() -> None:
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
+    reward = RemoteReward(URL)
+    assert reward.__name__ == "remote_reward"
+    assert get_callable_name(reward) == "remote_reward"
+    assert is_async_callable(reward)
+    named = RemoteReward([URL, "http://rm2:8000"], name="helpfulness_rm")
+    assert get_callable_name(named) == "helpfulness_rm"
+    assert "helpfulness_rm" in repr(named)
+
+
+def answering(code: int, error: str, **kwargs: Any) -> RemoteReward:
+    """A RemoteReward whose server answers every request with ``code`` and ``error``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(code, json={"error": error})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return RemoteReward(URL, http_client=http, max_client_batch=2, **kwargs)
+
+
+def test_server_error_propagates() -> None:
+    reward = answering(422, "conversations[0]: empty")
+    with pytest.raises(RewardServerError, match="HTTP 422: conversations"):
+        asyncio.run(reward(prompts=["a"], completions=["b"]))
+
+
+def test_empty_batch_and_length_mismatch() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder)
+    assert asyncio.run(reward(prompts=[], completions=[])) == []
+    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+        asyncio.run(reward(prompts=["a", "b"], completions=["c"]))
+    assert recorder.bodies == []
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Answers POST /score like the reward server; records the API key it saw."""
+
+    keys: list[str | None] = []  # noqa: RUF012 - shared by design, reset per test
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).keys.append(self.headers.get("Authorization"))
+        data = json.dumps(answer(body)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the default stderr access log."""
+
+
+def test_retry_timeout_is_a_budget_in_seconds() -> None:
+    now = [0.0]
+
+    async def sleep(delay: float) -> None:
+        now[0] += delay
+
+    reward = answering(503, "loading", retry_timeout=45, sleep=sleep, clock=lambda: now[0])
+    assert reward.client.retry_policy.timeout == 45
+    with pytest.raises(RewardServerError, match=r"gave up after 45.0 s \(retry_timeout 45 s\)"):
+        asyncio.run(reward(prompts=["a"], completions=["b"]))
+    assert now[0] == pytest.approx(45)
+    assert RemoteReward(URL, http_client=httpx.AsyncClient()).client.retry_policy.timeout == 600
+
+
+# --- labels from a dataset column -----------------------------------------------------------
+
+#: What TRL passes besides prompts and completions: its own arguments and dataset columns.
+TRL_KWARGS = {"completion_ids": [[1]] * 4, "trainer_state": None, "log_extra": None}
+
+
+def test_label_key_sends_that_column_as_labels() -> None:
+    recorder = Recorder()
+    reward = make_reward(recorder, label_key="answer")
+    prompts = ["1+1?", "2+2?", "3+3?", "4+4?"]
+    completions = ["2", "4", "6", "8"]
+    answers = ["2", {"value": 4}, None, ["8"]]
+    scores = asyncio.run(
+        reward(prompts, completions, answer=answers, source=["a"] * 4, **TRL_KWARGS)
+    )
+    assert len(scores) == 4
+    assert (
+        recorder.bodies
+        == [  # chunked with their items (max_client_batch=3)
+            {"queries": prompts[:3], "responses": completions[:3], "labels": answers[:3]},
+            {"queries": prompts[3:], "responses": completions[3:], "labels": answers[3:]},
+        ]
+    )
+
+
+def test_label_key_missing_from_the_columns_names_them() -> None:
+    reward = make_reward(Recorder(), label_key="answer", name="math")
+    with pytest.raises(ValueError, match=r"math: label_key 'answer'.*columns here: solution"):
+        asyncio.run(reward(["q"], ["a"], solution=["x"], **TRL_KWARGS))
+
+
+def test_components_share_the_labels_of_their_request() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(body["queries"])
+        components = {"helpful": [1.0] * n, "exact": [0.0] * n}
+        return httpx.Response(
+            200,
+            json={**answer(body), "scores": [1.0] * n, "components": components},
+        )
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    reward = RemoteReward(URL, http_client=http, max_client_batch=8, label_key="answer")
+    funcs = reward.components(names=["helpful", "exact"])
+
+    async def both() -> list[list[float]]:
+        kwargs = {"answer": ["4", "6"], **TRL_KWARGS}
+        return await asyncio.gather(*(f(["2+2", "3+3"], ["4", "5"], **kwargs) for f in funcs))
+
+    assert asyncio.run(both()) == [[1.0, 1.0], [0.0, 0.0]]
+    assert len(bodies) == 1 and bodies[0]["labels"] == ["4", "6"]
+    assert bodies[0]["components"] is True
