@@ -1,7 +1,7 @@
 """Whether training computes in bfloat16: what the CPU has, what the GPU supports, what was asked.
 
 On a CPU, bfloat16 is fast only with the instructions for it (AVX512-BF16 or AMX); without
-them torch emulates it and bf16 autocast is about 10x slower than float32 (issue 19: the
+them torch emulates it and bf16 autocast is about 10x slower than float32 (the
 demo's reward model took 8 s a step instead of under one). Measured on a 2-core AMD EPYC
 (Zen 4) with AVX512-BF16 and no AMX (BENCHMARKS.md, "bfloat16 on the CPU"): bf16 autocast
 took 0.67x the float32 time per step of the demo's reward model and 0.72x of its policy, so

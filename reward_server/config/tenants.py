@@ -1,4 +1,4 @@
-"""Tenants: who shares this server (issue 23). A tenant is a name, a scheduling weight and
+"""Tenants: who shares this server. A tenant is a name, a scheduling weight and
 optional limits; ``--api-keys FILE`` lists them with the SHA-256 of each one's key.
 
 The keys file's loading and reloading live here too (plain data, no HTTP), and

@@ -9,7 +9,7 @@ loop (or several in turn).
 
 A slot's thread sends a chunk down the worker's pipe and reads the outcomes one by one as
 the worker sends them, each with its own deadline of ``timeout_s`` from the previous
-outcome (from the send for the first): chunking saves messages (issue 21's throughput)
+outcome (from the send for the first): chunking saves messages (throughput)
 without stretching any item's time. ``math`` items get ``MATH_GRACE_S`` on top, because
 the worker's own alarm stops them at ``timeout_s`` and reports ``timeout`` itself. When a
 deadline passes the worker is killed (SIGTERM, then SIGKILL if it is still there after
