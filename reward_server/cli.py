@@ -26,7 +26,7 @@ from reward_server.config import ENV_PREFIX, ServerSettings, field_help
 from reward_server.errors import ModelLoadError
 
 if typing.TYPE_CHECKING:
-    from reward_server.scoring.service import Service
+    from reward_server.scoring.registry import ModelRegistry
 
 logger = logging.getLogger("reward_server")
 
@@ -139,10 +139,10 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def _load(service: Service) -> bool:
-    """Load the service's models, or print one line saying why not and return False."""
+def _load(registry: ModelRegistry) -> bool:
+    """Load the served models, or print one line saying why not and return False."""
     try:
-        service.load()
+        registry.load()
         return True
     except ModelLoadError as exc:
         reason = str(exc)
@@ -150,7 +150,7 @@ def _load(service: Service) -> bool:
         logger.debug("model load failed", exc_info=exc)
         reason = f"{type(exc).__name__}: {exc}"
     reason = " ".join(reason.split())  # one line, whatever the message held
-    settings = service.settings
+    settings = registry.settings
     what = f"model {settings.model}" if settings.models is None else f"models of {settings.models}"
     print(f"{PROG}: error: could not load {what}: {reason}", file=sys.stderr)
     return False
@@ -254,10 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from reward_server.http.app import create_app
 
     app = create_app(settings)
-    service: Service = app.state.service
+    registry: ModelRegistry = app.state.registry
     logger.info("loading reward model %s", settings.served)
     try:
-        loaded = _load(service)
+        loaded = _load(registry)
     except KeyboardInterrupt:
         return 130
     if not loaded:
@@ -281,12 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None
         ),
     )
-    server = DrainingServer(config, on_drain=service.begin_drain)
+    server = DrainingServer(config, on_drain=registry.begin_drain)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    model = service.model  # the first reward model; None when only verifiers are served
+    model = registry.model  # the first reward model; None when only verifiers are served
     logger.info(
         "serving %s on %s (%s) at %s://%s:%d",
-        service.name,
+        registry.name,
         model.device if model is not None else "cpu",
         model.info().get("dtype", "?") if model is not None else "verifiers",
         "https" if settings.tls else "http",

@@ -1,5 +1,5 @@
 """The one exception hierarchy of the server's core (no dependencies: configuration,
-rendering, engines, the batcher and the service raise these without knowing HTTP).
+rendering, engines, the schedulers and the scoring pipeline raise these without knowing HTTP).
 
 Every failure raised on purpose is a :class:`ServiceError`; each also derives from the
 built-in exception it is a kind of, so callers may catch either::

@@ -1,11 +1,11 @@
 """Engines: what runs the reward model behind the server, picked by name at start-up.
 
 An engine is a module of this package (``engines/<name>.py``) with a function
-``load(options: LoadOptions) -> Scorer``; adding an engine is adding a file. The service uses
-a :class:`Scorer` only through this protocol, on the compute thread the service owns:
+``load(options: LoadOptions) -> Scorer``; adding an engine is adding a file. The server uses
+a :class:`Scorer` only through this protocol, on the compute thread its model registry owns:
 
-* the service calls ``load`` on its compute thread (one thread for every torch call: see
-  :mod:`reward_server.scoring.service`), renders and tokenizes with ``render_*``/``encode`` on its
+* the registry calls ``load`` on its compute thread (one thread for every torch call: see
+  :mod:`reward_server.scoring.registry`), renders and tokenizes with ``render_*``/``encode`` on its
   tokenizer thread, and hands token ids to a scheduler (:mod:`reward_server.scheduling`);
 * engines only run rows: the micro-batcher calls ``score_batch`` (or ``logits_batch``) on the
   compute thread; an engine that batches by itself (continuous batching in an async engine)
@@ -44,7 +44,7 @@ DEFAULT_ENGINE = "transformers"
 
 
 class Scorer(Protocol):
-    """A loaded reward model as the service uses it."""
+    """A loaded reward model as the server uses it."""
 
     #: The model served (answers carry it), its device (``cpu``, ``cuda:0``) and the most
     #: tokens it scores per text.
@@ -66,7 +66,7 @@ class Scorer(Protocol):
         self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None
     ) -> list[Encoded]:
         """Texts as token ids (truncated, or TextTooLongError); ``max_length`` tightens the
-        limit for this call (the service passes it only when a request asks)."""
+        limit for this call (the server passes it only when a request asks)."""
         ...
 
     def score_batch(self, batch: Sequence[Sequence[int]]) -> list[float]:
@@ -85,7 +85,7 @@ class Scorer(Protocol):
 @runtime_checkable
 class MultiLabel(Protocol):
     """A scorer that also gives every label's raw logit per row (the vLLM and TEI shapes
-    answer with all labels); the service then batches ``logits_batch`` and reads the
+    answer with all labels); the server then batches ``logits_batch`` and reads the
     configured label from it for ``/score``."""
 
     num_labels: int

@@ -39,7 +39,7 @@ from reward_server.engines._checkpoint import (
     position_limit,
 )
 from reward_server.engines._judge import Generation, causal_lm_class, score_token_ids
-from reward_server.engines.vllm import Started, VllmEngine, cached_tokens, device_for, start
+from reward_server.engines.vllm import Started, VllmScorer, cached_tokens, device_for, start
 from reward_server.errors import ModelLoadError, load_errors
 from reward_server.text.judge_prompt import JudgeRenderer
 from reward_server.text.rendering import read_template
@@ -87,7 +87,7 @@ def _generation_config(source: str, options: LoadOptions) -> Any:
         return None
 
 
-class VllmJudge(VllmEngine):
+class VllmJudge(VllmScorer):
     """A causal LM judge served by vLLM: each row's expected score-token value, or its
     generated answer."""
 

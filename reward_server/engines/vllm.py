@@ -52,8 +52,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Started",
-    "VllmEngine",
     "VllmRewardModel",
+    "VllmScorer",
     "architecture",
     "bind_cpu_workers",
     "cached_tokens",
@@ -295,7 +295,7 @@ def architecture(config: Any) -> str:
     return next(iter(getattr(config, "architectures", None) or []), "?")
 
 
-class VllmEngine(RendersText, abc.ABC):
+class VllmScorer(RendersText, abc.ABC):
     """A model served by vLLM's async engine with the server's own rendering: what the reward
     model and the judge share (start-up facts, row checks, running rows, shutdown). It is a
     :class:`~reward_server.scheduling.RowRunner`: the scheduling layer's admission scheduler
@@ -412,7 +412,7 @@ def _shut_down(timeout: float | None = None) -> None:
     """An AsyncLLM's shutdown after the first: nothing left to do."""
 
 
-class VllmRewardModel(VllmEngine):
+class VllmRewardModel(VllmScorer):
     """A reward model served by vLLM's pooling runner: each row's configured label's raw
     logit at its last token."""
 

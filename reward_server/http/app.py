@@ -1,8 +1,8 @@
-"""The FastAPI app: routes, error handlers, middlewares and the service's lifespan.
+"""The FastAPI app: routes, error handlers, middlewares and the served models' lifespan.
 
-request -> middlewares (body limit, metrics) -> route (validate, auth) -> service (render +
-tokenize on the tokenizer thread -> scheduler -> forward passes on the compute thread) ->
-answer; any exception -> the error table (:mod:`reward_server.http.errors`).
+request -> middlewares (body limit, metrics) -> route (validate, auth) -> scoring pipeline
+(each selected model: render + tokenize on the tokenizer thread -> scheduler -> forward
+passes on the compute thread; then combined) -> answer; any exception -> the error table (:mod:`reward_server.http.errors`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from reward_server.http.errors import install_error_handlers
 from reward_server.http.metrics import app_metrics
 from reward_server.http.middleware import BodyLimitMiddleware, MetricsMiddleware
 from reward_server.http.routes import router
-from reward_server.scoring.service import Service
+from reward_server.scoring.pipeline import ScoringPipeline
+from reward_server.scoring.registry import ModelRegistry, model_specs
 
 __all__ = ["create_app"]
 
@@ -49,20 +50,23 @@ def create_app(
     """Build the FastAPI app; the lifespan loads the models of ``settings`` that are not
     given (``model``: --model's scorer; ``models``: models-file entries' scorers by name)."""
     metrics, http_metrics = app_metrics()
-    service = Service(settings, model, metrics, models=models)
+    given = dict(models or {})
+    if model is not None:
+        given[model_specs(settings)[0].name] = model
+    registry = ModelRegistry(settings, metrics, given)
     tenant_keys = TenantKeys(
         settings.tenants, settings.api_keys, on_reload=metrics.on_tenant_reload
     )
-    metrics.watch(service, tenant_keys)
+    metrics.watch(registry, tenant_keys)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await service.start()
+        await registry.start()
         try:
             async with _reloading(tenant_keys):
                 yield
         finally:
-            await service.stop()
+            await registry.stop()
 
     app = FastAPI(
         title="reward-server",
@@ -70,7 +74,9 @@ def create_app(
         summary="A sequence-classification reward model behind HTTP: text in, scores out.",
         lifespan=lifespan,
     )
-    app.state.service = service
+    app.state.registry = registry
+    app.state.pipeline = ScoringPipeline(registry)
+    app.state.metrics = metrics
     app.state.http_metrics = http_metrics
     app.state.tenant_keys = tenant_keys
     app.include_router(router)  # /score, /health, /info, /metrics

@@ -1,5 +1,5 @@
-"""Who may call: the service of the app as a dependency, and the API key check
-(``Authorization: Bearer <key>``) as the dependency every scoring route declares.
+"""Who may call: the API key check (``Authorization: Bearer <key>``) as the dependency every
+scoring route declares.
 
 The key's SHA-256 is compared in constant time with every tenant's (``--api-keys``, or the
 one ``--api-key``); the tenant it belongs to becomes :data:`current_tenant` for the rest of
@@ -15,13 +15,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from reward_server.config.tenants import DEFAULT_TENANT, Tenant, TenantKeys, current_tenant
 from reward_server.errors import UnauthorizedError
-from reward_server.scoring.service import Service
 
 __all__ = [
     "TENANT_STATE",
     "Authorized",
-    "ServiceDep",
-    "get_service",
     "get_tenant_keys",
     "require_api_key",
 ]
@@ -29,11 +26,6 @@ __all__ = [
 #: Where the request's tenant name is kept in ``request.state`` (the scope's "state"), for
 #: the metrics middleware, which runs outside the route.
 TENANT_STATE = "tenant"
-
-
-def get_service(request: Request) -> Service:
-    """The app's Service."""
-    return request.app.state.service  # type: ignore[no-any-return]
 
 
 def get_tenant_keys(request: Request) -> TenantKeys:
@@ -71,5 +63,4 @@ async def require_api_key(
     return tenant
 
 
-ServiceDep = Annotated[Service, Depends(get_service)]
 Authorized = Annotated[Tenant, Depends(require_api_key)]

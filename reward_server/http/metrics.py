@@ -1,5 +1,5 @@
-"""The HTTP layer's series: requests by endpoint and status, their latency, those being
-handled, error answers, and the requests that authenticated, by tenant. They live in the
+"""The HTTP layer's series: items scored by endpoint, requests by endpoint and status, their
+latency, those being handled, error answers, and the requests that authenticated, by tenant. They live in the
 app's one registry, beside the core's (:class:`~reward_server.scoring.metrics.Metrics`)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ __all__ = ["HttpMetrics", "app_metrics"]
 
 
 class HttpMetrics:
-    """Counted by the metrics middleware and the error answers."""
+    """Counted by the scoring routes, the metrics middleware and the error answers."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         endpoint, tenant = ("endpoint",), ("tenant",)
+        self.items = counter(registry, "items", "Items scored successfully, by endpoint.", endpoint)
         self.requests = counter(
             registry, "requests", "HTTP requests by endpoint and status.", (*endpoint, "status")
         )

@@ -133,8 +133,8 @@ class RewardServerReplica:
 
     def check_health(self) -> None:
         """Raise (so that Serve replaces the replica) once its scheduler stopped unasked."""
-        service = self.app.state.service
-        if not service.ready and not service.draining:
+        registry = self.app.state.registry
+        if not registry.ready and not registry.draining:
             raise RuntimeError("the reward model's scheduler is not running")
 
 

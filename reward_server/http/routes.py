@@ -1,6 +1,7 @@
 """This server's own routes: ``/score``, ``/health``, ``/info``, ``/metrics``. Each validates
 the body (:mod:`~reward_server.http.schemas`), checks the key (:mod:`~reward_server.http.auth`),
-hands the items to the service as plain data and shapes the answer. Other servers' routes
+hands the items to the scoring pipeline as plain data (:mod:`~reward_server.http.scoring`)
+and shapes the answer. Other servers' routes
 (vLLM, TEI, OpenRLHF) are in :mod:`reward_server.http.compat`. No torch; failures answer
 through :mod:`reward_server.http.errors`."""
 
@@ -11,7 +12,7 @@ from fastapi.responses import Response
 
 from reward_server import __version__
 from reward_server.errors import NotReadyError
-from reward_server.http.auth import Authorized, ServiceDep
+from reward_server.http.auth import Authorized
 from reward_server.http.errors import ERROR_DOCS, error_response
 from reward_server.http.schemas import (
     ErrorResponse,
@@ -20,10 +21,13 @@ from reward_server.http.schemas import (
     ScoreRequest,
     ScoreResponse,
 )
+from reward_server.http.scoring import RegistryDep
+from reward_server.http.scoring import score as score_items
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.items import Conversations, Items, Pairs, Texts
 from reward_server.scoring.metrics import CONTENT_TYPE
-from reward_server.scoring.service import Scored
+from reward_server.scoring.pipeline import ScoreOptions
+from reward_server.scoring.scored import Scored
 
 __all__ = ["router"]
 
@@ -73,17 +77,13 @@ def _score_response(scored: Scored, body: ScoreRequest) -> ScoreResponse:
     response_model_exclude_none=True,
     responses=ERROR_DOCS,
 )
-async def score(
-    body: ScoreRequest, request: Request, service: ServiceDep, _auth: Authorized
-) -> ScoreResponse:
+async def score(body: ScoreRequest, request: Request, _auth: Authorized) -> ScoreResponse:
     """Score texts, query/response pairs or conversations with the reward model(s)."""
-    scored = await service.score(
-        request.receive,
+    scored = await score_items(
+        request,
         "/score",
         _request_items(body),
-        truncate=body.truncate,
-        model=body.model,
-        cache=body.cache,
+        ScoreOptions(truncate=body.truncate, model=body.model, cache=body.cache),
     )
     return _score_response(scored, body)
 
@@ -93,11 +93,11 @@ async def score(
     response_model=HealthResponse,
     responses={503: {"model": ErrorResponse, "description": "Loading or draining"}},
 )
-async def health(service: ServiceDep) -> Response | HealthResponse:
-    """200 when the model is loaded and the batcher runs; 503 while loading or draining."""
-    if service.ready:
+async def health(registry: RegistryDep) -> Response | HealthResponse:
+    """200 when the models are loaded and their schedulers run; 503 while loading or draining."""
+    if registry.ready:
         return HealthResponse(status="ok")
-    message = "draining" if service.draining else "loading"
+    message = "draining" if registry.draining else "loading"
     return error_response(503, "not_ready", message, None)
 
 
@@ -107,28 +107,28 @@ async def health(service: ServiceDep) -> Response | HealthResponse:
     # No body and no scoring: a wrong key or a server still loading are its only errors.
     responses={status: ERROR_DOCS[status] for status in (401, 503)},
 )
-async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
+async def info(registry: RegistryDep, _auth: Authorized) -> InfoResponse:
     """The models served and the server's batching limits (never the API key); the top-level
     model fields describe the first model."""
-    if not service.loaded:
+    if not registry.loaded:
         raise NotReadyError("the model is loading")
-    s = service.settings
-    first = service.model  # None when only verifiers are served: no model fields then
+    s = registry.settings
+    first = registry.model  # None when only verifiers are served: no model fields then
     return InfoResponse.model_validate(
         {
             **(first.info() if first is not None else {}),
             "truncate": not s.no_truncate,
-            "max_batch_tokens": service.max_batch_tokens,
+            "max_batch_tokens": registry.max_batch_tokens,
             "max_batch_size": s.max_batch_size,
             "max_wait_ms": s.max_wait_ms,
-            "max_client_batch": service.max_client_batch,
+            "max_client_batch": s.effective_max_client_batch,
             "max_queue": s.max_queue,
             "max_body_bytes": s.max_body_bytes,
             "auth": s.tenants is not None,
             "policy_tokenizer": s.policy_tokenizer,
-            "engine": service.engine,
-            "models": service.models_info(),
-            "aggregate": service.aggregate,
+            "engine": registry.engine,
+            "models": registry.models_info(),
+            "aggregate": registry.aggregate,
             "version": __version__,
         }
     )
@@ -141,6 +141,6 @@ async def info(service: ServiceDep, _auth: Authorized) -> InfoResponse:
         200: {"content": {CONTENT_TYPE.split(";")[0]: {}}, "description": "Prometheus text"}
     },
 )
-async def metrics(service: ServiceDep) -> Response:
+async def metrics(registry: RegistryDep) -> Response:
     """Prometheus metrics in the text exposition format."""
-    return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(registry.metrics.render(), media_type=CONTENT_TYPE)

@@ -11,7 +11,7 @@ core (which submits token-id rows) and the engines (which only run rows).
   batches by itself.
 * :mod:`~reward_server.scheduling.tenant_queues` and :mod:`~reward_server.scheduling.fairness`:
   one queue per tenant, deficit round robin, per-tenant admission and rate buckets (one
-  :class:`TokenBuckets` per app, which the service owns).
+  :class:`TokenBuckets` per app, which the registry owns).
 * :mod:`~reward_server.scheduling.rate_limit`: the sliding-window start limit of requests to a
   remote reward service.
 

@@ -121,6 +121,10 @@ class AdmissionScheduler:
         """Rows admitted and not finished (waiting for their turn or in vLLM)."""
         return self._in_flight
 
+    def queued_by_tenant(self) -> dict[str, int]:
+        """Rows admitted and not finished, by tenant."""
+        return self._admission.queued_by_tenant()
+
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work; wait for the rows admitted (drain) or cancel them."""
         self._closing = True
@@ -133,11 +137,6 @@ class AdmissionScheduler:
                 task.cancel()
         if self._idle is not None:
             await self._idle.wait()
-
-    @property
-    def in_engine(self) -> int:
-        """Rows handed to vLLM and not finished."""
-        return self._in_engine
 
     async def submit(self, items: Sequence[Sequence[int]]) -> list[Any]:
         """Values of ``items`` (scores, a judge's answers) in order, all or nothing;

@@ -5,7 +5,7 @@ collects more until a micro-batch is full (``max_batch_size`` rows or the padded
 ``max_len * rows <= max_batch_tokens``) or ``max_wait_ms`` has passed since the oldest item
 arrived, then also takes whatever else is already waiting (up to a window of a few batches),
 sorts the window by length and cuts it into micro-batches, and runs them one at a time on
-one worker thread (the service's compute thread). Results go back by index; a failing micro-batch fails only the
+one worker thread (the registry's compute thread). Results go back by index; a failing micro-batch fails only the
 requests that had an item in it.
 
 Where to cut a sorted window is a trade-off the device decides: every forward pass has a
@@ -242,7 +242,7 @@ class Batcher:
         list of every label's logit for a scorer's ``logits_batch``). ``split_overhead_tokens``:
         what one extra forward pass costs, in padded tokens; None learns it from the passes
         run (the usual choice). ``executor``: where ``run_batch`` runs (one worker: the
-        service's compute thread, which the caller shuts down); None starts a private thread,
+        registry's compute thread, which the caller shuts down); None starts a private thread,
         shut down by :meth:`stop`. ``buckets``: the tenants' rate-limit buckets, shared by
         the app's schedulers (None: this batcher's own)."""
         max_batch_tokens, max_batch_size = limits.max_batch_tokens, limits.max_batch_size
@@ -330,9 +330,9 @@ class Batcher:
         for item in self._tenants.drain():
             self._finish_request(item.request, exc)
 
-    def tenant_queued(self, name: str) -> int:
-        """Items of tenant ``name`` admitted and waiting for their micro-batch to start."""
-        return self._admission.queued(name)
+    def queued_by_tenant(self) -> dict[str, int]:
+        """Items admitted and waiting for their micro-batch to start, by tenant."""
+        return self._admission.queued_by_tenant()
 
     # ------------------------------------------------------------------ submit
 

@@ -83,6 +83,10 @@ class Scheduler(Protocol):
         """Items admitted and not yet started."""
         ...
 
+    def queued_by_tenant(self) -> dict[str, int]:
+        """The same, by tenant (tenants with none are left out)."""
+        ...
+
     async def start(self) -> None:
         """Start taking work (on the running event loop)."""
         ...

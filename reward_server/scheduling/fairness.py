@@ -14,7 +14,7 @@ keeps each tenant's place in the queues and the tokens in its bucket.
   sizes of their requests, and a tenant that arrives waits for at most one turn of each
   other tenant.
 * :class:`TokenBuckets`: one bucket per tenant with a ``tokens_per_s`` limit. One set per
-  app (the service makes it and hands it to every served model's scheduler), so a tenant's
+  app (the registry makes it and hands it to every served model's scheduler), so a tenant's
   limit holds across the models it scores against, and two apps in one process (tests, Ray
   Serve replicas) never share a bucket.
 * :class:`TenantAdmission`: the per-tenant half of admission (the queue share, then the rate
@@ -194,7 +194,7 @@ class TenantAdmission:
 
     def __init__(self, max_queue: int, buckets: TokenBuckets | None = None) -> None:
         self.max_queue = max_queue
-        # None: buckets of this scheduler's own (the service passes the app's).
+        # None: buckets of this scheduler's own (the registry passes the app's).
         self.buckets = TokenBuckets() if buckets is None else buckets
         self._shares: dict[str, _Share] = {}
 
@@ -259,6 +259,10 @@ class TenantAdmission:
     def with_work(self) -> Iterable[str]:
         """Names of the tenants with entries queued."""
         return list(self._shares)
+
+    def queued_by_tenant(self) -> dict[str, int]:
+        """Entries admitted and not started, by tenant (tenants with none are left out)."""
+        return {name: share.queued for name, share in self._shares.items()}
 
 
 def _clamp(seconds: float) -> float:

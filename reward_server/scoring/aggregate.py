@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
-from reward_server.config.models_file import AggregateName
+from reward_server.config import AggregateName
 
 __all__ = [
     "AGGREGATES",

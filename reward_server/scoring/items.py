@@ -1,7 +1,7 @@
 """A request's items as plain data, and how a served model reads them.
 
 The HTTP layer turns each route's body into one of the shapes below: values, never
-callables. The served models read them on the service's tokenizer thread, each kind through
+callables. The served models read them on the registry's tokenizer thread, each kind through
 one reader here: as texts in their own chat template (:func:`render`), as conversations
 whose last message is the response (:func:`conversations`: process reward models score the
 response's steps), as a verifier's tasks (:func:`tasks`: prompt, response and label; remote

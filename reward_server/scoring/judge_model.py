@@ -147,7 +147,7 @@ class JudgeModel(BatchedModel):
 
 
 def load_judge(spec: ModelSpec, options: LoadOptions, engine: str) -> JudgeModel:
-    """Load the judge of a ``kind: judge`` entry on the calling thread (the service's compute
+    """Load the judge of a ``kind: judge`` entry on the calling thread (the registry's compute
     thread): its template, then its causal LM; ModelLoadError when either fails."""
     modules = {DEFAULT_ENGINE: "_judge", "vllm": "_vllm_judge"}
     if engine not in modules:

@@ -1,15 +1,15 @@
 """Loading one entry of the models file, whatever its kind, as a served model: a sequence
 or process reward model, a judge, a verifier's worker pool or a remote component.
 
-Called by :class:`~reward_server.scoring.service.Service` on its compute thread (see the
-service's module docstring for why every model loads on the thread that later scores);
-the service keeps the models loaded here and closes them when it stops.
+Called by :class:`~reward_server.scoring.registry.ModelRegistry` on its compute thread (see the
+registry's module docstring for why every model loads on the thread that later scores);
+the registry keeps the models loaded here and closes them when it stops.
 """
 
 from __future__ import annotations
 
+from reward_server.config import LoadOptions
 from reward_server.config.models_file import ModelSpec
-from reward_server.engines import LoadOptions
 from reward_server.errors import ModelLoadError
 from reward_server.scoring.judge_model import load_judge
 from reward_server.scoring.remote_model import load_remote

@@ -3,7 +3,7 @@
 Counters and histograms count where things happen (a request's items, each forward pass, the
 score cache's hits). The gauges (queues, verifier workers, readiness, the score cache's size,
 the tenants in force) are read when Prometheus scrapes, by one collector, from one plain
-snapshot of the service (:class:`ServiceState`, from each served model's and the cache's
+snapshot of the served models (:class:`RegistryState`, from each served model's and the cache's
 ``snapshot()``) and the tenants in force. The HTTP layer's series
 (:mod:`reward_server.http.metrics`) live in the same registry.
 """
@@ -32,7 +32,7 @@ __all__ = [
     "CacheState",
     "Metrics",
     "ModelState",
-    "ServiceState",
+    "RegistryState",
     "counter",
     "gauge",
     "histogram",
@@ -83,6 +83,8 @@ class ModelState:
     #: A verifier's workers ready now (processes, or a code verifier's test slots); None
     #: for the other kinds.
     live_workers: int | None = None
+    #: ``queued`` by tenant, for the models whose scheduler keeps tenant queues.
+    tenants_queued: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +96,8 @@ class CacheState:
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceState:
-    """The service at a scrape: whether it accepts work, its started models, its cache."""
+class RegistryState:
+    """The served models at a scrape: whether they accept work, the started ones, the cache."""
 
     ready: bool = False
     models: tuple[ModelState, ...] = ()
@@ -108,9 +110,9 @@ class ServiceState:
 
 
 class StateSource(Protocol):
-    """What the collector reads the service's state from (the service is one)."""
+    """What the collector reads the served models' state from (the model registry is one)."""
 
-    def snapshot(self) -> ServiceState:
+    def snapshot(self) -> RegistryState:
         """The state now."""
         ...
 
@@ -133,21 +135,21 @@ class _StateCollector:
     until :meth:`Metrics.watch` names what to read)."""
 
     def __init__(self) -> None:
-        self.service: StateSource | None = None
+        self.models: StateSource | None = None
         self.tenants: TenantSource | None = None
 
     def describe(self) -> list[GaugeMetricFamily]:
         """The families, without reading anything (the registry's names)."""
-        return list(self._families(ServiceState(), 0))
+        return list(self._families(RegistryState(), 0))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The families with their values now."""
-        state = self.service.snapshot() if self.service is not None else ServiceState()
+        state = self.models.snapshot() if self.models is not None else RegistryState()
         tenants = self.tenants.count if self.tenants is not None else 0
         return self._families(state, tenants)
 
     @staticmethod
-    def _families(state: ServiceState, tenants: int) -> Iterator[GaugeMetricFamily]:
+    def _families(state: RegistryState, tenants: int) -> Iterator[GaugeMetricFamily]:
         yield _gauge("queue_items", "Items waiting to be scored.", state.queued)
         yield _gauge("ready", "1 when the server accepts work.", 1.0 if state.ready else 0.0)
         model = ["model"]
@@ -157,12 +159,23 @@ class _StateCollector:
         workers = GaugeMetricFamily(
             f"{PREFIX}_verifier_workers", "Live worker processes of each verifier.", labels=model
         )
+        by_tenant: dict[str, int] = {}
         for one in state.models:
             queued.add_metric([one.name], one.queued)
             if one.live_workers is not None:
                 workers.add_metric([one.name], one.live_workers)
+            for tenant, n in one.tenants_queued:
+                by_tenant[tenant] = by_tenant.get(tenant, 0) + n
         yield queued
         yield workers
+        tenant_queued = GaugeMetricFamily(
+            f"{PREFIX}_tenant_queue_items",
+            "Items waiting, by tenant, over every model (tenants with none are left out).",
+            labels=["tenant"],
+        )
+        for tenant, n in sorted(by_tenant.items()):
+            tenant_queued.add_metric([tenant], n)
+        yield tenant_queued
         yield _gauge(
             "score_cache_entries", "Entries the score cache holds now.", state.cache.entries
         )
@@ -182,10 +195,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        # Scoring (the service).
-        self.items = self._counter(
-            "items", "Items scored successfully, by endpoint.", ("endpoint",)
-        )
+        # Scoring (the pipeline; the items by endpoint are the HTTP layer's).
         self.tokens = self._counter("tokens", "Tokens scored (unpadded).")
         self.truncated = self._counter("truncated_items", "Items truncated.")
         # Forward passes (the batcher, through on_batch).
@@ -213,9 +223,9 @@ class Metrics:
         self._state = _StateCollector()
         self.registry.register(self._state)
 
-    def watch(self, service: StateSource, tenants: TenantSource) -> None:
-        """Read the gauges from ``service``'s snapshot and ``tenants`` at every scrape."""
-        self._state.service = service
+    def watch(self, models: StateSource, tenants: TenantSource) -> None:
+        """Read the gauges from ``models``' snapshot and ``tenants`` at every scrape."""
+        self._state.models = models
         self._state.tenants = tenants
 
     def _model_series(self) -> None:

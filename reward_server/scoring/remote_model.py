@@ -198,7 +198,7 @@ class RemoteModel:
         )
 
     async def start(self, ctx: ServingContext) -> None:
-        """Take the service's context and make the client."""
+        """Take the registry's context and make the client."""
         self._ctx = ctx
         self._client = self.make_client()
         self.running = True
@@ -302,7 +302,7 @@ class RemoteModel:
 
 def load_remote(spec: ModelSpec) -> RemoteModel:
     """A ``kind: remote`` entry: its template compiled and its key's variable checked now
-    (ModelLoadError); the client is made when the service starts."""
+    (ModelLoadError); the client is made when the registry starts."""
     template = None
     if spec.template is not None:
         template = JudgeTemplate.from_setting(spec.template, spec.name)

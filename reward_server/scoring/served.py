@@ -1,14 +1,14 @@
 """Served models: one per reward model the server serves, each turning a request's items
 into per-item results with its own scorer, rendering and scheduler (no torch, no HTTP).
 
-A served model renders and tokenizes on the service's tokenizer thread (reading the
+A served model renders and tokenizes on the registry's tokenizer thread (reading the
 request's plain :mod:`~reward_server.scoring.items`), queues the token-id rows on its own
 scheduler (:func:`~reward_server.scheduling.make_scheduler`: the micro-batcher whose passes
-run on the service's one compute thread, or admission around an engine that batches by
+run on the registry's one compute thread, or admission around an engine that batches by
 itself) and gives back one
 :class:`ItemResult` per item. Rows whose exact token ids the score cache holds, that another
 request is scoring, or that repeat an earlier row of the request are not queued again
-(:mod:`reward_server.scoring.score_cache`). The service fans a request out to its models and
+(:mod:`reward_server.scoring.score_cache`). The scoring pipeline fans a request out to the models and
 combines their results (:mod:`reward_server.scoring.aggregate`).
 
 Nouns: an engine loads a :class:`~reward_server.engines.Scorer` (or a process model's
@@ -32,9 +32,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
+from reward_server.config import LoadOptions
 from reward_server.config.models_file import ModelSpec
 from reward_server.engines import (
-    LoadOptions,
     MultiLabel,
     Scorer,
     load_process_scorer,
@@ -120,9 +120,9 @@ class Tokenized(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ServingContext:
-    """What the service lends every served model: its two threads, its settings, its
+    """What the registry lends every served model: its two threads, its settings, its
     metrics, the policy's chat template (``--policy-tokenizer``), the score cache that every
-    served model shares (None: no cache) and the tenants' rate buckets. The service makes one
+    served model shares (None: no cache) and the tenants' rate buckets. The registry makes one
     context when the app starts, so the buckets are the app's: shared by its models' schedulers,
     never by another app in the process."""
 
@@ -136,7 +136,7 @@ class ServingContext:
 
 
 class ServedModel(Protocol):
-    """One served reward model (or verifier) as the service uses it."""
+    """One served reward model (or verifier) as the registry and pipeline use it."""
 
     #: The models-file entry (for a plain --model server, one made from the flags).
     spec: ModelSpec
@@ -196,7 +196,7 @@ class ServedModel(Protocol):
 
 
 class BatchedModel(abc.ABC):
-    """A served model whose rows go through a scheduler: the micro-batcher on the service's
+    """A served model whose rows go through a scheduler: the micro-batcher on the registry's
     compute thread, or admission around the engine when it batches by itself."""
 
     kind: ClassVar[str]
@@ -294,7 +294,10 @@ class BatchedModel(abc.ABC):
 
     def snapshot(self) -> ModelState | None:
         """Its queue for /metrics at a scrape; None until started."""
-        return None if self._ctx is None else ModelState(self.name, self.queued)
+        if self._ctx is None:
+            return None
+        by_tenant = {} if self.scheduler is None else self.scheduler.queued_by_tenant()
+        return ModelState(self.name, self.queued, tenants_queued=tuple(sorted(by_tenant.items())))
 
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work; finish (drain) or fail what is queued."""
@@ -564,7 +567,7 @@ def served_model_for(spec: ModelSpec, scorer: Scorer | StepScorer) -> ServedMode
 
 def load_served_model(spec: ModelSpec, options: LoadOptions, engine: str) -> ServedModel:
     """Load the model of ``spec`` with ``options`` as a served model, on the calling thread (the
-    service's compute thread); raises ModelLoadError."""
+    registry's compute thread); raises ModelLoadError."""
     scorer: Scorer | StepScorer
     if spec.kind == "process":
         steps = StepOptions(spec.step_separator, spec.step_tag, spec.step_aggregate)

@@ -107,7 +107,7 @@ class VerifierModel:
         return self.pool.busy
 
     async def start(self, ctx: ServingContext) -> None:
-        """Take the service's context (the pool's workers started at load time)."""
+        """Take the registry's context (the pool's workers started at load time)."""
         self._ctx = ctx
         self.running = True
 

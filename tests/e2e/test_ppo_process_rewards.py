@@ -28,8 +28,7 @@ import tiny_models
 from ppo_client import PPOTrainer
 from ppo_client.config import ConfigError
 from reward_client import RewardClient
-from reward_server.config import ServerSettings
-from reward_server.engines import LoadOptions
+from reward_server.config import LoadOptions, ServerSettings
 from reward_server.engines._process_reward import load
 from reward_server.http.app import create_app
 from reward_server.text.steps import StepOptions

@@ -269,7 +269,7 @@ def test_objectives_naming_no_label_fail_the_load(tmp_path: Path, armo_rm: Path)
     )
     app = create_app(settings(models=str(path)))
     with pytest.raises(ModelLoadError, match=r"model 'armo'.*unknown label\(s\) 'honesty'"):
-        app.state.service.load()
+        app.state.registry.load()
 
 
 def test_protocols_serve_the_combined_score_as_one_label(two_models: TestClient) -> None:

@@ -208,17 +208,17 @@ def test_slime_gets_the_combined_score_and_needs_the_key(
 
 @pytest.fixture(scope="module")
 def recorded(llama_rm: Path) -> Iterator[tuple[TestClient, list[Items]]]:
-    """An app in process whose service records the items each request hands it."""
+    """An app in process whose scoring pipeline records the items each request hands it."""
     seen: list[Items] = []
     app = create_app(ServerSettings(model=str(llama_rm)))
-    service = app.state.service
-    score = service.score
+    pipeline = app.state.pipeline
+    score = pipeline.score
 
-    async def recording(receive: Any, endpoint: str, items: Items, **kwargs: Any) -> Any:
+    async def recording(items: Items, *args: Any) -> Any:
         seen.append(items)
-        return await score(receive, endpoint, items, **kwargs)
+        return await score(items, *args)
 
-    service.score = recording
+    pipeline.score = recording
     with TestClient(app) as client:
         yield client, seen
 

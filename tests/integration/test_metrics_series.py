@@ -50,6 +50,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "reward_server_model_items": ("counter", "Items scored, by model."),
     "reward_server_model_queue_items": ("gauge", "Items waiting, by model."),
     "reward_server_model_tokens": ("counter", "Tokens scored, by model."),
+    "reward_server_tenant_queue_items": (
+        "gauge",
+        "Items waiting, by tenant, over every model (tenants with none are left out).",
+    ),
     "reward_server_queue_items": ("gauge", "Items waiting to be scored."),
     "reward_server_queue_wait_seconds": (
         "histogram",

@@ -20,7 +20,7 @@ from reward_server.config import ServerSettings
 from reward_server.engines.transformers import RewardModel
 from reward_server.errors import ChatTemplateError, ModelLoadError, TextTooLongError
 from reward_server.http.app import create_app
-from reward_server.scoring.service import COMPUTE_THREAD_PREFIX
+from reward_server.scoring.registry import COMPUTE_THREAD_PREFIX
 from reward_server.text.rendering import Encoded
 
 ATOL = 1e-5
@@ -486,7 +486,7 @@ def test_loading_and_scoring_run_on_the_one_compute_thread(
     passes: list[threading.Thread] = []
     app = create_app(ServerSettings(model=str(bert_rm)))  # the server's way: it loads
     with TestClient(app) as client:
-        rm = app.state.service.model
+        rm = app.state.registry.model
         rm.model.register_forward_pre_hook(lambda *_: passes.append(threading.current_thread()))
         r = client.post("/score", json={"texts": ["a short text", "and a longer one here"]})
         assert r.status_code == 200, r.text

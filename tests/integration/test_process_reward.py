@@ -13,7 +13,8 @@ import torch
 from transformers import AutoModel, AutoModelForTokenClassification, AutoTokenizer
 
 import tiny_models
-from reward_server.engines import LoadOptions, load_process_scorer
+from reward_server.config import LoadOptions
+from reward_server.engines import load_process_scorer
 from reward_server.engines._process_reward import ProcessRewardModel, _auto_class, load
 from reward_server.errors import (
     ModelLoadError,

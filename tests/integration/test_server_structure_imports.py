@@ -10,7 +10,7 @@ from test_server_structure import NEEDS_TORCH, _server_modules
 
 def test_http_rendering_and_batching_modules_import_no_torch() -> None:
     light = [name for name in _server_modules() if name not in NEEDS_TORCH]
-    assert "reward_server.scoring.service" in light and "reward_server.http.app" in light
+    assert "reward_server.scoring.pipeline" in light and "reward_server.http.app" in light
     code = (
         "import sys\n"
         + "".join(f"import {name}\n" for name in light)

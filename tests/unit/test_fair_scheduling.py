@@ -112,7 +112,7 @@ def test_a_tenant_arriving_behind_a_flood_is_served_in_the_next_pass() -> None:
         await settle()
         small = spawn(tb, b.submit, rows(B, 4))
         await settle()
-        assert b.tenant_queued("B") == 4
+        assert b.queued_by_tenant().get("B", 0) == 4
         scorer.gate.set()
         assert await small == [10.0 * B] * 4
         await asyncio.gather(*flood)
@@ -297,7 +297,7 @@ def test_one_tenant_alone_is_batched_as_before() -> None:
         await b.stop()
         # One window of two passes, sorted by length: the short rows together.
         assert [len(p) for p in scorer.passes] == [1, 4, 4]
-        assert b.tenant_queued("A") == 0
+        assert b.queued_by_tenant() == {}
 
     run(main())
 
@@ -313,16 +313,16 @@ def test_queue_share_refuses_one_tenant_and_admits_the_other() -> None:
         await asyncio.to_thread(scorer.entered.wait, 10)  # started: no longer queued
         queued = spawn(ta, b.submit, rows(A, 4))
         await settle()
-        assert b.tenant_queued("A") == 4
+        assert b.queued_by_tenant().get("A", 0) == 4
         with pytest.raises(TenantLimitError) as info:
             await as_tenant(ta, b.submit, rows(A, 2))
         assert isinstance(info.value, QueueFullError)  # a 429 at the edge
         assert "'A'" in str(info.value) and "share of the queue is 5" in str(info.value)
         assert info.value.retry_after > 0
-        assert b.tenant_queued("A") == 4  # all or nothing: nothing of it was counted
+        assert b.queued_by_tenant().get("A", 0) == 4  # all or nothing: nothing of it was counted
         other = spawn(tb, b.submit, rows(B, 4))  # B has its own share
         await settle()
-        assert b.tenant_queued("B") == 4
+        assert b.queued_by_tenant().get("B", 0) == 4
         # A lone request always fits its tenant's share (not the whole queue, though).
         with pytest.raises(QueueFullError) as full:
             await as_tenant(Tenant("C", queue_share=0.1), b.submit, rows(A, 3))
@@ -428,7 +428,7 @@ def test_cancelled_requests_leave_no_count_behind() -> None:
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
-        assert b.tenant_queued("A") == 0 and b.queued == 4
+        assert b.queued_by_tenant().get("A", 0) == 0 and b.queued == 4
         scorer.gate.set()
         await asyncio.gather(running, other)
         await b.stop()
@@ -472,6 +472,7 @@ class FakeRows:
         self.order: list[int] = []  # owner of each request, as handed over
         self.lengths: list[int] = []  # its first row's length
         self.finish = asyncio.Event()
+        self.holding = 0  # rows handed over and not finished
 
     @property
     def errored(self) -> bool:
@@ -484,7 +485,11 @@ class FakeRows:
     async def run_rows(self, rows: Sequence[Sequence[int]]) -> tuple[list[Any], int]:
         self.order.append(rows[0][0])
         self.lengths.append(len(rows[0]))
-        await self.finish.wait()
+        self.holding += len(rows)
+        try:
+            await self.finish.wait()
+        finally:
+            self.holding -= len(rows)
         return [float(sum(row)) for row in rows], 0
 
 
@@ -506,7 +511,7 @@ def test_vllm_hands_requests_over_in_fair_order() -> None:
         small = spawn(Tenant("B"), sched.submit, rows(B, 2))
         await settle()
         # vLLM holds 4 rows (A's first two requests); the rest wait their turn here.
-        assert engine.order == [A, A] and sched.in_engine == 4 and sched.queued == 22
+        assert engine.order == [A, A] and engine.holding == 4 and sched.queued == 22
         engine.finish.set()
         assert await small == [20.0, 20.0]
         await asyncio.gather(*flood)
@@ -567,7 +572,7 @@ def test_vllm_per_tenant_admission_and_a_request_cancelled_while_waiting() -> No
             await as_tenant(ta, sched.submit, rows(A, 3))
         waiting = spawn(Tenant("B"), sched.submit, rows(B, 3))
         await settle()
-        assert sched.queued == 5 and sched.in_engine == 2
+        assert sched.queued == 5 and engine.holding == 2
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
@@ -592,7 +597,7 @@ def test_vllm_stop_drains_or_fails_the_requests_waiting_their_turn() -> None:
         await sched.start()
         tasks = [spawn(Tenant("A"), sched.submit, rows(A, 2)) for _ in range(3)]
         await settle()
-        assert sched.in_engine == 2 and sched.queued == 6
+        assert engine.holding == 2 and sched.queued == 6
         stopping = asyncio.ensure_future(sched.stop())  # drain: the waiting ones still run
         await settle()
         with pytest.raises(BatcherClosedError):

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from reward_server.cli import parse_settings
-from reward_server.config import ServerSettings
+from reward_server.config import LoadOptions, ServerSettings
 from reward_server.config.models_file import ModelsFileError, parse_models_file, read_models_file
-from reward_server.engines import LoadOptions
 
 GOOD = """\
 aggregate: mean

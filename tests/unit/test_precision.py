@@ -22,7 +22,7 @@ from examples import demo_models
 from ppo_client.config import ConfigError, PPOConfig
 from ppo_client.precision import CpuBf16, cpu_bf16_support
 from ppo_client.trainer import PPOTrainer
-from reward_server.engines import LoadOptions
+from reward_server.config import LoadOptions
 from reward_server.engines._checkpoint import cpu_has_native_bf16
 from reward_server.engines.transformers import load_parts
 

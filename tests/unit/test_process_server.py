@@ -14,8 +14,7 @@ from fastapi.testclient import TestClient
 from test_server_api import assert_error
 
 import tiny_models
-from reward_server.config import ServerSettings
-from reward_server.engines import LoadOptions
+from reward_server.config import LoadOptions, ServerSettings
 from reward_server.engines._process_reward import load
 from reward_server.http.app import create_app
 from reward_server.text.steps import StepOptions, StepResult

@@ -469,7 +469,7 @@ def test_client_disconnect_drops_its_queued_items() -> None:
 
     async def scenario() -> None:
         async with app.router.lifespan_context(app):
-            batcher = app.state.service.batcher
+            registry = app.state.registry  # its snapshot is what /metrics reads
             gone = asyncio.Event()
             messages = [
                 {"type": "http.request", "body": json.dumps({"texts": ["a", "b", "c"]}).encode()}
@@ -492,9 +492,9 @@ def test_client_disconnect_drops_its_queued_items() -> None:
             }  # fmt: skip
             request = asyncio.create_task(app(scope, receive, send))
             await asyncio.to_thread(fake.entered.wait, 30)  # "a" runs, "b" and "c" wait
-            assert batcher.queued == 2
+            assert registry.snapshot().queued == 2
             gone.set()  # the client hangs up
-            while batcher.queued:
+            while registry.snapshot().queued:
                 await asyncio.sleep(0.01)
             fake.gate.set()
             await request
@@ -506,6 +506,27 @@ def test_client_disconnect_drops_its_queued_items() -> None:
     asyncio.run(scenario())
     assert fake.batches == [1, 1]  # "a" (already running) and "next"; "b" and "c" dropped
     assert sent[0]["status"] == 499
+
+
+def test_rows_waiting_show_in_metrics_by_tenant() -> None:
+    fake = FakeModel()
+    fake.gate = threading.Event()
+    app = create_app(settings(max_batch_size=1, max_wait_ms=0), model=fake)
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://rm") as http:
+                request = asyncio.create_task(http.post("/score", json={"texts": ["a", "b", "c"]}))
+                await asyncio.to_thread(fake.entered.wait, 30)  # "a" runs, "b" and "c" wait
+                text = (await http.get("/metrics")).text
+                fake.gate.set()
+                assert (await request).status_code == 200
+                after = (await http.get("/metrics")).text
+        assert 'reward_server_tenant_queue_items{tenant="default"} 2.0' in text
+        assert "reward_server_tenant_queue_items{" not in after  # nothing waits any more
+
+    asyncio.run(scenario())
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -524,7 +545,7 @@ def test_health_before_start_and_while_draining(fake: FakeModel) -> None:
 
     async def draining(http: httpx.AsyncClient) -> None:
         assert (await http.get("/health")).json() == {"status": "ok"}
-        app.state.service.begin_drain()  # what SIGTERM does first
+        app.state.registry.begin_drain()  # what SIGTERM does first
         body = assert_error(await http.get("/health"), 503, "not_ready")
         assert body["error"] == "draining"
         # Requests that reach the app while draining were in flight: they are still served.

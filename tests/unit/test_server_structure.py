@@ -22,7 +22,8 @@ from reward_server.http import errors as http_errors
 from reward_server.http.app import create_app
 from reward_server.scheduling import AdmissionScheduler, Batcher
 from reward_server.scoring import items as items_module
-from reward_server.scoring.service import THREAD_PREFIX, Service
+from reward_server.scoring.pipeline import ScoringPipeline
+from reward_server.scoring.registry import THREAD_PREFIX
 from reward_server.text.rendering import Encoded
 
 #: The modules that load a model (torch, transformers, vLLM) and the Ray Serve entry point
@@ -70,15 +71,15 @@ def test_every_service_error_answers_through_the_table() -> None:
         assert kind != "internal_error", cls
 
 
-def test_items_cross_into_the_service_as_plain_data() -> None:
-    # The HTTP layer hands the service values, never callables that run later elsewhere.
+def test_items_cross_into_the_pipeline_as_plain_data() -> None:
+    # The HTTP layer hands the pipeline values, never callables that run later elsewhere.
     shapes = get_args(items_module.Items)
     assert len(shapes) == 5
     for shape in shapes:
         assert dataclasses.is_dataclass(shape) and shape.__dataclass_params__.frozen
         for field in dataclasses.fields(shape):
             assert "Callable" not in str(field.type), (shape.__name__, field.name, field.type)
-    score = inspect.signature(Service.score).parameters["items"]
+    score = inspect.signature(ScoringPipeline.score).parameters["items"]
     assert score.annotation == "Items"
 
 
@@ -163,8 +164,8 @@ def test_an_engine_with_its_own_scheduler_gets_the_rows() -> None:
         r = client.post("/score", json={"texts": ["ab", "c"]})
         assert r.status_code == 200, r.text
         assert r.json()["scores"] == [float(ord("a") + ord("b")), float(ord("c"))]
-        service = client.app.state.service  # type: ignore[attr-defined]
-        own = service.batcher
+        (served,) = client.app.state.registry.served  # type: ignore[attr-defined]
+        own = served.scheduler
         assert isinstance(own, AdmissionScheduler)
         assert not isinstance(own, Batcher)
     assert scorer.submits == [2]

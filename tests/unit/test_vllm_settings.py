@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reward_server.cli import parse_settings
-from reward_server.engines import LoadOptions
+from reward_server.config import LoadOptions
 from reward_server.engines import vllm as vllm_engine
 from reward_server.engines.vllm import bind_cpu_workers, engine_args, reserve_scheduler_cpus
 from reward_server.errors import ModelLoadError

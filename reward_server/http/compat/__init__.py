@@ -2,7 +2,7 @@
 OpenRLHF's (:mod:`.openrlhf`) and slime's (:mod:`.slime`).
 
 Each protocol is one module with its request and response bodies and its routes; all of
-them score through the same :class:`~reward_server.scoring.service.Service` as ``/score`` (admission,
+them score through the same :class:`~reward_server.scoring.pipeline.ScoringPipeline` as ``/score`` (admission,
 batching, auth, truncation, metrics; with several models, their combined score as one label) and answer errors from the one error table, in the body
 shape that protocol's clients read (:class:`ProtocolRoute`). Here: what they share.
 """
@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from reward_server.errors import ModelNotFoundError
 from reward_server.http.errors import ErrorBody, answer_error, default_error_body
 from reward_server.http.strict_json import StrictJSONRoute
-from reward_server.scoring.service import Scored
+from reward_server.scoring.scored import Scored
 
 __all__ = [
     "AGGREGATE_LABEL",

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from reward_server.http.auth import Authorized, ServiceDep
+from reward_server.http.auth import Authorized
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import GetRewardRequest, GetRewardResponse
+from reward_server.http.scoring import score
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.items import PolicyTexts
 
@@ -23,7 +24,7 @@ router = APIRouter(route_class=StrictJSONRoute)
 
 @router.post("/get_reward", response_model=GetRewardResponse, responses=ERROR_DOCS)
 async def get_reward(
-    body: GetRewardRequest, request: Request, service: ServiceDep, _auth: Authorized
+    body: GetRewardRequest, request: Request, _auth: Authorized
 ) -> GetRewardResponse:
     """OpenRLHF remote reward: score complete texts given as ``query`` (with --policy-tokenizer,
     their conversations recovered from the policy's chat template); with several models, their
@@ -35,7 +36,7 @@ async def get_reward(
     prompts = None if body.prompts is None else tuple(body.prompts)
     labels = None if body.labels is None else tuple(body.labels)
     items = PolicyTexts(tuple(texts), prompts, labels)
-    scored = await service.score(request.receive, "/get_reward", items, truncate=None)
+    scored = await score(request, "/get_reward", items)
     return GetRewardResponse(
         rewards=scored.scores,
         scores=scored.scores,

@@ -34,9 +34,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from reward_server.errors import RunRefusedError
-from reward_server.http.auth import Authorized, ServiceDep
+from reward_server.http.auth import Authorized
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import ErrorResponse
+from reward_server.http.scoring import run_code as run_in_sandbox
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult
 
@@ -212,9 +213,7 @@ RUN_CODE_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/run_code", response_model=RunCodeResponse, responses=RUN_CODE_ERRORS)
-async def run_code(
-    body: RunCodeRequest, request: Request, service: ServiceDep, _auth: Authorized
-) -> RunCodeResponse:
+async def run_code(body: RunCodeRequest, request: Request, _auth: Authorized) -> RunCodeResponse:
     """Run one program in the sandbox, as SandboxFusion's /run_code does."""
     run = CodeRun(
         code=body.code,
@@ -225,5 +224,5 @@ async def run_code(
         run_timeout_s=body.run_timeout,
         memory_mb=body.memory_limit_MB,
     )
-    result = await service.run_code(request.receive, run)
+    result = await run_in_sandbox(request, run)
     return run_code_response(result)

@@ -18,10 +18,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from reward_server.http.auth import Authorized, ServiceDep
+from reward_server.http.auth import Authorized
 from reward_server.http.compat import truncated_header
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import Conversation, Text
+from reward_server.http.scoring import score
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.items import Conversations, Items, Pairs
 
@@ -72,11 +73,10 @@ async def slime_reward(
     body: SlimeRewardRequest,
     request: Request,
     response: Response,
-    service: ServiceDep,
     _auth: Authorized,
 ) -> float:
     """slime's remote reward: the sample's score as a bare JSON number (with several models,
     their combined score)."""
-    scored = await service.score(request.receive, "/slime/reward", body.items(), truncate=None)
+    scored = await score(request, "/slime/reward", body.items())
     response.headers.update(truncated_header(scored.truncated))
     return scored.scores[0]

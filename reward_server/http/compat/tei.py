@@ -16,11 +16,13 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from reward_server.http.auth import Authorized, ServiceDep
+from reward_server.http.auth import Authorized
 from reward_server.http.compat import ProtocolRoute, activate, row_labels, rows, truncated_header
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import Text
+from reward_server.http.scoring import score
 from reward_server.scoring.items import Items, Pairs, Sequences, Texts
+from reward_server.scoring.pipeline import ScoreOptions
 
 __all__ = [
     "PredictRequest",
@@ -141,11 +143,10 @@ async def predict(
     body: PredictRequest,
     request: Request,
     response: Response,
-    service: ServiceDep,
     _auth: Authorized,
 ) -> list[Prediction] | list[list[Prediction]]:
     """TEI's sequence classification: every label's score per sequence, highest first."""
-    scored = await service.score(request.receive, "/predict", body.items(), truncate=body.truncate)
+    scored = await score(request, "/predict", body.items(), ScoreOptions(truncate=body.truncate))
     response.headers.update(truncated_header(scored.truncated))
     labels = row_labels(scored)
     answers = []

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from reward_server.errors import NotReadyError
-from reward_server.http.auth import Authorized, ServiceDep
+from reward_server.http.auth import Authorized
 from reward_server.http.compat import (
     ProtocolRoute,
     activate,
@@ -39,8 +39,11 @@ from reward_server.http.compat import (
 )
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import Conversation, StrList
+from reward_server.http.scoring import RegistryDep, score
 from reward_server.scoring.items import Conversations, Items, Texts
-from reward_server.scoring.service import Scored, Service
+from reward_server.scoring.pipeline import ScoreOptions
+from reward_server.scoring.registry import ModelRegistry
+from reward_server.scoring.scored import Scored
 
 __all__ = [
     "ClassificationData",
@@ -165,7 +168,7 @@ class VLLMRequest(BaseModel):
         return Texts(tuple(self.input or ()))
 
     def limits(self) -> tuple[bool | None, int | None]:
-        """``(truncate, max_tokens)`` for the service from ``truncate_prompt_tokens``."""
+        """``(truncate, max_tokens)`` for the pipeline from ``truncate_prompt_tokens``."""
         k = self.truncate_prompt_tokens
         if k is None:
             return None, None
@@ -253,19 +256,18 @@ class ModelList(BaseModel):
 
 
 async def _logits(
-    body: VLLMRequest, request: Request, response: Response, service: Service
+    body: VLLMRequest, request: Request, response: Response, registry: ModelRegistry
 ) -> tuple[list[list[float]], Scored, str]:
     """Every label's value per item (activated unless asked raw), the results, model name
     (with several models: their combined score as one label, named after them all)."""
-    if service.loaded:
-        check_model(body.model, service.name)
+    if registry.loaded:
+        check_model(body.model, registry.name)
     truncate, max_tokens = body.limits()
-    scored = await service.score(
-        request.receive, request.url.path, body.items(), truncate=truncate, max_tokens=max_tokens
-    )
+    options = ScoreOptions(truncate=truncate, max_tokens=max_tokens)
+    scored = await score(request, request.url.path, body.items(), options)
     response.headers.update(truncated_header(scored.truncated))
     values = rows(scored) if body.raw else [activate(row) for row in rows(scored)]
-    return values, scored, service.name
+    return values, scored, registry.name
 
 
 def _usage(scored: Scored) -> UsageInfo:
@@ -289,11 +291,11 @@ async def classify(
     body: VLLMRequest,
     request: Request,
     response: Response,
-    service: ServiceDep,
+    registry: RegistryDep,
     _auth: Authorized,
 ) -> ClassificationResponse:
     """vLLM's classification: every label's probability (or raw logit) per item."""
-    values, scored, name = await _logits(body, request, response, service)
+    values, scored, name = await _logits(body, request, response, registry)
     labels = row_labels(scored)
     data = []
     for i, row in enumerate(values):
@@ -314,11 +316,11 @@ async def pooling(
     body: PoolingRequest,
     request: Request,
     response: Response,
-    service: ServiceDep,
+    registry: RegistryDep,
     _auth: Authorized,
 ) -> PoolingResponse:
     """vLLM's pooling of a classifier: every label's probability (or raw logit) per item."""
-    values, scored, name = await _logits(body, request, response, service)
+    values, scored, name = await _logits(body, request, response, registry)
     return PoolingResponse(
         id=f"pool-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -329,12 +331,12 @@ async def pooling(
 
 
 @router.get("/v1/models", response_model=ModelList, responses=_ERRORS)
-async def models(service: ServiceDep, _auth: Authorized) -> ModelList:
+async def models(registry: RegistryDep, _auth: Authorized) -> ModelList:
     """The served model, as vLLM lists its models (clients probe it to find the name)."""
-    if not service.loaded:
+    if not registry.loaded:
         raise NotReadyError("the model is loading")
-    name = service.name
-    max_len = service.max_length
+    name = registry.name
+    max_len = registry.max_length
     cards = [
         ModelCard(id=alias, created=int(time.time()), root=name, max_model_len=max_len)
         for alias in sorted(model_aliases(name), key=lambda a: a != name)

@@ -1,0 +1,96 @@
+"""What every scoring route shares: the app's registry and pipeline as dependencies, and one
+call into the pipeline that stops when the client hangs up and counts the items by endpoint.
+
+A client that disconnects mid-request cancels the pipeline's work: its rows still queued are
+dropped, so a trainer that gave up does not keep the model busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+
+from reward_server.errors import ClientDisconnectedError
+from reward_server.http.metrics import HttpMetrics
+from reward_server.scoring.code_runs import CodeRun, CodeRunResult
+from reward_server.scoring.items import Items
+from reward_server.scoring.pipeline import ScoreOptions, ScoringPipeline
+from reward_server.scoring.registry import ModelRegistry
+from reward_server.scoring.scored import Scored
+
+__all__ = [
+    "PipelineDep",
+    "RegistryDep",
+    "get_pipeline",
+    "get_registry",
+    "run_code",
+    "score",
+]
+
+logger = logging.getLogger("reward_server")
+
+T = TypeVar("T")
+
+
+def get_registry(request: Request) -> ModelRegistry:
+    """The app's served models."""
+    return request.app.state.registry  # type: ignore[no-any-return]
+
+
+def get_pipeline(request: Request) -> ScoringPipeline:
+    """The app's scoring pipeline."""
+    return request.app.state.pipeline  # type: ignore[no-any-return]
+
+
+RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
+PipelineDep = Annotated[ScoringPipeline, Depends(get_pipeline)]
+
+
+async def score(
+    request: Request, endpoint: str, items: Items, options: ScoreOptions = ScoreOptions()
+) -> Scored:
+    """Score ``items`` through the app's pipeline, cancelled if the client hangs up; the
+    items count under ``endpoint``."""
+    work = get_pipeline(request).score(items, options)
+    scored = await cancel_on_disconnect(request, endpoint, work)
+    metrics: HttpMetrics = request.app.state.http_metrics
+    metrics.items.labels(endpoint=endpoint).inc(len(scored.scores))
+    return scored
+
+
+async def run_code(request: Request, run: CodeRun) -> CodeRunResult:
+    """Run one program in the code verifier's sandbox, cancelled if the client hangs up."""
+    return await cancel_on_disconnect(request, "/run_code", get_pipeline(request).run_code(run))
+
+
+async def cancel_on_disconnect(request: Request, endpoint: str, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client goes away (ClientDisconnectedError then)."""
+    task = asyncio.ensure_future(work)
+    disconnected = False
+
+    async def watch() -> None:
+        nonlocal disconnected
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+                task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        logger.info("client disconnected from %s; its queued items were dropped", endpoint)
+        raise ClientDisconnectedError("client disconnected") from None
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
