@@ -1,9 +1,10 @@
-"""Structure limits of the library packages (issue: one job per module).
+"""Structure limits of the library packages: one job per module.
 
 ruff enforces complexity (C901, max 12) and statement counts (PLR0915) through
-pyproject.toml; this file adds what ruff does not measure: the length of functions and
-classes, and repeated code (test_structure_duplicates.py; torch-free imports:
-test_server_structure.py).
+pyproject.toml; this file adds what ruff does not measure: the length of functions and of
+modules. Classes have no limit of their own: a class is split by job (the model registry
+and the scoring pipeline), not to fit a number. Repeated code:
+test_structure_duplicates.py; torch-free imports: test_server_structure.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("reward_client", "reward_server", "ppo_client")
 MAX_FUNCTION_LINES = 80
-MAX_CLASS_LINES = 350
 #: Module lengths (lines, exclusive): one job per module, and the client split by noun.
 MAX_MODULE_LINES = {"reward_client": 400, "reward_server": 600, "ppo_client": 600}
 
@@ -51,12 +51,11 @@ def test_span_counter_measures_from_def_to_last_line() -> None:
     ]
 
 
-def test_no_long_functions_or_classes() -> None:
+def test_no_long_functions() -> None:
     too_long = []
     for path in _sources():
         for kind, name, lines in _spans(ast.parse(path.read_text(), str(path))):
-            limit = MAX_CLASS_LINES if kind == "class" else MAX_FUNCTION_LINES
-            if lines > limit:
+            if kind == "function" and lines > MAX_FUNCTION_LINES:
                 too_long.append(f"{path.relative_to(ROOT)}: {kind} {name} has {lines} lines")
     assert not too_long, "\n".join(too_long)
 
