@@ -236,8 +236,7 @@ def exit_now(code: int) -> NoReturn:
     The interpreter's own exit could hold a finished or stopped trainer for a long time after
     its last line: it joins every non-daemon thread (one may still be inside a reward request,
     up to ``reward_timeout`` against a hanging server) and then garbage-collects the millions
-    of objects that torch and transformers create (6-36 s measured on a loaded 2-core
-    machine). Exit handlers still run (they flush trackers and logs), then the process ends
+    of objects that torch and transformers create (tens of seconds on a loaded machine). Exit handlers still run (they flush trackers and logs), then the process ends
     without the joins and the teardown: every file the run writes is closed by then.
     """
     if threading.current_thread() is threading.main_thread():

@@ -94,8 +94,7 @@ class ServerSettings(BaseSettings):
 
     dtype: Dtype = Field(default="auto")
     """Weight dtype. auto: float32 on CPU, also on CPUs with native bfloat16 (AVX512-BF16/AMX:
-    bfloat16 scored 1.8x faster on a Zen 4 EPYC but moved scores by up to 3.5 % of their
-    spread, see BENCHMARKS.md); on CUDA a float16 checkpoint stays float16, anything
+    bfloat16 is faster there but moves the scores; BENCHMARKS.md, "bfloat16 on the CPU"); on CUDA a float16 checkpoint stays float16, anything
     else runs in bfloat16 (float16 on GPUs without bf16). float32 gives the most exact scores;
     bfloat16/float16 halve memory and are faster on GPU.
     """

@@ -60,10 +60,10 @@ def resolve_dtype(dtype: str, device: torch.device, config: Any) -> torch.dtype:
     """Pick the compute dtype.
 
     ``auto``: float32 on CPU. Without native bfloat16 (AVX512-BF16 or AMX) bf16 is emulated
-    and about 7x slower; with it, bf16 scored 1.8x faster on a Zen 4 CPU (AVX512-BF16), but
-    its scores moved by up to 3.5 % of their spread and by 2.4e-4 between a text alone and
-    in a batch (float32: 2e-8), so float32 stays the CPU's default and ``--dtype bfloat16``
-    the user's choice (BENCHMARKS.md, "bfloat16 on the CPU"). On CUDA, a bf16 or fp16
+    and several times slower; with it, bf16 is faster, but its scores move by a few percent
+    of their spread and differ between a text alone and in a batch far more than float32's,
+    so float32 stays the CPU's default and ``--dtype bfloat16`` the user's choice
+    (BENCHMARKS.md, "bfloat16 on the CPU"). On CUDA, a bf16 or fp16
     checkpoint keeps its dtype; a float32 (or unknown) checkpoint runs in bf16. bf16 falls
     back to fp16 on GPUs without bf16 support.
     """

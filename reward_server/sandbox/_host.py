@@ -74,7 +74,7 @@ def drop_privileges(uid: int) -> tuple[list[str], dict[str, object]]:
     """How to start bwrap as ``uid`` (gid the same, no other groups): a ``setpriv`` prefix
     when util-linux has one, else Popen's ``user``/``group``/``extra_groups``. The prefix
     keeps the spawn cheap: with those Popen arguments CPython cannot vfork, and forking a
-    server that holds a model costs tens of milliseconds (82 ms measured for 2 GB)."""
+    server that holds a model costs tens of milliseconds (its page tables are copied)."""
     setpriv = shutil.which("setpriv")
     if setpriv:
         return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"], {}

@@ -30,8 +30,9 @@ RUNNER_SOURCE = "\n".join(
     Path(__file__).with_name(name).read_text(encoding="utf-8")
     for name in ("_runner_job.py", "_runner.py")
 )
-# Compiling that source costs 7 ms at every start: the sandbox's interpreter compiles it once
-# (compile_runner), and each runner starts from the bytecode, read from a descriptor.
+# Compiling that source at every start would be a large share of an item's start: the
+# sandbox's interpreter compiles it once (compile_runner), and each runner starts from the
+# bytecode, read from a descriptor.
 _COMPILE = (
     "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(compile("
     "sys.stdin.buffer.read(), '<sandbox runner>', 'exec', dont_inherit=True)))"
