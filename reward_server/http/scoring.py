@@ -24,7 +24,6 @@ from reward_server.scoring.registry import ModelRegistry
 from reward_server.scoring.scored import Scored
 
 __all__ = [
-    "PipelineDep",
     "RegistryDep",
     "get_pipeline",
     "get_registry",
@@ -48,7 +47,6 @@ def get_pipeline(request: Request) -> ScoringPipeline:
 
 
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
-PipelineDep = Annotated[ScoringPipeline, Depends(get_pipeline)]
 
 
 async def score(
