@@ -1,5 +1,5 @@
-"""What every scoring route shares: the app's registry and pipeline as dependencies, and one
-call into the pipeline that stops when the client hangs up and counts the items by endpoint.
+"""What every scoring route shares: the app's registry as a dependency, and one call into
+the scoring pipeline that stops when the client hangs up and counts the items by endpoint.
 
 A client that disconnects mid-request cancels the pipeline's work: its rows still queued are
 dropped, so a trainer that gave up does not keep the model busy.
