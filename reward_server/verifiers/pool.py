@@ -20,6 +20,13 @@ A worker that dies while its slot waits for work (killed between calls, out of m
 replaced within ``IDLE_CHECK_S``, not when a chunk next comes to that slot: the workers
 gauge reads true between calls and the next call does not wait for a start.
 
+A function that hangs must not hold a call for items x timeout: once one call has seen
+``BREAKER_TIMEOUTS`` timeouts and they are more than half of its items settled so far, the
+call's items not sent to a worker yet are not tried (their reason ``timeout``, one warning
+line for the call). The breaker is per call: the next call tries every item again, so a
+function that hung on one batch is not shut off for the rest of the run, and a call where
+a few items time out among many good ones never trips it.
+
 Cancelling ``verify`` (the client went away) cancels its chunks still queued; chunks
 already running finish on their workers and their verdicts are dropped, so the pool stays
 consistent and usable. ``close`` fails queued chunks with BatcherClosedError, kills busy
@@ -66,6 +73,9 @@ EXIT_WAIT_S = 1.0
 #: Chunking: about this many chunks per worker for one call, at most MAX_CHUNK items each.
 CHUNKS_PER_WORKER = 4
 MAX_CHUNK = 32
+#: The breaker: a call stops trying its items after this many timeouts, when they are more
+#: than half of its items settled so far.
+BREAKER_TIMEOUTS = 3
 #: The longest reason a failed item's log line carries.
 _LOG_CHARS = 300
 
@@ -74,13 +84,48 @@ _Items = list[tuple[int, Task]]
 _Verdicts = list[tuple[int, Verdict]]
 
 
+class _Call:
+    """What one ``verify`` call's chunks have settled, for the breaker (slots' threads
+    record into it concurrently)."""
+
+    def __init__(self, pool_name: str) -> None:
+        self._pool_name = pool_name
+        self._lock = threading.Lock()
+        self.settled = 0
+        self.timeouts = 0
+        self._warned = False
+
+    def record(self, verdict: Verdict) -> None:
+        with self._lock:
+            self.settled += 1
+            self.timeouts += verdict.error == "timeout"
+
+    def open(self) -> bool:
+        """Whether the call stops trying its items (the first time: one warning)."""
+        with self._lock:
+            tripped = self.timeouts >= BREAKER_TIMEOUTS and 2 * self.timeouts > self.settled
+            warn = tripped and not self._warned
+            self._warned = self._warned or tripped
+            settled, timeouts = self.settled, self.timeouts
+        if warn:
+            logger.warning(
+                "verifier %r: %d of the %d items settled in this call timed out; its items "
+                "not sent yet are not tried (reason timeout)",
+                self._pool_name,
+                timeouts,
+                settled,
+            )
+        return tripped
+
+
 class _Job:
     """One chunk of one ``verify`` call and the future its verdicts go to."""
 
-    __slots__ = ("future", "items")
+    __slots__ = ("call", "future", "items")
 
-    def __init__(self, items: _Items) -> None:
+    def __init__(self, items: _Items, call: _Call) -> None:
         self.items = items
+        self.call = call
         self.future: Future[_Verdicts] = Future()
 
 
@@ -223,7 +268,8 @@ class VerifierPool:
             )
         size = chunk_size(len(tasks), len(self._slots))
         indexed = list(enumerate(tasks))
-        jobs = [_Job(indexed[i : i + size]) for i in range(0, len(indexed), size)]
+        call = _Call(self.name)
+        jobs = [_Job(indexed[i : i + size], call) for i in range(0, len(indexed), size)]
         self._count_queued(len(tasks))
         for job in jobs:
             self._jobs.put(job)
@@ -360,6 +406,10 @@ class _Slot:
             while pending:
                 if self.pool.closed:
                     raise self.pool._closed_error()
+                if job.call.open():  # the function hangs on most of this call's items
+                    untried = Verdict(self.pool.options.on_error, {}, "timeout")
+                    verdicts.extend((position, untried) for position, _ in pending)
+                    break
                 if not self._ensure_worker():
                     if self.pool.closed:
                         raise self.pool._closed_error()
@@ -367,7 +417,10 @@ class _Slot:
                         outcome: Outcome = ("crash", 0.0, {}, "no worker: it cannot be restarted")
                         verdicts.append((position, self.pool._verdict(position, outcome)))
                     break
+                before = len(verdicts)
                 settled = self._exchange(pending, verdicts, resend)
+                for _, verdict in verdicts[before:]:
+                    job.call.record(verdict)
                 resend = resend and settled > 0
                 pending = pending[settled:]
             if not self.pool.closed:

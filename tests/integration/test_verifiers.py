@@ -491,6 +491,36 @@ def test_a_spinning_worker_blocks_neither_the_other_worker_nor_the_event_loop(
     assert pool.live_workers == 2
 
 
+def test_a_function_that_hangs_on_most_items_of_a_call_is_not_tried_on_the_rest(
+    pool_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    options = VerifierOptions("python", function=FUNCTIONS, workers=1, timeout_s=0.3, on_error=-1.0)
+    pool = pool_factory(options, "hangs")
+    record = tmp_path / "tried.txt"
+    hang = {"record": str(record), "hang": True}
+    with caplog.at_level(logging.WARNING, logger="reward_server.verifiers"):
+        verdicts = verify_all(pool, [Task(None, str(i), hang) for i in range(12)])
+    assert verdicts == [Verdict(-1.0, {}, "timeout")] * 12
+    # One worker takes the items in order: three timed out, and the other nine never ran.
+    assert record.read_text().split() == ["0", "1", "2"]
+    lines = [r.getMessage() for r in caplog.records if "not tried" in r.getMessage()]
+    assert lines == [
+        "verifier 'hangs': 3 of the 3 items settled in this call timed out; its items not "
+        "sent yet are not tried (reason timeout)"
+    ]
+    # The breaker is the call's: the next call tries every item, and two timeouts among
+    # its items do not trip it.
+    record.write_text("")
+    good = {"record": str(record)}
+    tasks = [Task(None, "h1", hang), Task(None, "ab", good), Task(None, "h2", hang)]
+    tasks += [Task(None, "abc", good)] * 3
+    verdicts = verify_all(pool, tasks)
+    assert [v.error for v in verdicts] == ["timeout", None, "timeout", None, None, None]
+    assert [v.score for v in verdicts[3:]] == [3.0] * 3
+    assert record.read_text().split() == ["h1", "ab", "h2", "abc", "abc", "abc"]
+    assert pool.live_workers == 1 and pool.busy == 0
+
+
 def test_cancelled_verify_leaves_the_pool_usable(pool_factory: Any) -> None:
     pool = pool_factory(VerifierOptions("python", function=FUNCTIONS, workers=2, timeout_s=1.0))
     tasks = [Task(None, "x", "sleep"), Task(None, "x", "sleep")] + [Task(None, "ab", None)] * 40
