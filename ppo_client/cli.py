@@ -174,15 +174,21 @@ def _score(args: argparse.Namespace) -> int:
         except RewardServerError as exc:
             print(f"ppo-client score: {exc}", file=sys.stderr)
             return 1
+    # A masked item (the server could not compute its reward) has the score None and,
+    # from a client that reports them, its reason.
+    reasons = getattr(result, "masked", None)
     if args.json:
-        print(
-            json.dumps(
-                {"scores": result.scores, "tokens": result.tokens, "truncated": result.truncated}
-            )
-        )
+        answer = {"scores": result.scores, "tokens": result.tokens, "truncated": result.truncated}
+        if reasons is not None:
+            answer["masked"] = reasons
+        print(json.dumps(answer))
     else:
-        for value in result.scores:
-            print(f"{value:.6g}")
+        for k, value in enumerate(result.scores):
+            if value is None:
+                reason = reasons[k] if reasons is not None else None
+                print(f"masked ({reason})" if reason else "masked")
+            else:
+                print(f"{value:.6g}")
     return 0
 
 

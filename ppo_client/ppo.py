@@ -9,12 +9,15 @@ before response token ``t`` is emitted, ``logprobs[:, t]`` the log-probability o
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 import torch
 
 KLEstimator = Literal["k1", "k3"]
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AdvantageParams",
@@ -32,6 +35,7 @@ __all__ = [
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
+    "masked_mean_or_zero",
     "masked_var",
     "masked_whiten",
     "per_token_rewards",
@@ -49,6 +53,15 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     if dim is None:
         return (values * mask).sum() / mask.sum()
     return (values * mask).sum(dim) / mask.sum(dim)
+
+
+def masked_mean_or_zero(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """:func:`masked_mean`, but 0 (with a zero gradient, not NaN) where ``mask`` is all false:
+    a micro-batch whose rows the reward all masked adds nothing to the update. Where some
+    position is unmasked it is exactly :func:`masked_mean` (``clamp`` leaves a count >= 1
+    as it is)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -227,11 +240,13 @@ def policy_loss(
     per_token = torch.max(pg_losses, pg_losses2)
     if weights is not None:
         per_token = per_token * weights.detach()
-    loss = masked_mean(per_token, mask)
+    # Masked rows (no reward) and padding have no term; a micro-batch with no unmasked
+    # token at all gives a zero loss (and zero diagnostics, which the statistics leave out).
+    loss = masked_mean_or_zero(per_token, mask)
     with torch.no_grad():
-        clipfrac = masked_mean((pg_losses2 > pg_losses).float(), mask)
-        approxkl = 0.5 * masked_mean(log_ratio**2, mask)
-        mean_ratio = masked_mean(ratio, mask)
+        clipfrac = masked_mean_or_zero((pg_losses2 > pg_losses).float(), mask)
+        approxkl = 0.5 * masked_mean_or_zero(log_ratio**2, mask)
+        mean_ratio = masked_mean_or_zero(ratio, mask)
     return PolicyLoss(loss, clipfrac, approxkl, mean_ratio)
 
 
@@ -255,9 +270,9 @@ def value_loss(
     vpred_clipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
     vf_losses1 = torch.square(vpred - returns)
     vf_losses2 = torch.square(vpred_clipped - returns)
-    loss = 0.5 * masked_mean(torch.max(vf_losses1, vf_losses2), mask)
+    loss = 0.5 * masked_mean_or_zero(torch.max(vf_losses1, vf_losses2), mask)
     with torch.no_grad():
-        clipfrac = masked_mean((vf_losses2 > vf_losses1).float(), mask)
+        clipfrac = masked_mean_or_zero((vf_losses2 > vf_losses1).float(), mask)
     return ValueLoss(loss, clipfrac)
 
 
@@ -292,16 +307,35 @@ class AdvantageParams:
 
 
 class Advantages(NamedTuple):
-    """Per-token rewards, advantages and returns of a batch of rollouts, with their parts."""
+    """Per-token rewards, advantages and returns of a batch of rollouts, with their parts.
 
-    mask: torch.Tensor  # (B, T) response mask
-    scores: torch.Tensor  # (B,) transformed scores
+    Rows the reward masked (``valid`` false: no score could be computed) are out of the
+    update: ``mask`` is false on all their tokens, and their scores, KL, values,
+    advantages and returns are 0.
+    """
+
+    mask: torch.Tensor  # (B, T) response mask, false on every token of a masked row
+    scores: torch.Tensor  # (B,) transformed scores (0 on masked rows)
     has_eos: torch.Tensor  # (B,) whether the response holds the EOS (stop) token
     kl: torch.Tensor  # (B, T) per-token KL estimate, masked
     non_score_reward: torch.Tensor  # (B, T) the KL penalty alone
     values: torch.Tensor  # (B, T) masked rollout values
     advantages: torch.Tensor  # (B, T) whitened, masked
     returns: torch.Tensor  # (B, T)
+    valid: torch.Tensor  # (B,) bool: false where the reward masked the row
+
+
+def _whiten(
+    values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool, rows_masked: bool
+) -> torch.Tensor:
+    """:func:`masked_whiten` times ``mask``. When the reward masked rows, the positions left
+    may be too few to whiten (a rank of a multi-process run whose rows were all masked):
+    then the values are 0, the rows contribute nothing. Without masked rows too few
+    positions are the batch-size error of :func:`masked_var`, as before."""
+    if rows_masked and int(mask.sum()) < 2:
+        logger.debug("fewer than 2 unmasked tokens on this rank: nothing to whiten")
+        return torch.zeros_like(values)
+    return masked_whiten(values, mask, shift_mean=shift_mean) * mask
 
 
 @torch.no_grad()
@@ -311,36 +345,58 @@ def compute_advantages(
     *,
     scores: torch.Tensor | None = None,
     step_rewards: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
 ) -> Advantages:
     """Scores -> per-token rewards -> GAE advantages and returns (all masked).
 
     ``scores`` (B,) replaces ``r.raw_scores`` (the running-normalised scores);
     ``step_rewards`` (B, T), a process reward model's step scores on their tokens, are
     added to the per-token rewards times ``reward_scale`` (no baseline: it is per response).
+    ``valid`` (B,) bool, false on the rows whose reward was masked: those rows get no
+    reward, no advantage, no return, and the reward and advantage whitening are computed
+    over the other rows' tokens only. Without masked rows the result is bit for bit the
+    one without ``valid``.
     """
     mask = response_mask(r.seq_lengths, r.responses.size(1))  # (B, T)
+    has_eos = contains_token(r.responses, p.eos_token_id, mask)  # (B,)
+    if valid is None:
+        valid = torch.ones_like(r.seq_lengths, dtype=torch.bool)
+    valid = valid.to(device=mask.device, dtype=torch.bool)
+    rows_masked = not bool(valid.all())
+    # A masked row has no token in the update: every masked mean, the whitening, GAE (which
+    # zeroes rewards and values off the mask) and the losses then leave it out.
+    mask = mask & valid.unsqueeze(-1)
     raw = r.raw_scores if scores is None else scores
     # score' = (score - baseline) * scale, minus the penalty where the response never ended
     scores = (raw - p.reward_baseline) * p.reward_scale  # (B,)
-    has_eos = contains_token(r.responses, p.eos_token_id, mask)  # (B,)
     if p.missing_eos_penalty is not None:
         scores = torch.where(has_eos, scores, scores - p.missing_eos_penalty)
+    # A masked row's score is a placeholder (any value, NaN too): 0, so that nothing of it
+    # reaches the rewards (NaN * 0 would still be NaN).
+    scores = torch.where(valid, scores, torch.zeros_like(scores))
     kl = kl_penalty(r.logprobs, r.ref_logprobs, p.kl_estimator, mask)  # (B, T)
     rewards, non_score_reward = per_token_rewards(kl, scores, r.seq_lengths, p.kl_coef)
     if step_rewards is not None:
         # Dense rewards: r_t += scale * (sum of the scores of the steps ending at token t).
         rewards = rewards + step_rewards.to(rewards.dtype) * p.reward_scale * mask
     if p.whiten_rewards:
-        rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
+        rewards = _whiten(rewards, mask, shift_mean=False, rows_masked=rows_masked)
     values = r.values * mask
     advantages, returns = compute_gae(values, rewards, p.gamma, p.lam, mask)
-    advantages = masked_whiten(advantages, mask) * mask
-    return Advantages(mask, scores, has_eos, kl, non_score_reward, values, advantages, returns)
+    advantages = _whiten(advantages, mask, shift_mean=True, rows_masked=rows_masked)
+    return Advantages(
+        mask, scores, has_eos, kl, non_score_reward, values, advantages, returns, valid
+    )
 
 
 @dataclass
 class UpdateStats:
-    """Statistics of every micro-batch of one update, each (epochs, mini-batches, micro-batches)."""
+    """Statistics of every micro-batch of one update, each (epochs, mini-batches, micro-batches).
+
+    ``tokens`` counts each micro-batch's tokens in the update: 0 where the reward masked all
+    of its rows, and then its other statistics are 0 placeholders that :meth:`mean` leaves
+    out.
+    """
 
     approxkl: torch.Tensor
     pg_clipfrac: torch.Tensor
@@ -349,6 +405,7 @@ class UpdateStats:
     vf_clipfrac: torch.Tensor
     entropy: torch.Tensor
     ratio: torch.Tensor
+    tokens: torch.Tensor
 
     @classmethod
     def zeros(cls, shape: tuple[int, int, int], device: torch.device) -> UpdateStats:
@@ -357,9 +414,15 @@ class UpdateStats:
 
     @torch.no_grad()
     def record(
-        self, at: tuple[int, int, int], pg: PolicyLoss, vf: ValueLoss, entropy: torch.Tensor
+        self,
+        at: tuple[int, int, int],
+        pg: PolicyLoss,
+        vf: ValueLoss,
+        entropy: torch.Tensor,
+        tokens: torch.Tensor | None = None,
     ) -> None:
-        """Store one micro-batch's losses, their diagnostics and its mean entropy at ``at``."""
+        """Store one micro-batch's losses, their diagnostics, its mean entropy and (when
+        given; else 1) its number of tokens in the update at ``at``."""
         self.approxkl[at] = pg.approxkl
         self.pg_clipfrac[at] = pg.clipfrac
         self.pg_loss[at] = pg.loss.detach()
@@ -367,3 +430,16 @@ class UpdateStats:
         self.vf_clipfrac[at] = vf.clipfrac
         self.entropy[at] = entropy
         self.ratio[at] = pg.ratio
+        self.tokens[at] = 1.0 if tokens is None else tokens
+
+    def counted(self) -> torch.Tensor:
+        """Which micro-batches took part in the update (bool, the statistics' shape)."""
+        return self.tokens > 0
+
+    def mean(self, stat: torch.Tensor) -> torch.Tensor:
+        """Mean of ``stat`` over the micro-batches that took part (NaN if none did); the
+        plain mean when all did."""
+        counted = self.counted()
+        if bool(counted.all()):
+            return stat.mean()
+        return stat[counted].mean()

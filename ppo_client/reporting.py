@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppo_client.config import ConfigError, PPOConfig
+from ppo_client.streaming import NO_REASON
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -29,6 +30,7 @@ __all__ = [
     "RunReport",
     "available_trackers",
     "plot_reward_curve",
+    "skipped_metrics",
     "step_metrics",
     "tracker_config",
 ]
@@ -97,43 +99,65 @@ def step_metrics(
     lr: float,
     episode: int,
 ) -> dict[str, Any]:
-    """TRL's metric names, averaged over ranks (counts summed, wait times maxed)."""
-    mask = a.mask
-    non_score = a.non_score_reward.sum(1).mean()
-    truncated_frac = (
-        sum(r.truncated) / max(len(r.truncated), 1) if r.truncated is not None else float("nan")
-    )
+    """TRL's metric names, averaged over ranks (counts summed, wait times maxed).
+
+    Rows the reward masked (``a.valid`` false) are in no statistic: the per-row means are
+    over the other rows, the losses' over the micro-batches that had any (a micro-batch
+    of masked rows only has none), and a rank whose rows were all masked is left out of
+    the average over ranks. Without masked rows every figure is the plain mean it was.
+    """
+    mask, valid = a.mask, a.valid
+    all_valid = bool(valid.all())
+
+    def rows(per_row: torch.Tensor) -> torch.Tensor:
+        """Mean of per-row values (B,) over the rows in the update (NaN if none)."""
+        return per_row.mean() if all_valid else per_row[valid].mean()
+
+    non_score = rows(a.non_score_reward.sum(1))
+    truncated_frac = float("nan")
+    if r.truncated is not None:
+        kept = [t for t, ok in zip(r.truncated, valid.tolist(), strict=True) if ok]
+        truncated_frac = sum(kept) / max(len(kept), 1)
     means = {
-        "objective/kl": a.kl.sum(1).mean(),
-        "objective/entropy": (-r.logprobs * mask).sum(1).mean(),
+        "objective/kl": rows(a.kl.sum(1)),
+        "objective/entropy": rows((-r.logprobs * mask).sum(1)),
         "objective/non_score_reward": non_score,
-        "objective/rlhf_reward": non_score + a.scores.mean(),
-        "objective/scores": a.scores.mean(),
-        "objective/raw_scores": r.raw_scores.mean(),
-        "policy/approxkl_avg": stats.approxkl.mean(),
-        "policy/clipfrac_avg": stats.pg_clipfrac.mean(),
-        "loss/policy_avg": stats.pg_loss.mean(),
-        "loss/value_avg": stats.vf_loss.mean(),
-        "val/clipfrac_avg": stats.vf_clipfrac.mean(),
-        "policy/entropy_avg": stats.entropy.mean(),
-        "val/ratio": stats.ratio.mean(),
-        "val/response_length": (r.seq_lengths + 1).float().mean(),
+        "objective/rlhf_reward": non_score + rows(a.scores),
+        "objective/scores": rows(a.scores),
+        "objective/raw_scores": rows(r.raw_scores),
+        "policy/approxkl_avg": stats.mean(stats.approxkl),
+        "policy/clipfrac_avg": stats.mean(stats.pg_clipfrac),
+        "loss/policy_avg": stats.mean(stats.pg_loss),
+        "loss/value_avg": stats.mean(stats.vf_loss),
+        "val/clipfrac_avg": stats.mean(stats.vf_clipfrac),
+        "policy/entropy_avg": stats.mean(stats.entropy),
+        "val/ratio": stats.mean(stats.ratio),
+        "val/response_length": rows((r.seq_lengths + 1).float()),
         "reward/truncated_frac": torch.tensor(truncated_frac),
     }
     local = torch.stack([v.float().to(acc.device) for v in means.values()])
     extras = torch.tensor(
-        [float(a.has_eos.sum()), r.reward_wait_s, r.generate_s, r.reward_tail_s],
+        [
+            float((a.has_eos & valid).sum()),
+            r.reward_wait_s,
+            r.generate_s,
+            r.reward_tail_s,
+            float(valid.sum()),
+        ],
         device=acc.device,
         dtype=torch.float32,
     )
-    gathered = acc.gather(torch.cat([local, extras]).unsqueeze(0))  # (world, K + 4)
-    avg = gathered[:, : len(means)].mean(0).tolist()
+    gathered = acc.gather(torch.cat([local, extras]).unsqueeze(0))  # (world, K + 5)
+    k = len(means)
+    ranks_in = gathered[:, k + 4] > 0  # ranks with rows in the update
+    per_rank = gathered[:, :k] if bool(ranks_in.all()) else gathered[ranks_in, :k]
+    avg = per_rank.mean(0).tolist()
     metrics: dict[str, Any] = dict(zip(means, avg, strict=True))
-    metrics["val/ratio_var"] = acc.gather(stats.ratio.flatten()).var().item()
-    metrics["val/num_eos_tokens"] = int(gathered[:, len(means)].sum().item())
-    metrics["time/reward_wait_s"] = float(gathered[:, len(means) + 1].max().item())
-    metrics["time/generate_s"] = float(gathered[:, len(means) + 2].max().item())
-    metrics["time/reward_tail_s"] = float(gathered[:, len(means) + 3].max().item())
+    metrics["val/ratio_var"] = _ratio_var(acc, stats)
+    metrics["val/num_eos_tokens"] = int(gathered[:, k].sum().item())
+    metrics["time/reward_wait_s"] = float(gathered[:, k + 1].max().item())
+    metrics["time/generate_s"] = float(gathered[:, k + 2].max().item())
+    metrics["time/reward_tail_s"] = float(gathered[:, k + 3].max().item())
     metrics["lr"] = lr
     metrics["episode"] = episode
     if r.truncated is None:
@@ -141,8 +165,27 @@ def step_metrics(
     if r.engine_logprobs is not None:
         metrics.update(logprob_gap(acc, r, mask))
     if r.step_scores is not None:
-        metrics.update(_step_metrics(acc, r.step_scores))
+        metrics.update(_step_metrics(acc, r.step_scores, valid.tolist()))
     return metrics
+
+
+def _ratio_var(acc: Accelerator, stats: UpdateStats) -> float:
+    """Variance of the micro-batches' mean ratios over every rank, of those that took part
+    in the update (0.0 when fewer than 2 did: no spread to measure)."""
+    ratios = acc.gather(stats.ratio.flatten())
+    counted = acc.gather(stats.tokens.flatten()) > 0
+    if bool(counted.all()):
+        return float(ratios.var().item())
+    if int(counted.sum()) < 2:
+        return 0.0
+    return float(ratios[counted].var().item())
+
+
+def skipped_metrics(*, lr: float, episode: int) -> dict[str, Any]:
+    """The metrics of an update that did not happen because the reward masked every row:
+    only the schedule's (no statistic has a row to be computed over, and none is logged
+    as NaN)."""
+    return {"lr": lr, "episode": episode}
 
 
 def logprob_gap(acc: Accelerator, r: Rollout, mask: torch.Tensor) -> dict[str, float]:
@@ -160,12 +203,15 @@ def logprob_gap(acc: Accelerator, r: Rollout, mask: torch.Tensor) -> dict[str, f
     }
 
 
-def _step_metrics(acc: Accelerator, step_scores: list[list[float]]) -> dict[str, float]:
+def _step_metrics(
+    acc: Accelerator, step_scores: list[list[float]], valid: list[bool]
+) -> dict[str, float]:
     """reward_mode process: the mean step score over every step of every response (all
-    ranks) and the mean number of steps per response."""
-    total = float(sum(s for row in step_scores for s in row))
-    steps = sum(len(row) for row in step_scores)
-    local = torch.tensor([[total, steps, len(step_scores)]], device=acc.device)
+    ranks) and the mean number of steps per response, over the rows not masked."""
+    kept = [row for row, ok in zip(step_scores, valid, strict=True) if ok]
+    total = float(sum(s for row in kept for s in row))
+    steps = sum(len(row) for row in kept)
+    local = torch.tensor([[total, steps, len(kept)]], device=acc.device)
     total, steps, responses = acc.gather(local).sum(0).tolist()
     return {
         "objective/step_scores_mean": total / steps if steps else float("nan"),
@@ -184,6 +230,8 @@ def plot_reward_curve(history: list[dict[str, Any]], path: Path) -> bool:
     except ImportError:
         logger.warning("matplotlib is not installed: %s not written", path.name)
         return False
+    # An update skipped because the reward masked every row has no score and no KL.
+    history = [row for row in history if "objective/scores" in row]
     steps = [row["step"] for row in history]
     fig = Figure(figsize=(9, 3.5), tight_layout=True)
     FigureCanvasAgg(fig)
@@ -258,15 +306,18 @@ class RunReport:
         if acc.is_main_process:
             with (self.output_dir / METRICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
-            self._progress.set_postfix(
-                score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.3f}"
-            )
+            updated = "objective/scores" in metrics  # else skipped: every row masked
+            if updated:
+                self._progress.set_postfix(
+                    score=f"{metrics['objective/scores']:.3f}",
+                    kl=f"{metrics['objective/kl']:.3f}",
+                )
             if self._waiting:  # the reward answered: back to the plain description
                 self._progress.set_description_str("PPO")
                 self._waiting = False
             self._progress.update(1)
             every = self.config.logging_steps
-            if every > 0 and step % every == 0:
+            if updated and every > 0 and step % every == 0:
                 logger.info(
                     "step %d/%s: score %.4f kl %.4f loss/policy %.4f loss/value %.4f",
                     step,
@@ -279,21 +330,26 @@ class RunReport:
         if acc.log_with:
             acc.log(metrics, step=step)
 
-    def write_samples(self, step: int, r: Rollout, scores: torch.Tensor) -> None:
-        """A few of this update's rollouts (rank 0) with their raw and transformed scores."""
+    def write_samples(self, step: int, r: Rollout, scores: torch.Tensor | None) -> None:
+        """A few of this update's rollouts (rank 0) with their raw and transformed scores
+        (``scores`` None: an update skipped because every row was masked); a row the
+        reward masked has null scores and its reason under ``masked``."""
         if not self.accelerator.is_main_process:
             return
         n = min(self.config.num_samples_to_log, len(r.prompts))
         with (self.output_dir / SAMPLES_FILE).open("a", encoding="utf-8") as f:
             for i in range(n):
+                valid = bool(r.valid[i])
                 row = {
                     "step": step,
                     "prompt": r.prompts[i],
                     "query": r.texts.prompts[i],
                     "response": r.texts.responses[i],
-                    "score": float(r.raw_scores[i]),
-                    "reward": float(scores[i]),
+                    "score": float(r.raw_scores[i]) if valid else None,
+                    "reward": float(scores[i]) if valid and scores is not None else None,
                 }
+                if not valid:
+                    row["masked"] = (r.masked[i] if r.masked is not None else None) or NO_REASON
                 if r.texts.labels is not None:  # label_column: what the reward compared with
                     row["label"] = r.texts.labels[i]
                 if r.step_scores is not None and r.step_tokens is not None:

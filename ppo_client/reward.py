@@ -18,6 +18,7 @@ import torch
 
 from ppo_client.config import ConfigError, PPOConfig
 from ppo_client.rollout import Prompt, RewardInputs, Scores
+from ppo_client.streaming import NO_REASON
 
 __all__ = [
     "RewardFn",
@@ -30,8 +31,9 @@ __all__ = [
 ]
 
 #: Any callable ``(prompts, responses) -> scores`` can be the reward (with ``label_column``:
-#: ``(prompts, responses, labels=labels) -> scores``).
-RewardFn = Callable[[list[Prompt], list[str]], Sequence[float]]
+#: ``(prompts, responses, labels=labels) -> scores``); a None score masks that rollout (it
+#: is left out of the update).
+RewardFn = Callable[[list[Prompt], list[str]], Sequence[float | None]]
 
 
 def default_reward_fn(config: PPOConfig) -> RewardFn:
@@ -59,7 +61,9 @@ def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:
     An object with ``score_pairs_detailed`` or ``score_detailed`` (the RewardClient) also
     reports which inputs the server truncated, and a process model's steps; chat prompts go
     to ``score_detailed`` as conversations ending with the response. Labels, when the
-    inputs have them, go as ``labels=``.
+    inputs have them, go as ``labels=``. A None score is a masked item (its reward could
+    not be computed); its reason comes from the result's ``masked`` when it has one, else
+    it is :data:`NO_REASON`.
     """
     fn: Any = reward_fn
     prompts, responses = inputs.prompts, inputs.responses
@@ -85,11 +89,26 @@ def score_rollouts(reward_fn: RewardFn, inputs: RewardInputs) -> Scores:
         raise ValueError(
             f"the reward function returned {len(scores)} scores for {len(responses)} responses"
         )
-    scores = [float(s) for s in scores]
-    if not all(math.isfinite(s) for s in scores):
+    scores = [None if s is None else float(s) for s in scores]
+    if not all(s is None or math.isfinite(s) for s in scores):
         raise ValueError(f"the reward function returned a non-finite score: {scores}")
     steps = [getattr(result, key, None) for key in ("step_scores", "step_ends", "outcome_scores")]
-    return Scores(scores, truncated, *steps)
+    return Scores(scores, truncated, *steps, masked=_masked_reasons(scores, result))
+
+
+def _masked_reasons(scores: list[float | None], result: Any) -> list[str | None] | None:
+    """Each item's reason for a None score (None for a scored item); None when no item is
+    masked. The reasons are the result's ``masked`` (the RewardClient's), else
+    :data:`NO_REASON`."""
+    if all(s is not None for s in scores):
+        return None
+    given = getattr(result, "masked", None)
+    if given is not None and len(given) != len(scores):
+        given = None
+    return [
+        None if s is not None else (given[k] if given is not None and given[k] else NO_REASON)
+        for k, s in enumerate(scores)
+    ]
 
 
 def check_labels_taken(reward_fn: object, label_column: str | None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from ppo_client.sampling import (
     sampling_config,
 )
 from ppo_client.streaming import (
+    NO_REASON,
     RewardInputs,
     RewardStream,
     RolloutDecoder,
@@ -178,6 +180,7 @@ class Rollout(RolloutTensors):
     prompts: list[Prompt]
     texts: RewardInputs
     raw_scores: torch.Tensor  # (B,); reward_mode process: the outcome scores (0 if none)
+    valid: torch.Tensor  # (B,) bool: false where the reward masked the row (raw score 0)
     truncated: list[bool] | None
     reward_wait_s: float
     step_scores: list[list[float]] | None = None  # reward_mode process: each step's score,
@@ -186,6 +189,24 @@ class Rollout(RolloutTensors):
     engine_logprobs: torch.Tensor | None = None  # (B, T) vLLM's log-prob of each sampled token
     generate_s: float = 0.0  # seconds sampling and decoding (no passes, no reward wait)
     reward_tail_s: float = 0.0  # from the end of sampling to the reward's last score
+    masked: list[str | None] | None = None  # each masked row's reason (None: not masked)
+
+
+def _log_masked(scored: Scores, valid: list[bool]) -> None:
+    """One log line for the rows the reward masked on this rank, counted by reason."""
+    masked = len(valid) - sum(valid)
+    if not masked:
+        return
+    reasons = scored.masked or [None] * len(valid)
+    counts = Counter(
+        reason or NO_REASON for reason, ok in zip(reasons, valid, strict=True) if not ok
+    )
+    logger.info(
+        "the reward masked %d of %d rollouts (%s): left out of this update",
+        masked,
+        len(valid),
+        ", ".join(f"{reason}: {n}" for reason, n in counts.most_common()),
+    )
 
 
 def _concat(chunks: Sequence[RolloutTensors]) -> dict[str, torch.Tensor]:
@@ -255,6 +276,7 @@ class RolloutCollector:
             prompts=prompts,
             texts=stream.texts(),
             truncated=scored.truncated,
+            masked=scored.masked,
             engine_logprobs=engine_logprobs,
             reward_wait_s=clock.reward_wait_s,
             generate_s=clock.generate_s,
@@ -321,31 +343,61 @@ class RolloutCollector:
         self, scored: Scores, responses: torch.Tensor, seq_lengths: torch.Tensor
     ) -> dict[str, Any]:
         """The scores as the update takes them: the raw scores (reward_mode outcome), or
-        the outcome scores and the steps on their tokens (process)."""
+        the outcome scores and the steps on their tokens (process); with each row's
+        validity (false where the reward masked it: its raw score is then 0, a placeholder
+        the update never uses)."""
         if self.config.reward_mode == "process":
             return self._process_rewards(scored, responses, seq_lengths)
         device = self.accelerator.device
-        return {"raw_scores": torch.tensor(scored.scores, dtype=torch.float32, device=device)}
+        valid = [s is not None for s in scored.scores]
+        _log_masked(scored, valid)
+        raw = [0.0 if s is None else s for s in scored.scores]
+        return {
+            "raw_scores": torch.tensor(raw, dtype=torch.float32, device=device),
+            "valid": torch.tensor(valid, dtype=torch.bool, device=device),
+        }
 
     def _process_rewards(
         self, scored: Scores, responses: torch.Tensor, seq_lengths: torch.Tensor
     ) -> dict[str, Any]:
         """reward_mode process: the outcome scores (0 without any) for the last token, and
-        the step scores placed on the policy's tokens."""
+        the step scores placed on the policy's tokens. An item the reward masked (its
+        score, its steps or its outcome score None) masks its whole row: no outcome, no
+        steps."""
         if scored.step_scores is None or scored.step_ends is None:
             raise ValueError(
                 "reward_mode is process but the reward answered no step_scores/step_ends: "
                 "the reward server serves no kind: process model (or the reward function "
                 "is not a remote-reward client)"
             )
-        outcome = scored.outcome_scores
-        if outcome is None:
-            outcome = [0.0] * len(scored.scores)
-        tokens = offsets.step_tokens(self.tokenizer, responses, seq_lengths, scored.step_ends)
-        dense = offsets.step_rewards(responses.shape, scored.step_scores, tokens)
+        outcome: list[float | None] = (
+            list(scored.outcome_scores)
+            if scored.outcome_scores is not None
+            else [0.0] * len(scored.scores)
+        )
+        valid = [
+            score is not None and steps is not None and ends is not None and out is not None
+            for score, steps, ends, out in zip(
+                scored.scores, scored.step_scores, scored.step_ends, outcome, strict=True
+            )
+        ]
+        _log_masked(scored, valid)
+        # A masked row keeps no step: nothing to place on its tokens.
+        step_scores = [
+            list(s) if ok and s is not None else []
+            for s, ok in zip(scored.step_scores, valid, strict=True)
+        ]
+        step_ends = [
+            list(e) if ok and e is not None else []
+            for e, ok in zip(scored.step_ends, valid, strict=True)
+        ]
+        raw = [o if ok and o is not None else 0.0 for o, ok in zip(outcome, valid, strict=True)]
+        tokens = offsets.step_tokens(self.tokenizer, responses, seq_lengths, step_ends)
+        dense = offsets.step_rewards(responses.shape, step_scores, tokens)
         return {
-            "raw_scores": torch.tensor(outcome, dtype=torch.float32, device=responses.device),
-            "step_scores": scored.step_scores,
+            "raw_scores": torch.tensor(raw, dtype=torch.float32, device=responses.device),
+            "valid": torch.tensor(valid, dtype=torch.bool, device=responses.device),
+            "step_scores": step_scores,
             "step_tokens": tokens,
             "step_rewards": dense.to(responses.device),
         }

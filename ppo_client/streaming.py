@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ppo_client.timing import RolloutClock
 
 __all__ = [
+    "NO_REASON",
     "RewardInputs",
     "RewardStream",
     "RolloutDecoder",
@@ -31,6 +32,10 @@ __all__ = [
     "reward_inputs",
     "row_order",
 ]
+
+
+#: The reason given for a None (masked) score that came without one (a reward callable's).
+NO_REASON = "no_score"
 
 
 @dataclass
@@ -74,13 +79,20 @@ def reward_inputs(
 class Scores(NamedTuple):
     """The reward's scores of some rollouts and, when it reports them, which inputs it
     truncated and a process reward model's steps (scores, end offsets into each response,
-    and the sequence models' outcome scores)."""
+    and the sequence models' outcome scores).
 
-    scores: list[float]
+    A score is None where the reward masked the item (its reward could not be computed:
+    a verifier's timeout or crash, a judge's answer that did not parse, ...); ``masked``
+    then gives each item's reason (None for a scored item), when known. A masked item's
+    steps and outcome score may be None as well.
+    """
+
+    scores: list[float | None]
     truncated: list[bool] | None
-    step_scores: list[list[float]] | None = None
-    step_ends: list[list[int]] | None = None
-    outcome_scores: list[float] | None = None
+    step_scores: list[list[float] | None] | None = None
+    step_ends: list[list[int] | None] | None = None
+    outcome_scores: list[float | None] | None = None
+    masked: list[str | None] | None = None
 
 
 #: Scores the decoded rollouts of one chunk (called on the reward worker thread).
@@ -89,7 +101,7 @@ ScoreFn: TypeAlias = Callable[[RewardInputs], Scores]
 
 def join_scores(results: Sequence[Scores]) -> Scores:
     """The chunks' scores in order; truncation flags and steps only if every chunk
-    reported them."""
+    reported them; the masked reasons if any chunk did (None for the others' items)."""
 
     def joined(column: int) -> list[Any] | None:
         parts = [r[column] for r in results]
@@ -98,10 +110,18 @@ def join_scores(results: Sequence[Scores]) -> Scores:
         return [x for part in parts for x in part]
 
     truncated = joined(1)
+    masked: list[str | None] | None = None
+    if any(r.masked is not None for r in results):
+        masked = [
+            reason
+            for r in results
+            for reason in (r.masked if r.masked is not None else [None] * len(r.scores))
+        ]
     return Scores(
         [s for r in results for s in r.scores],
         None if truncated is None else [bool(x) for x in truncated],
-        *(joined(column) for column in range(2, len(Scores._fields))),
+        *(joined(column) for column in range(2, Scores._fields.index("masked"))),
+        masked=masked,
     )
 
 

@@ -59,7 +59,7 @@ from ppo_client.models import (
 )
 from ppo_client.normalization import RunningNormalizer
 from ppo_client.precision import use_bf16
-from ppo_client.reporting import RunReport, available_trackers, step_metrics
+from ppo_client.reporting import RunReport, available_trackers, skipped_metrics, step_metrics
 from ppo_client.reward import (
     RewardFn,
     check_labels_taken,
@@ -265,23 +265,46 @@ class PPOTrainer:
         rollout = self._collect(prompts, labels, pool, stop)
         t1 = time.perf_counter()
         self.state.episode += sizes.batch_size
-        # 4.-5. (running-normalised) transformed scores -> KL-penalised per-token rewards,
-        # with the step scores on their tokens in process mode -> GAE advantages
-        advantages = ppo.compute_advantages(
-            rollout,
-            self.advantage_params,
-            scores=self._normalized(rollout.raw_scores),
-            step_rewards=rollout.step_rewards,
-        )
-        # 6. clipped PPO updates over shuffled mini-batches
-        stats = self._ppo_epochs(rollout, advantages)
+        valid_rows, all_rows = self._row_counts(rollout.valid)
+        if valid_rows == 0:
+            # Nothing to learn from: no advantage, no loss, no statistic has a row to be
+            # computed over. The step still counts (data, schedule, checkpoints go on).
+            logger.warning(
+                "update %d skipped: the reward masked all %d rollouts (see the log lines "
+                "above for the reasons)",
+                step,
+                all_rows,
+            )
+            metrics = skipped_metrics(
+                lr=self.lr_scheduler.get_last_lr()[0], episode=self.state.episode
+            )
+            advantages = None
+        else:
+            # 4.-5. (running-normalised) transformed scores -> KL-penalised per-token rewards,
+            # with the step scores on their tokens in process mode -> GAE advantages; rows
+            # the reward masked are left out of all of it
+            advantages = ppo.compute_advantages(
+                rollout,
+                self.advantage_params,
+                scores=self._normalized(rollout.raw_scores, rollout.valid, valid_rows < all_rows),
+                step_rewards=rollout.step_rewards,
+                valid=rollout.valid,
+            )
+            # 6. clipped PPO updates over shuffled mini-batches
+            stats = self._ppo_epochs(rollout, advantages)
+            # 7. metrics
+            metrics = step_metrics(
+                self.accelerator,
+                rollout,
+                advantages,
+                stats,
+                lr=self.lr_scheduler.get_last_lr()[0],
+                episode=self.state.episode,
+            )
+        metrics["objective/masked_frac"] = (all_rows - valid_rows) / all_rows
         t2 = time.perf_counter()
         self.state.step = step
         # 7. metrics, samples, checkpoint
-        lr = self.lr_scheduler.get_last_lr()[0]
-        metrics = step_metrics(
-            self.accelerator, rollout, advantages, stats, lr=lr, episode=self.state.episode
-        )
         start_time, start_episode = self._started
         elapsed = max(time.time() - start_time, 1e-9)
         metrics["eps"] = int((self.state.episode - start_episode) / elapsed)
@@ -295,16 +318,34 @@ class PPOTrainer:
             else 0
         )
         if sample_every and (step - 1) % sample_every == 0:
-            self.report.write_samples(step, rollout, advantages.scores)
+            self.report.write_samples(
+                step, rollout, None if advantages is None else advantages.scores
+            )
         if step % sizes.save_every(cfg.save_steps) == 0:
             self.save_checkpoint()
 
-    def _normalized(self, raw_scores: torch.Tensor) -> torch.Tensor | None:
+    def _row_counts(self, valid: torch.Tensor) -> tuple[int, int]:
+        """How many rows the reward scored (not masked), and how many there are, over every
+        rank: every rank takes the same branch (skip, normalise) from them."""
+        local = torch.tensor(
+            [[int(valid.sum()), valid.numel()]], dtype=torch.long, device=self.accelerator.device
+        )
+        valid_rows, all_rows = self.accelerator.gather(local).sum(0).tolist()
+        return int(valid_rows), int(all_rows)
+
+    def _normalized(
+        self, raw_scores: torch.Tensor, valid: torch.Tensor, rows_masked: bool
+    ) -> torch.Tensor | None:
         """Running-normalised scores (None when normalisation is off); the window takes
-        every rank's scores, so that all ranks whiten alike."""
+        every rank's scores, so that all ranks whiten alike, except those of masked rows
+        (``rows_masked``: some rank has them), which are placeholders."""
         if self.normalizer is None:
             return None
-        scores = self.normalizer(raw_scores, self.accelerator.gather(raw_scores))
+        acc = self.accelerator
+        seen = acc.gather(raw_scores)
+        if rows_masked:
+            seen = seen[acc.gather(valid)]
+        scores = self.normalizer(raw_scores, seen)
         self.state.reward_window = self.normalizer.state()
         return scores
 
@@ -392,8 +433,10 @@ class PPOTrainer:
             self.optimizer.step()
             self.optimizer.zero_grad()
         with torch.no_grad():
-            entropy = ppo.masked_mean(ppo.entropy_from_logits(logits.detach()), mask)
-            stats.record(at, pg, vf, entropy)
+            entropy = ppo.masked_mean_or_zero(ppo.entropy_from_logits(logits.detach()), mask)
+            # tokens 0: every row of this micro-batch was masked (zero loss, left out of
+            # the statistics)
+            stats.record(at, pg, vf, entropy, tokens=mask.sum())
 
     # ----------------------------------------------------------------------------- saving
 
