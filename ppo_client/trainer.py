@@ -344,7 +344,7 @@ class PPOTrainer:
         acc = self.accelerator
         seen = acc.gather(raw_scores)
         if rows_masked:
-            seen = seen[acc.gather(valid)]
+            seen = seen[acc.gather(valid.long()) > 0]
         scores = self.normalizer(raw_scores, seen)
         self.state.reward_window = self.normalizer.state()
         return scores

@@ -298,6 +298,54 @@ def test_statistics_leave_the_masked_row_and_its_micro_batches_out() -> None:
     assert all(math.isfinite(v) for v in m.values()), m
 
 
+class Recorder(OneRank):
+    """One rank that keeps what it gave to each gather."""
+
+    def __init__(self) -> None:
+        self.given: list[torch.Tensor] = []
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.given.append(tensor)
+        return tensor
+
+
+class TwoRanks(OneRank):
+    """Rank 0 of two: each gather returns this rank's tensor and the other's (recorded)."""
+
+    def __init__(self, other: list[torch.Tensor]) -> None:
+        self.other = iter(other)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tensor, next(self.other)])
+
+
+def metrics_of(acc: Any, valid: list[bool], tokens: list[int]) -> dict[str, Any]:
+    r = rollout(
+        truncated=None,
+        reward_wait_s=0.0,
+        generate_s=0.0,
+        reward_tail_s=0.0,
+        engine_logprobs=None,
+        step_scores=None,
+    )
+    a = ppo.compute_advantages(r, params(), valid=torch.tensor(valid))  # type: ignore[arg-type]
+    stats = ppo.UpdateStats.zeros((1, 1, 2), torch.device("cpu"))
+    for k, n in enumerate(tokens):
+        one = torch.tensor(1.0 + k)
+        pg = ppo.PolicyLoss(one, one * 0.1, one * 0.01, one)
+        stats.record((0, 0, k), pg, ppo.ValueLoss(one, one), one, tokens=torch.tensor(n))
+    return step_metrics(acc, r, a, stats, lr=1e-3, episode=8)
+
+
+def test_a_rank_whose_rows_are_all_masked_is_left_out_of_the_average_over_ranks() -> None:
+    other = Recorder()
+    metrics_of(other, [False] * 4, [0, 0])  # rank 1: every row masked, no micro-batch counted
+    both = metrics_of(TwoRanks(other.given), VALID, [3, 3])
+    alone = metrics_of(OneRank(), VALID, [3, 3])
+    assert both == pytest.approx(alone)
+    assert all(math.isfinite(v) for v in both.values()), both
+
+
 # ------------------------------------------------------------------------ scores
 
 

@@ -1,0 +1,219 @@
+"""Masked rewards in ``ppo-client train`` (issue 35): a rollout whose reward could not be
+computed (None from a reward callable, ``null`` from the server) is left out of that
+update; ``objective/masked_frac`` is their share; an update whose rows are all masked is
+skipped with a warning.
+
+The hand-computed maths of a small batch are in tests/unit/test_ppo_masks.py; here the
+trainer runs whole: with a reward callable, and with ``ppo-client train`` against a real
+server whose python verifier fails on a third of the items.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from server_proc import running_server
+from test_trainer import PROMPTS, TRL_METRICS, make_config, read_jsonl
+
+from ppo_client import PPOTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+BY_LABEL = f"{ROOT / 'tests' / 'verifier_functions.py'}:by_label"
+PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def finite_metrics(row: dict[str, Any]) -> None:
+    for key, value in row.items():
+        if isinstance(value, float):
+            assert math.isfinite(value), (key, row)
+
+
+def test_masked_rows_are_left_out_of_the_update_and_their_share_logged(
+    gpt2_policy: Path, tmp_path: Path
+) -> None:
+    """A reward callable returns None for a third of the prompts: every step logs the
+    share it masked, and its score metrics are the means over the other rows only."""
+    masked_prompts = set(PROMPTS[::3])
+    answers: list[float | None] = []  # every score the reward gave, in call order
+
+    def reward(prompts: list[Any], responses: list[str]) -> list[float | None]:
+        out = [
+            None if p.strip() in masked_prompts else r.count(" ") / max(1, len(r)) + 0.25
+            for p, r in zip(prompts, responses, strict=True)
+        ]
+        answers.extend(out)
+        return out
+
+    out = tmp_path / "run"
+    cfg = make_config(
+        gpt2_policy,
+        out,
+        total_episodes=8 * 4,
+        num_sample_generations=4,
+        num_samples_to_log=8,
+        stop_token="eos",
+        local_rollout_forward_batch_size=3,  # several reward calls per step
+    )
+    PPOTrainer(cfg, train_dataset=[{"prompt": p} for p in PROMPTS], reward_fn=reward).train()
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for step, row in enumerate(rows):
+        given = answers[8 * step : 8 * (step + 1)]
+        kept = [s for s in given if s is not None]
+        assert row["objective/masked_frac"] == (8 - len(kept)) / 8
+        # The raw score is the mean over the rows with a score (no transform here).
+        assert row["objective/raw_scores"] == pytest.approx(sum(kept) / len(kept), abs=1e-6)
+        for key in TRL_METRICS:
+            assert key in row, key
+        finite_metrics(row)
+    fractions = [r["objective/masked_frac"] for r in rows]
+    assert 0 < sum(fractions) / len(fractions) < 1
+    samples = read_jsonl(out / "samples.jsonl")
+    assert len(samples) == 32
+    for sample in samples:
+        masked = sample["query"].strip() in masked_prompts
+        assert (sample["score"] is None) == masked, sample
+        assert (sample["reward"] is None) == masked, sample
+        assert sample.get("masked") == ("no_score" if masked else None), sample
+
+
+def test_an_update_whose_rows_are_all_masked_is_skipped(
+    gpt2_policy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first update's rows are all masked: it is skipped with a warning (the policy
+    keeps its weights, no metric is NaN), the run goes on and learns from the next."""
+    calls = {"items": 0}
+
+    def reward(prompts: list[Any], responses: list[str]) -> list[float | None]:
+        first = calls["items"] < 8
+        calls["items"] += len(responses)
+        return [None if first else r.count(" ") / max(1, len(r)) for r in responses]
+
+    out = tmp_path / "run"
+    cfg = make_config(gpt2_policy, out, total_episodes=8 * 2, save_steps=1)
+    with caplog.at_level(logging.WARNING, logger="ppo_client.trainer"):
+        PPOTrainer(cfg, train_dataset=[{"prompt": p} for p in PROMPTS], reward_fn=reward).train()
+    assert any("update 1 skipped" in r.getMessage() for r in caplog.records), caplog.text
+    first, second = read_jsonl(out / "metrics.jsonl")
+    assert first["step"] == 1 and first["objective/masked_frac"] == 1.0
+    assert "objective/scores" not in first and "loss/policy_avg" not in first
+    assert first["episode"] == 8
+    finite_metrics(first)
+    assert second["objective/masked_frac"] == 0.0
+    for key in TRL_METRICS:
+        assert math.isfinite(second[key]), key
+    # No optimiser step in the skipped update: checkpoint-1 holds the initial policy.
+    start = load_file(gpt2_policy / "model.safetensors")
+    after_first = load_file(out / "checkpoint-1" / "policy" / "model.safetensors")
+    after_second = load_file(out / "checkpoint-2" / "policy" / "model.safetensors")
+    assert all(torch.equal(start[k], after_first[k]) for k in start)
+    assert not all(torch.equal(start[k], after_second[k]) for k in start)
+    assert (out / "reward_curve.png").is_file()
+
+
+# ---------------------------------------------------------------- against a real server
+
+
+def test_ppo_client_train_with_a_verifier_that_fails_on_a_third_of_the_items(
+    gpt2_policy: Path, tmp_path: Path
+) -> None:
+    """``ppo-client train`` against a server whose python verifier (``on_error: mask``)
+    raises on the items labelled ``raise``, a third of the prompts: the run completes,
+    ``objective/masked_frac`` is 1/3 over the run, each step's raw score is the mean of the
+    server's scores of its other rows, and the samples show the masked rows with their
+    reason."""
+    prompts = PROMPTS[:24]
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": p, "answer": "raise" if k % 3 == 0 else "ok"}) + "\n"
+            for k, p in enumerate(prompts)
+        )
+    )
+    models = {
+        "models": [
+            {
+                "name": "check",
+                "kind": "verifier",
+                "verifier": "python",
+                "function": BY_LABEL,
+                "on_error": "mask",
+                "workers": 2,
+                "timeout_s": 30,
+            }
+        ]
+    }
+    models_file = tmp_path / "models.yaml"
+    models_file.write_text(yaml.safe_dump(models), encoding="utf-8")
+    out = tmp_path / "out"
+    config = tmp_path / "ppo.yaml"
+    with running_server(None, "--models", str(models_file), timeout=180) as server:
+        config.write_text(
+            f"model_name_or_path: {gpt2_policy}\n"
+            f"reward_url: {server.url}\n"
+            f"dataset_name: {data}\n"
+            "label_column: answer\n"
+            f"output_dir: {out}\n"
+            "per_device_train_batch_size: 4\n"
+            "gradient_accumulation_steps: 2\n"
+            "local_rollout_forward_batch_size: 4\n"
+            "total_episodes: 24\n"  # one pass over the prompts: 8 of the 24 rows masked
+            "response_length: 8\n"
+            "stop_token: eos\n"
+            "reward_scale: 0.05\n"  # the verifier's score is the response's length
+            "learning_rate: 1.0e-3\n"
+            "num_sample_generations: 3\n"
+            "num_samples_to_log: 8\n"
+            "disable_tqdm: true\n"
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run(
+            [str(PPO_CLIENT), "train", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr + server.log()
+    assert "done: 3 steps" in proc.stdout
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    fractions = [r["objective/masked_frac"] for r in rows]
+    assert sum(fractions) / 3 == pytest.approx(1 / 3), fractions
+    for row in rows:
+        finite_metrics(row)
+    samples = read_jsonl(out / "samples.jsonl")
+    assert len(samples) == 24  # every row of every step
+    for sample in samples:
+        if sample["label"] == "raise":
+            assert sample["score"] is None and sample["reward"] is None, sample
+            assert sample["masked"] == "error", sample
+        else:
+            assert sample["score"] == float(len(sample["response"])), sample
+    for row in rows:
+        scored = [
+            s["score"] for s in samples if s["step"] == row["step"] and s["score"] is not None
+        ]
+        assert row["objective/masked_frac"] == 1 - len(scored) / 8
+        assert row["objective/raw_scores"] == pytest.approx(sum(scored) / len(scored), abs=1e-4)
