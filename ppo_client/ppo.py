@@ -38,6 +38,7 @@ __all__ = [
     "masked_mean_or_zero",
     "masked_var",
     "masked_whiten",
+    "micro_batch_scales",
     "per_token_rewards",
     "policy_loss",
     "response_mask",
@@ -387,6 +388,25 @@ def compute_advantages(
     return Advantages(
         mask, scores, has_eos, kl, non_score_reward, values, advantages, returns, valid
     )
+
+
+def micro_batch_scales(tokens: torch.Tensor) -> torch.Tensor:
+    """How much each micro-batch's loss counts when the reward masked rows.
+
+    ``tokens`` (ranks, epochs, mini-batches, micro-batches) holds each micro-batch's number
+    of tokens in the update on every rank. An optimiser step averages the gradients of its
+    ``ranks * micro-batches`` micro-batches (accelerate divides each loss by the
+    accumulation steps, DDP averages over ranks); one whose rows are all masked has a zero
+    loss, which would shrink that average. So the others' losses are multiplied by
+    ``ranks * micro-batches / (those with tokens)``: the step is the mean over the
+    micro-batches that have rows. Returns (epochs, mini-batches); 1 where none is empty,
+    0 where all are (that mini-batch takes no step: Adam would still move the weights
+    with its momentum).
+    """
+    total = tokens.size(0) * tokens.size(3)
+    with_rows = (tokens > 0).sum(dim=(0, 3))  # (epochs, mini-batches)
+    scales = total / with_rows.clamp(min=1).to(torch.float64)
+    return torch.where(with_rows > 0, scales, torch.zeros_like(scales))
 
 
 @dataclass

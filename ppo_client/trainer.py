@@ -291,7 +291,7 @@ class PPOTrainer:
                 valid=rollout.valid,
             )
             # 6. clipped PPO updates over shuffled mini-batches
-            stats = self._ppo_epochs(rollout, advantages)
+            stats = self._ppo_epochs(rollout, advantages, valid_rows < all_rows)
             # 7. metrics
             metrics = step_metrics(
                 self.accelerator,
@@ -381,22 +381,56 @@ class PPOTrainer:
         if getattr(self.reward_fn, "on_retry", False) is None:
             self.reward_fn.on_retry = self.report.waiting  # type: ignore[attr-defined]
 
-    def _ppo_epochs(self, r: Rollout, a: ppo.Advantages) -> ppo.UpdateStats:
-        """Clipped PPO updates over shuffled mini-batches; per-micro-batch statistics."""
+    def _ppo_epochs(
+        self, r: Rollout, a: ppo.Advantages, rows_masked: bool = False
+    ) -> ppo.UpdateStats:
+        """Clipped PPO updates over shuffled mini-batches; per-micro-batch statistics.
+
+        With masked rows (``rows_masked``: on any rank) a micro-batch may hold none but
+        masked rows: its loss is 0, and the others' losses are scaled so that each
+        optimiser step is the mean over the micro-batches that have rows; a mini-batch
+        with no row anywhere takes no step (:func:`.ppo.micro_batch_scales`).
+        """
         cfg, sizes, device = self.config, self.sizes, self.accelerator.device
         shape = (cfg.num_ppo_epochs, cfg.num_mini_batches, cfg.gradient_accumulation_steps)
         stats = ppo.UpdateStats.zeros(shape, device)
         self.model.train()
         size = cfg.per_device_train_batch_size
-        for epoch in range(cfg.num_ppo_epochs):
-            order = torch.from_numpy(self.np_rng.permutation(sizes.local_batch_size))
+        # Every epoch's shuffle, drawn in the order the epochs run (the same draws as one
+        # per epoch: nothing else uses this generator in between).
+        orders = [
+            torch.from_numpy(self.np_rng.permutation(sizes.local_batch_size))
+            for _ in range(cfg.num_ppo_epochs)
+        ]
+        scales = self._micro_batch_scales(a, orders) if rows_masked else None
+        for epoch, order in enumerate(orders):
             for mb in range(cfg.num_mini_batches):
+                scale = 1.0 if scales is None else scales[epoch][mb]
+                if scale == 0.0:
+                    # Every rank takes this branch: the scales come from all ranks' rows.
+                    logger.debug("epoch %d, mini-batch %d: every row masked, no step", epoch, mb)
+                    continue
                 lo = mb * sizes.local_mini_batch_size
                 mini = order[lo : lo + sizes.local_mini_batch_size]
                 for ga in range(cfg.gradient_accumulation_steps):
                     idx = mini[ga * size : (ga + 1) * size].to(device)
-                    self._micro_step(r, a, idx, stats, (epoch, mb, ga))
+                    self._micro_step(r, a, idx, stats, (epoch, mb, ga), scale)
         return stats
+
+    def _micro_batch_scales(
+        self, a: ppo.Advantages, orders: list[torch.Tensor]
+    ) -> list[list[float]]:
+        """The loss scale of each (epoch, mini-batch) from every rank's tokens per
+        micro-batch in the update."""
+        cfg, acc = self.config, self.accelerator
+        row_tokens = a.mask.sum(1)  # (B,)
+        shape = (cfg.num_mini_batches, cfg.gradient_accumulation_steps, -1)
+        local = torch.stack(
+            [row_tokens[order.to(row_tokens.device)].reshape(shape).sum(-1) for order in orders]
+        )  # (epochs, mini-batches, micro-batches)
+        tokens = acc.gather(local).reshape(acc.num_processes, *local.shape)
+        scales: list[list[float]] = ppo.micro_batch_scales(tokens).tolist()
+        return scales
 
     def _micro_step(
         self,
@@ -405,8 +439,10 @@ class PPOTrainer:
         idx: torch.Tensor,
         stats: ppo.UpdateStats,
         at: tuple[int, int, int],
+        scale: float = 1.0,
     ) -> None:
-        """One micro-batch: losses and backward; the optimiser steps on the last of a mini-batch."""
+        """One micro-batch: losses and backward (the loss times ``scale``, see
+        :meth:`_ppo_epochs`); the optimiser steps on the last of a mini-batch."""
         cfg, acc = self.config, self.accelerator
         with acc.accumulate(self.model):
             logits, vpred = self.model(
@@ -427,6 +463,8 @@ class PPOTrainer:
             )
             vf = ppo.value_loss(vpred, a.values[idx], a.returns[idx], mask, cfg.cliprange_value)
             loss = pg.loss + cfg.vf_coef * vf.loss
+            if scale != 1.0:
+                loss = loss * scale
             acc.backward(loss)
             if cfg.max_grad_norm is not None and acc.sync_gradients:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)

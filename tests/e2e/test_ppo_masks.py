@@ -131,6 +131,62 @@ def test_an_update_whose_rows_are_all_masked_is_skipped(
     assert (out / "reward_curve.png").is_file()
 
 
+def test_micro_batches_of_masked_rows_only_are_left_out_of_each_step(
+    gpt2_policy: Path, tmp_path: Path
+) -> None:
+    """One rollout per micro-batch: a masked row's micro-batch has no loss, the others of
+    its mini-batch count for all of them (scaled), a mini-batch of masked rows only takes
+    no optimiser step."""
+    masked_prompts = set(PROMPTS[::2])
+
+    def reward(prompts: list[Any], responses: list[str]) -> list[float | None]:
+        return [
+            None if p.strip() in masked_prompts else r.count(" ") / max(1, len(r))
+            for p, r in zip(prompts, responses, strict=True)
+        ]
+
+    cfg = make_config(
+        gpt2_policy,
+        tmp_path / "run",
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        num_mini_batches=4,
+        total_episodes=8 * 3,
+    )
+    trainer = PPOTrainer(cfg, train_dataset=[{"prompt": p} for p in PROMPTS], reward_fn=reward)
+    calls: list[tuple[tuple[int, int, int], bool, float]] = []
+    micro_step = trainer._micro_step
+
+    def spy(r: Any, a: Any, idx: torch.Tensor, stats: Any, at: Any, scale: float = 1.0) -> None:
+        calls.append((at, bool(a.valid[idx].any()), scale))
+        micro_step(r, a, idx, stats, at, scale)
+
+    trainer._micro_step = spy  # type: ignore[method-assign]
+    rows = trainer.train()
+    assert [r["objective/masked_frac"] for r in rows] != [0.0] * 3
+    steps: dict[int, list[tuple[tuple[int, int, int], bool, float]]] = {}
+    update = 0
+    for call in calls:  # each update starts again at (0, 0, 0) or later
+        if not steps or call[0] <= steps[update][-1][0]:
+            update += 1
+            steps[update] = []
+        steps[update].append(call)
+    skipped = 0
+    for update_calls in steps.values():
+        minis: dict[tuple[int, int], list[tuple[bool, float]]] = {}
+        for (epoch, mb, _), has_rows, scale in update_calls:
+            minis.setdefault((epoch, mb), []).append((has_rows, scale))
+        skipped += 2 * 4 - len(minis)  # mini-batches never run: all their rows masked
+        for micro in minis.values():
+            assert len(micro) == 2
+            with_rows = sum(has for has, _ in micro)
+            assert with_rows > 0
+            assert {scale for _, scale in micro} == {2 / with_rows}
+    assert skipped > 0  # half the prompts masked: some mini-batch of 2 has no row
+    for row in rows:
+        finite_metrics(row)
+
+
 # ---------------------------------------------------------------- against a real server
 
 

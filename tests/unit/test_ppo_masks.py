@@ -249,6 +249,21 @@ def test_without_masked_rows_everything_is_bit_for_bit_as_before() -> None:
     assert torch.equal(ppo.masked_mean_or_zero(values, mask), ppo.masked_mean(values, mask))
 
 
+def test_micro_batch_scales_average_over_the_micro_batches_with_rows() -> None:
+    # 2 ranks, 1 epoch, 3 mini-batches of 2 micro-batches each: tokens per micro-batch
+    tokens = torch.tensor(
+        [
+            [[[5, 3], [0, 4], [0, 0]]],  # rank 0
+            [[[2, 2], [1, 0], [0, 0]]],  # rank 1
+        ]
+    )
+    scales = ppo.micro_batch_scales(tokens)
+    # mini-batch 0: all 4 have rows -> 1; mini-batch 1: 2 of 4 -> 4 / 2; mini-batch 2: none
+    # (a step's gradient, sum(scale * grad) / (ranks * micro-batches), is then the mean
+    # over the micro-batches with rows)
+    assert scales.tolist() == [[1.0, 2.0, 0.0]]
+
+
 # ------------------------------------------------------------------------ statistics
 
 
