@@ -24,10 +24,12 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from server_proc import running_server
+from server_proc import free_port, running_server
 from test_trainer import PROMPTS, TRL_METRICS, make_config, read_jsonl
 
 from ppo_client import PPOTrainer
+from ppo_client.data import batch_indices
+from ppo_client.sizes import BatchSizes
 
 ROOT = Path(__file__).resolve().parents[2]
 BY_LABEL = f"{ROOT / 'tests' / 'verifier_functions.py'}:by_label"
@@ -190,6 +192,24 @@ def test_micro_batches_of_masked_rows_only_are_left_out_of_each_step(
 # ---------------------------------------------------------------- against a real server
 
 
+def failing_verifier() -> dict[str, Any]:
+    """A models file: a python verifier (``on_error: mask``) that raises on the items
+    labelled ``raise`` and scores the others by the response's length."""
+    return {
+        "models": [
+            {
+                "name": "check",
+                "kind": "verifier",
+                "verifier": "python",
+                "function": BY_LABEL,
+                "on_error": "mask",
+                "workers": 2,
+                "timeout_s": 30,
+            }
+        ]
+    }
+
+
 def test_ppo_client_train_with_a_verifier_that_fails_on_a_third_of_the_items(
     gpt2_policy: Path, tmp_path: Path
 ) -> None:
@@ -206,21 +226,8 @@ def test_ppo_client_train_with_a_verifier_that_fails_on_a_third_of_the_items(
             for k, p in enumerate(prompts)
         )
     )
-    models = {
-        "models": [
-            {
-                "name": "check",
-                "kind": "verifier",
-                "verifier": "python",
-                "function": BY_LABEL,
-                "on_error": "mask",
-                "workers": 2,
-                "timeout_s": 30,
-            }
-        ]
-    }
     models_file = tmp_path / "models.yaml"
-    models_file.write_text(yaml.safe_dump(models), encoding="utf-8")
+    models_file.write_text(yaml.safe_dump(failing_verifier()), encoding="utf-8")
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
     with running_server(None, "--models", str(models_file), timeout=180) as server:
@@ -273,3 +280,83 @@ def test_ppo_client_train_with_a_verifier_that_fails_on_a_third_of_the_items(
         ]
         assert row["objective/masked_frac"] == 1 - len(scored) / 8
         assert row["objective/raw_scores"] == pytest.approx(sum(scored) / len(scored), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_accelerate_launch_with_a_rank_whose_rows_are_all_masked(
+    gpt2_policy: Path, tmp_path: Path
+) -> None:
+    """Two CPU processes (gloo DDP) against the failing verifier, with running reward
+    normalisation: in the first update every row of rank 1 is masked and one of rank 0's,
+    in the second one row of rank 1. Both ranks go through every collective (no hang), the
+    run completes, and the logged share is over both ranks' rows."""
+    prompts = PROMPTS[:16]
+    cfg = make_config(gpt2_policy, tmp_path / "unused", per_device_train_batch_size=2)
+    sizes = BatchSizes.from_config(cfg, 2, len(prompts))  # 4 rows per rank and update
+    rank = {
+        (u, r): batch_indices(u, len(prompts), sizes, cfg.seed, r) for u in (0, 1) for r in (0, 1)
+    }
+    failing = {*rank[0, 1], rank[0, 0][0], rank[1, 1][0]}
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": p, "answer": "raise" if k in failing else "ok"}) + "\n"
+            for k, p in enumerate(prompts)
+        )
+    )
+    models_file = tmp_path / "models.yaml"
+    models_file.write_text(yaml.safe_dump(failing_verifier()), encoding="utf-8")
+    out = tmp_path / "out"
+    config = tmp_path / "ppo.yaml"
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    with running_server(None, "--models", str(models_file), timeout=180) as server:
+        config.write_text(
+            f"model_name_or_path: {gpt2_policy}\n"
+            f"reward_url: {server.url}\n"
+            f"dataset_name: {data}\n"
+            "label_column: answer\n"
+            f"output_dir: {out}\n"
+            "per_device_train_batch_size: 2\n"
+            "gradient_accumulation_steps: 2\n"
+            "local_rollout_forward_batch_size: 4\n"
+            "total_episodes: 16\n"  # 2 updates of 2 ranks x 4 rollouts
+            "num_ppo_epochs: 1\n"
+            "response_length: 6\n"
+            "stop_token: eos\n"
+            "reward_normalization: running\n"
+            "disable_tqdm: true\n"
+        )
+        cmd = [
+            str(Path(sys.executable).parent / "accelerate"),
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+            "-m",
+            "ppo_client",
+            "train",
+            "--config",
+            str(config),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=480)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["objective/masked_frac"] for r in rows] == [5 / 8, 1 / 8]
+    for row in rows:
+        for key in TRL_METRICS:
+            assert math.isfinite(row[key]), (key, row)
