@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "BadDeadlineError",
     "BatcherClosedError",
     "ChatTemplateError",
     "ClientDisconnectedError",
@@ -139,6 +140,11 @@ class EmptyTextError(ServiceError, ValueError):
 class RunRefusedError(ServiceError, ValueError):
     """A program run (``/run_code``) cannot be made as asked: a language the server does not
     run, a file outside the work directory; ``str(e)`` says why."""
+
+
+class BadDeadlineError(ServiceError, ValueError):
+    """A request's deadline (``X-Request-Timeout-Ms`` or ``timeout_ms``) is not a positive
+    finite number of milliseconds; ``str(e)`` says what was sent."""
 
 
 class UnauthorizedError(ServiceError, PermissionError):

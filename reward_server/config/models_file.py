@@ -23,8 +23,8 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         verifier: math           # math | exact | regex (pattern:) | python (function: mod:fn;
         weight: 1.0              #   sandbox: bwrap to call it in a sandbox) | code (below)
         workers: 2               # processes verifying items (default 1)
-        timeout_s: 5             # per item; a timeout, crash or error scores on_error
-        on_error: 0.0
+        timeout_s: 5             # per item; a timeout, crash or error scores on_error:
+        on_error: mask           # mask (the default: null in scores, with its reason) or a number
       - name: tests              # programs run against each item's tests (label), sandboxed
         kind: verifier
         verifier: code
@@ -51,10 +51,10 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         timeout_s: 30            # a call's time budget, the client's retries included
         max_concurrent: 8        # requests in flight to it at once
         max_rpm: null            # requests per minute (an API judge's rate limit)
-        on_error: 0.0            # the score of an item the remote finally failed on
+        on_error: mask           # an item the remote finally failed on: masked, or a number
         # openai-chat: template, score_pattern (one group), max_tokens (16), temperature (0)
         # mode: generate: score_pattern (a regex, one group: the number), max_new_tokens (32),
-        # temperature (0: greedy) and top_p, on_error (0.0: the score of no match)
+        # temperature (0: greedy) and top_p, on_error (mask: an answer without a number)
 
 What the numbers mean: a model's own score per item is the raw logit of its ``label_index``,
 or with ``objectives`` the sum over its labels of weight x raw logit; a judge's, the expected
@@ -240,8 +240,8 @@ class ModelSpec(BaseModel):
     """kind: verifier: worker processes (default 1); verifier: code: tests run at once, over all items (default: the machine's cores)."""
     timeout_s: float = Field(default=5.0, gt=0, le=3600)
     """kind: verifier: seconds per item (default 5; verifier: code: the run time of all of an item's tests and its compilation, default 60, after which its remaining tests are timeouts); kind: remote: one request's limit and the retry budget of one call."""
-    on_error: float = 0.0
-    """The score of an item whose verification, parse or remote call failed."""
+    on_error: float | Literal["mask"] = "mask"
+    """kind: verifier, judge (mode: generate) and remote: what an item whose verification, parse or remote call failed gets: mask (the default: null in scores, with its reason; a trainer leaves it out) or a number, its score."""
     languages: list[str] = Field(default=["python"], min_length=1)
     """verifier: code: the languages a program may be in (python, cpp, javascript; aliases such as py, c++, js); a fenced block's language tag picks one, the first is for a block without a tag."""
     score: CodeScore = "pass_rate"
@@ -289,8 +289,8 @@ class ModelSpec(BaseModel):
 
     @field_validator("weight", "on_error")
     @classmethod
-    def _finite(cls, value: float, info: ValidationInfo) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value: float | str, info: ValidationInfo) -> float | str:
+        if not isinstance(value, str) and not math.isfinite(value):
             raise ValueError(f"{info.field_name} must be a finite number")
         return value
 
@@ -330,6 +330,17 @@ class ModelSpec(BaseModel):
         if self.model is None:
             raise ValueError("'model' is required")
         return self
+
+    @property
+    def masks(self) -> bool:
+        """Whether an item this model failed on is masked (``on_error: mask``)."""
+        return self.on_error == "mask"
+
+    @property
+    def error_score(self) -> float:
+        """The score a failed item carries: ``on_error`` as a number, 0.0 when it is masked
+        (then only seen in ``components`` of a weight-0 model, never in a trainer's reward)."""
+        return 0.0 if isinstance(self.on_error, str) else float(self.on_error)
 
     def _no_verifier_keys(self) -> None:
         # A judge in mode: generate scores on_error when its pattern finds no number.

@@ -176,6 +176,16 @@ class ServerSettings(BaseSettings):
     near max_client_batch x the longest expected text.
     """
 
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """A request's deadline when it carries none (header X-Request-Timeout-Ms, or /score's
+    timeout_ms): at it the answer goes out, every unfinished item masked (null, reason
+    deadline) and its work cancelled; a request queued past it never reaches a model.
+    """
+
+    max_request_timeout_s: float = Field(default=3600.0, gt=0)
+    """The longest deadline a request may ask for; a longer one is cut to it.
+    """
+
     score_cache_size: int = Field(default=65536, ge=0)
     """Most scores the score cache keeps (entries, shared by the served models): an item whose
     exact token ids the same model scored before is answered from it, and identical items of

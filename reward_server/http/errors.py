@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reward_server.errors import (
+    BadDeadlineError,
     BatcherClosedError,
     ChatTemplateError,
     ClientDisconnectedError,
@@ -91,6 +92,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
         ResponseNotFoundError: "response_not_found",
         UnknownModelError: "unknown_model",
         RunRefusedError: "run_refused",
+        BadDeadlineError: "bad_deadline",
     },
     429: {QueueFullError: "queue_full", TenantLimitError: "tenant_limit"},
     # nginx's "client closed request": nobody reads it, but metrics count it.

@@ -66,6 +66,7 @@ def _score_response(scored: Scored, body: ScoreRequest) -> ScoreResponse:
         step_ends=None if steps is None else [list(r.step_ends or ()) for r in steps],
         steps_dropped=None if steps is None else [r.steps_dropped for r in steps],
         outcome_scores=scored.outcome_scores,
+        masked=scored.masked(),
         verifier_errors=scored.verifier_errors(),
         tests=scored.tests(),
     )
@@ -84,6 +85,7 @@ async def score(body: ScoreRequest, request: Request, _auth: Authorized) -> Scor
         "/score",
         _request_items(body),
         ScoreOptions(truncate=body.truncate, model=body.model, cache=body.cache),
+        timeout_ms=body.timeout_ms,
     )
     return _score_response(scored, body)
 

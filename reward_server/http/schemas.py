@@ -107,6 +107,14 @@ class ScoreRequest(BaseModel):
         description="Return each model's own score (always returned when several score).",
     )
     labels: list[Any] | None = labels_field("item")
+    timeout_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="The request's deadline: milliseconds the client still waits (as the "
+        "X-Request-Timeout-Ms header, for clients that cannot set headers; this wins over "
+        "it). At the deadline the answer is sent with every unfinished item masked (null "
+        "in scores, reason deadline); default: the server's --request-timeout-s, at most "
+        "its --max-request-timeout-s.",
+    )
     cache: StrictBool = Field(
         default=True,
         description="Use the score cache: an item whose exact token ids the same model "
@@ -159,9 +167,10 @@ class ScoreResponse(BaseModel):
     """Scores in request order, with the tokens scored and truncation per item; the
     breakdown fields are left out when they do not apply."""
 
-    scores: list[float] = Field(
+    scores: list[float | None] = Field(
         description="Raw logit of the configured label, per item; with several models their "
-        "combined score (the models file's aggregate)."
+        "combined score (the models file's aggregate). null: the item is masked, its reward "
+        "could not be computed (the reason is in masked); a trainer leaves it out."
     )
     tokens: list[int] = Field(
         description="Tokens actually scored, per item (the most of any model)."
@@ -170,11 +179,12 @@ class ScoreResponse(BaseModel):
     model: str = Field(
         description="Name of the reward model (and adapter) that scored; several: 'a+b'."
     )
-    components: dict[str, list[float]] | None = Field(
+    components: dict[str, list[float | None]] | None = Field(
         default=None,
-        description="Each model's own score per item, by name (several models, or asked for).",
+        description="Each model's own score per item, by name (several models, or asked "
+        "for); null where that model masked the item.",
     )
-    objectives: dict[str, list[float]] | None = Field(
+    objectives: dict[str, list[float | None]] | None = Field(
         default=None,
         description="Every label's raw logit of each model with several labels, by label name "
         "('model/label' when several models score).",
@@ -190,15 +200,23 @@ class ScoreResponse(BaseModel):
     steps_dropped: list[int] | None = Field(
         default=None, description="Process reward model: steps cut off by truncation, per item."
     )
-    outcome_scores: list[float] | None = Field(
+    outcome_scores: list[float | None] | None = Field(
         default=None,
         description="The sequence models' combined score, when a process model scored too.",
     )
+    masked: list[str | None] | None = Field(
+        default=None,
+        description="Present when some item is masked (null in scores): per item why "
+        "(timeout, crash, error, non_finite, bad_result, sandbox_error, parse_failure, "
+        "remote_error, deadline, or a remote reward server's own reason), null where it is "
+        "not. With several models: the reason of the first model with a non-zero weight "
+        "that masked it.",
+    )
     verifier_errors: dict[str, list[str | None]] | None = Field(
         default=None,
-        description="Per verifier that failed on any item: each item's reason (timeout, "
-        "crash, error, non_finite, bad_result, sandbox_error; null where it did not fail). "
-        "Such an item scores the verifier's on_error.",
+        description="Per verifier, judge or remote that failed on any item: each item's "
+        "reason (as in masked; null where it did not fail). Such an item is masked, or "
+        "scores the entry's on_error when that is a number.",
     )
     tests: dict[str, list[list[str] | None]] | None = Field(
         default=None,
@@ -241,7 +259,8 @@ class GetRewardResponse(BaseModel):
     rewards: list[float]
     scores: list[float]
     extra_logs: dict[str, list[float]] = Field(
-        description="Per-item values OpenRLHF logs: tokens and truncated (0/1)."
+        description="Per-item values OpenRLHF logs: tokens, truncated (0/1) and masked (1: no "
+        "reward could be computed; its rewards entry is then 0.0)."
     )
 
 

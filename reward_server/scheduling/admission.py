@@ -173,6 +173,8 @@ class AdmissionScheduler:
                 self._tasks.discard(task)
             if entry.started is None:
                 entry.go.cancel()  # never handed to vLLM: its turn is skipped
+                if self._observer is not None and isinstance(error, asyncio.CancelledError):
+                    self._observer.on_dropped(n)
             else:
                 self._in_engine -= n
             self._in_flight -= n

@@ -369,7 +369,10 @@ class Batcher:
         try:
             return await request.future
         except asyncio.CancelledError:
+            dropped = request.unstarted
             self._finish_request(request, None)
+            if dropped and self._observer is not None:
+                self._observer.on_dropped(dropped)
             raise
 
     def _retry_after(self, excess: int) -> float:

@@ -67,6 +67,11 @@ class BatchObserver(Protocol):
         """Called after each micro-batch, successful or not."""
         ...
 
+    def on_dropped(self, rows: int) -> None:
+        """Called when a request ends (its client gone, its deadline passed, another model
+        failed) with ``rows`` of its rows not started: they never reach the model."""
+        ...
+
 
 class Scheduler(Protocol):
     """Takes the token-id rows of every request and returns their values, one per row, in

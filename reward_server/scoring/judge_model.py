@@ -13,8 +13,8 @@ above 0, up to ``max_new_tokens``; one left-padded ``generate`` call per micro-b
 score is the number that the first match of ``score_pattern`` captures in its one group, as
 a float (:func:`reward_client.wire.openai_chat.parse_score`, the parser of a remote chat
 judge's reply too). An answer without a match (or whose group is not a finite number) scores the entry's
-``on_error`` with the reason ``parse`` in the answer's ``verifier_errors``, counted in
-``reward_server_verifier_errors_total{model,reason="parse"}`` (the verifiers' counter).
+``on_error`` with the reason ``parse_failure`` in the answer's ``verifier_errors``, counted in
+``reward_server_verifier_errors_total{model,reason="parse_failure"}`` (the verifiers' counter).
 The prompt is cut to ``max_length - max_new_tokens`` tokens, leaving room for the answer.
 
 Both modes run on the transformers engine (:mod:`reward_server.engines._judge`) and on the
@@ -104,7 +104,7 @@ class JudgeModel(BatchedModel):
         ]
 
     def _parsed(self, prepared: Sequence[Tokenized], answers: Sequence[Any]) -> list[ItemResult]:
-        """Each answer's parsed score; on_error with reason ``parse`` (counted) where none."""
+        """Each answer's parsed score; on_error with reason ``parse_failure`` (counted) where none."""
         if len(answers) != len(prepared):
             raise RuntimeError(f"{len(answers)} answers for {len(prepared)} rows")
         metrics = self._context().metrics
@@ -114,13 +114,13 @@ class JudgeModel(BatchedModel):
             score = parse_score(answer, self.pattern)
             if score is None:
                 logger.debug("judge %s: no score in %r", self.name, answer)
-                metrics.on_verifier_error(self.name, "parse")
+                metrics.on_verifier_error(self.name, "parse_failure")
             results.append(
                 ItemResult(
-                    score=self.spec.on_error if score is None else score,
+                    score=self.spec.error_score if score is None else score,
                     num_tokens=item.num_tokens,
                     truncated=item.truncated,
-                    error="parse" if score is None else None,
+                    error="parse_failure" if score is None else None,
                 )
             )
         return results

@@ -255,16 +255,28 @@ class Metrics:
         # Verifiers (kind: verifier).
         self.verifier_errors = self._counter(
             "verifier_errors",
-            "Items a verifier scored on_error, by model and reason (timeout, crash, error, "
-            "non_finite, bad_result).",
+            "Items a verifier or judge failed on (on_error), by model and reason (timeout, "
+            "crash, error, non_finite, bad_result, sandbox_error, parse_failure, deadline).",
             (*model, "reason"),
         )
         # Remote components (kind: remote).
         self.remote_errors = self._counter(
             "remote_errors",
-            "Items a remote component scored on_error, by model and reason (remote_error, "
-            "timeout, parse).",
+            "Items a remote component failed on (on_error), by model and reason "
+            "(remote_error, timeout, parse_failure, or the remote's own mask reason).",
             (*model, "reason"),
+        )
+        self.masked_items = self._counter(
+            "masked_items",
+            "Items a model gave no score (null in scores), by model and reason: a failure "
+            "of an entry with on_error: mask, or the request's deadline.",
+            (*model, "reason"),
+        )
+        self.model_dropped_rows = self._counter(
+            "model_dropped_rows",
+            "Rows queued for a model whose request ended before they started (client "
+            "disconnected, deadline passed, another model failed): never run, by model.",
+            model,
         )
 
     def _tenant_series(self) -> None:
@@ -338,6 +350,10 @@ class Metrics:
         """Count one item a verifier scored on_error, by reason."""
         self.verifier_errors.labels(model=model, reason=reason).inc()
 
+    def on_masked(self, model: str, reason: str) -> None:
+        """Count one item ``model`` masked, by reason."""
+        self.masked_items.labels(model=model, reason=reason).inc()
+
     def on_remote_error(self, model: str, reason: str, items: int = 1) -> None:
         """Count ``items`` a remote component scored on_error, by reason."""
         self.remote_errors.labels(model=model, reason=reason).inc(items)
@@ -375,6 +391,10 @@ class _ModelObserver:
     def __init__(self, metrics: Metrics, model: str) -> None:
         self._metrics = metrics
         self._model = model
+
+    def on_dropped(self, rows: int) -> None:
+        """Count rows of this model that never started (BatchObserver protocol)."""
+        self._metrics.model_dropped_rows.labels(model=self._model).inc(rows)
 
     def on_batch(self, stats: BatchStats) -> None:
         """Record one forward pass of this model (BatchObserver protocol)."""

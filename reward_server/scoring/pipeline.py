@@ -2,6 +2,18 @@
 request, fan the items out to every selected model at once (each: render + tokenize ->
 scheduler -> checked results), and combine the models' scores into the answer's.
 
+Masks: an item a model failed on (its result has an ``error``) is masked when the model's
+entry says ``on_error: mask`` (the default of verifiers, judges and remotes); with a number
+it scores that number instead. In a combined score, an item masked by any model with a
+non-zero weight is masked (a weight-0 model's term is 0 whatever its score).
+
+Deadlines: a request's deadline (``ScoreOptions.deadline``) bounds its work. Past it, no
+model is asked; before it, the models run with the deadline in
+:data:`~reward_server.scoring.deadline.current_deadline` (a verifier settles what it can by
+then and masks the rest itself); at the deadline plus :data:`DEADLINE_GRACE_S` the models
+still running are cancelled (their queued rows dropped before reaching the model) and their
+items masked ``deadline``. Items masked for a deadline are masked whatever ``on_error`` says.
+
 No HTTP here: the routes (:mod:`reward_server.http.scoring`) watch for the client hanging
 up, which cancels the pipeline's work, and count the items by endpoint.
 """
@@ -9,7 +21,9 @@ up, which cancels the pipeline's work, and count the items by endpoint.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -25,6 +39,7 @@ from reward_server.errors import (
 )
 from reward_server.scoring.aggregate import Weighting, combine
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult
+from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.items import Items
 from reward_server.scoring.registry import ModelRegistry
 from reward_server.scoring.scored import Scored
@@ -35,6 +50,10 @@ logger = logging.getLogger("reward_server")
 __all__ = ["ScoreOptions", "ScoringPipeline"]
 
 T = TypeVar("T")
+
+#: Seconds past a request's deadline that the pipeline waits for a model that settles by the
+#: deadline itself (a verifier killing its workers) before cancelling it outright.
+DEADLINE_GRACE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +68,8 @@ class ScoreOptions:
     model: str | None = None
     #: False: score every item afresh, neither reading nor filling the score cache.
     cache: bool = True
+    #: When the answer is due, a ``time.monotonic()`` instant (None: no deadline).
+    deadline: float | None = None
 
 
 class ScoringPipeline:
@@ -81,12 +102,47 @@ class ScoringPipeline:
                 f"(split the request)"
             )
         truncate = (not self.settings.no_truncate) if options.truncate is None else options.truncate
-        results = await _all_or_first_error(
-            [_score_one(m, items, truncate, options.max_tokens, options.cache) for m in models]
-        )
+        deadline = options.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            done: list[list[ItemResult] | None] = [None] * len(models)  # no work starts
+        else:
+            token = current_deadline.set(deadline)  # the models' tasks copy it
+            try:
+                done = await _all_or_first_error(
+                    [
+                        _score_one(m, items, truncate, options.max_tokens, options.cache)
+                        for m in models
+                    ],
+                    None if deadline is None else deadline + DEADLINE_GRACE_S,
+                )
+            finally:
+                current_deadline.reset(token)
+        results = [self._masked(m, rs, items.count) for m, rs in zip(models, done, strict=True)]
         scored = self._combine(models, results, selected=options.model is not None)
         self._count(scored)
         return scored
+
+    def _masked(
+        self, model: ServedModel, results: list[ItemResult] | None, count: int
+    ) -> list[ItemResult]:
+        """One model's results with its failed items masked where its entry masks (every
+        item when the deadline cut it off: ``results`` None), the masks counted."""
+        if results is None:
+            cut = ItemResult(
+                model.spec.error_score, 0, truncated=False, error="deadline", masked=True
+            )
+            results = [cut] * count
+        else:
+            results = [
+                dataclasses.replace(r, masked=True)
+                if r.error is not None and (model.spec.masks or r.error == "deadline")
+                else r
+                for r in results
+            ]
+        for r in results:
+            if r.masked:
+                self.metrics.on_masked(model.name, r.error or "error")
+        return results
 
     async def run_code(self, run: CodeRun) -> CodeRunResult:
         """Run one program in the code verifier's sandbox (``/run_code``).
@@ -111,13 +167,16 @@ class ScoringPipeline:
         if selected or (len(models) == 1 and not self.registry.from_file):
             (only,) = results
             name = models[0].name
-            return Scored(name, [r.score for r in only], by_name, labels)
-        scores = _aggregate(models, by_name, aggregate)
+            reasons = tuple(r.error if r.masked else None for r in only)
+            scores = [None if r.masked else r.score for r in only]
+            return Scored(name, scores, by_name, labels, reasons=reasons)
+        combined, reasons = _aggregate(models, by_name, aggregate)
         kinds = {model.kind for model in models}
         outcome = None
         if "process" in kinds and "sequence" in kinds:
-            outcome = _aggregate([s for s in models if s.kind == "sequence"], by_name, aggregate)
-        return Scored(self.registry.name, scores, by_name, labels, outcome)
+            sequence = [s for s in models if s.kind == "sequence"]
+            outcome, _ = _aggregate(sequence, by_name, aggregate)
+        return Scored(self.registry.name, combined, by_name, labels, outcome, tuple(reasons))
 
     def _count(self, scored: Scored) -> None:
         """The server-wide and the tenant's counters of one scored request (the items by
@@ -147,25 +206,40 @@ async def _score_one(
 
 def _aggregate(
     models: Sequence[ServedModel], by_name: Mapping[str, list[ItemResult]], aggregate: AggregateName
-) -> list[float]:
-    """The combined score of ``models`` per item (:func:`~reward_server.scoring.aggregate.combine`)."""
+) -> tuple[list[float | None], list[str | None]]:
+    """The combined score of ``models`` per item
+    (:func:`~reward_server.scoring.aggregate.combine`), None where a model with a non-zero
+    weight masked the item; and per item the first such model's reason."""
     weighting = {}
     for model in models:
         norm = model.spec.normalize
         mean, std = (0.0, 1.0) if norm is None else (norm.mean, norm.std)
         weighting[model.name] = Weighting(weight=model.spec.weight, mean=mean, std=std)
+    # A masked result still holds a finite score (the entry's on_error number, or 0.0), so
+    # the arithmetic runs on every item; a weight-0 model's term is 0 whatever it holds.
     scores = {model.name: [r.score for r in by_name[model.name]] for model in models}
-    return combine(scores, weighting, aggregate)
+    combined: list[float | None] = list(combine(scores, weighting, aggregate))
+    reasons: list[str | None] = [None] * len(combined)
+    for model in models:
+        if model.spec.weight == 0:
+            continue
+        for i, r in enumerate(by_name[model.name]):
+            if r.masked and reasons[i] is None:
+                reasons[i] = r.error or "error"
+                combined[i] = None
+    return combined, reasons
 
 
-async def _all_or_first_error(work: Sequence[Awaitable[T]]) -> list[T]:
+async def _all_or_first_error(work: Sequence[Awaitable[T]], cutoff: float | None) -> list[T | None]:
     """Await every one of ``work`` concurrently; at the first failure cancel the rest and
-    raise it (cancelling this cancels them all)."""
-    if len(work) == 1:
+    raise it (cancelling this cancels them all). At ``cutoff`` (``time.monotonic()``; None:
+    never) the ones still running are cancelled: None in their place."""
+    if len(work) == 1 and cutoff is None:
         return [await work[0]]
     tasks = [asyncio.ensure_future(w) for w in work]
+    timeout = None if cutoff is None else max(0.0, cutoff - time.monotonic())
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
     finally:
         pending = [t for t in tasks if not t.done()]
         for task in pending:
@@ -174,4 +248,4 @@ async def _all_or_first_error(work: Sequence[Awaitable[T]]) -> list[T]:
     for task in tasks:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-    return [task.result() for task in tasks]
+    return [None if task.cancelled() else task.result() for task in tasks]

@@ -13,7 +13,7 @@ for one of ``max_concurrent`` slots and, with ``max_rpm``, for its turn in a sli
 limit of one request (from when it has its slot) and the client's retry budget of one call.
 
 Like a verifier's, an item the remote finally failed on is not an error of the request: it
-scores the entry's ``on_error``, its reason (``remote_error``, ``timeout``, or ``parse`` for
+scores the entry's ``on_error``, its reason (``remote_error``, ``timeout``, or ``parse_failure`` for
 a reply without a number) is counted in ``reward_server_remote_errors_total`` and returned in
 the answer's ``verifier_errors``. The key is read from the environment variable named by
 ``api_key_env`` at start-up and never shown.
@@ -240,7 +240,7 @@ class RemoteModel:
         return results
 
     def _failed(self, reason: str) -> ItemResult:
-        return ItemResult(self.spec.on_error, num_tokens=0, truncated=False, error=reason)
+        return ItemResult(self.spec.error_score, num_tokens=0, truncated=False, error=reason)
 
     async def _reward(self, client: AsyncRewardClient, work: list[Task]) -> list[ItemResult]:
         inputs = _inputs(work, self.spec.protocol)
@@ -252,10 +252,15 @@ class RemoteModel:
             reason = _reason(exc)
             logger.warning("remote %s failed on %d item(s): %s", self.name, len(work), exc)
             return [self._failed(reason) for _ in work]
+        # A remote reward server masks the items it could not score (null, with a reason):
+        # here they fail with the remote's reason, so the entry's on_error applies to them.
+        reasons = getattr(result, "masked", None) or [None] * len(result.scores)
         return [
             ItemResult(score, num_tokens=tokens, truncated=cut)
-            for score, tokens, cut in zip(
-                result.scores, result.tokens, result.truncated, strict=True
+            if score is not None
+            else self._failed(reason or "remote_error")
+            for score, tokens, cut, reason in zip(
+                result.scores, result.tokens, result.truncated, reasons, strict=True
             )
         ]
 
@@ -284,7 +289,7 @@ class RemoteModel:
             return self._failed("remote_error")
         score = parse_score(reply, self._pattern)
         if score is None:
-            return self._failed("parse")
+            return self._failed("parse_failure")
         return ItemResult(score, num_tokens=0, truncated=False)
 
     def info(self) -> dict[str, object]:

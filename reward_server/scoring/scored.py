@@ -1,6 +1,10 @@
 """A request's results as the scoring pipeline returns them: the answer's scores and each
 scoring model's own results, with the views the routes answer with (components, objectives,
-verifier errors, test verdicts, process steps)."""
+verifier errors, test verdicts, process steps).
+
+A masked item (its reward could not be computed: a failure of a model whose entry masks, or
+the request's deadline) has None for a score, wherever the score is shown, and its reason in
+:meth:`Scored.masked`."""
 
 from __future__ import annotations
 
@@ -17,14 +21,24 @@ class Scored:
 
     #: The name answers carry: the one scoring model's, or the models' joined by "+".
     name: str
-    #: The combined score per item (the named model's own score when a request names one).
-    scores: list[float]
+    #: The combined score per item (the named model's own score when a request names one);
+    #: None for a masked item.
+    scores: list[float | None]
     #: Each scoring model's results, by name in the models file's order.
     results: dict[str, list[ItemResult]]
     #: The names of each scoring model's ``logits``.
     labels: dict[str, list[str]]
     #: The combined score of the sequence models alone, when a process model scored too.
-    outcome_scores: list[float] | None = None
+    outcome_scores: list[float | None] | None = None
+    #: Per item: why it is masked (the reason of the first model, in the models file's
+    #: order, that masks it), None where it is not; empty when no item is.
+    reasons: tuple[str | None, ...] = ()
+
+    def masked(self) -> list[str | None] | None:
+        """Per item the reason it is masked (None where it is not); None when none is."""
+        if not any(reason is not None for reason in self.reasons):
+            return None
+        return list(self.reasons)
 
     @property
     def tokens(self) -> list[int]:
@@ -36,26 +50,34 @@ class Scored:
         """Per item: whether any scoring model truncated it."""
         return [any(r.truncated for r in rs) for rs in zip(*self.results.values(), strict=True)]
 
-    def components(self) -> dict[str, list[float]]:
-        """Each scoring model's own score per item."""
-        return {name: [r.score for r in rs] for name, rs in self.results.items()}
+    def components(self) -> dict[str, list[float | None]]:
+        """Each scoring model's own score per item (None where it masked the item)."""
+        return {
+            name: [None if r.masked else r.score for r in rs] for name, rs in self.results.items()
+        }
 
-    def objectives(self) -> dict[str, list[float]] | None:
+    def objectives(self) -> dict[str, list[float | None]] | None:
         """Every label's raw logit of every scoring model with several labels, by label name
-        (``model/label`` when several models scored); None when no model has several."""
+        (``model/label`` when several models scored); None when no model has several. A
+        model's masked items have None."""
         several = len(self.results) > 1
-        out: dict[str, list[float]] = {}
+        out: dict[str, list[float | None]] = {}
         for name, results in self.results.items():
             labels = self.labels[name]
             if len(labels) < 2:
                 continue
             for j, label in enumerate(labels):
-                out[f"{name}/{label}" if several else label] = [r.logits[j] for r in results]
+                out[f"{name}/{label}" if several else label] = [
+                    None if r.masked else r.logits[j] for r in results
+                ]
         for name, results in self.results.items():
-            # A python verifier's values beyond its score, where every item has them.
-            common = set.intersection(*(set(dict(r.extras)) for r in results)) if results else set()
+            # A python verifier's values beyond its score, where every unmasked item has them.
+            kept = [set(dict(r.extras)) for r in results if not r.masked]
+            common = set.intersection(*kept) if kept else set()
             for key in sorted(common):
-                out[f"{name}/{key}" if several else key] = [dict(r.extras)[key] for r in results]
+                out[f"{name}/{key}" if several else key] = [
+                    None if r.masked else dict(r.extras)[key] for r in results
+                ]
         return out or None
 
     def verifier_errors(self) -> dict[str, list[str | None]] | None:

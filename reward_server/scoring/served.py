@@ -94,9 +94,14 @@ class ItemResult:
     step_scores: tuple[float, ...] | None = None
     step_ends: tuple[int, ...] | None = None
     steps_dropped: int = 0
-    #: Verifiers: why this item's verification failed (``timeout``, ``crash``, ``error``,
-    #: ``non_finite``, ``bad_result``), its score then the entry's ``on_error``; else None.
+    #: Why this item's reward could not be computed (a verifier's ``timeout``, ``crash``,
+    #: ``error``, ``non_finite``, ``bad_result``, ``sandbox_error``; a judge's or remote's
+    #: ``parse_failure``, ``remote_error``, ``timeout``; any model's ``deadline``); else None.
+    #: ``score`` is then the entry's ``on_error`` number (0.0 when it masks).
     error: str | None = None
+    #: True when the item has no score from this model: it failed (``error``) and the entry
+    #: masks (``on_error: mask``), or the request's deadline came first. Set by the pipeline.
+    masked: bool = False
     #: Verifiers: a python function's values beyond ``score``, a code verifier's tests
     #: ``passed`` and ``total``, by name.
     extras: tuple[tuple[str, float], ...] = ()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from reward_server.config.models_file import CODE_KEYS
 from reward_server.errors import ModelLoadError, NotReadyError
+from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.items import Items, tasks
 from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.served import ItemResult
@@ -74,8 +75,9 @@ class Verifier(Protocol):
         """Start; ModelLoadError when it cannot run here."""
         ...
 
-    async def verify(self, tasks: Sequence[Task]) -> list[Verdict]:
-        """Each task's verdict, in order (a failing item is a verdict, not an exception)."""
+    async def verify(self, tasks: Sequence[Task], deadline: float | None = None) -> list[Verdict]:
+        """Each task's verdict, in order (a failing item is a verdict, not an exception);
+        the items unsettled at ``deadline`` (``time.monotonic()``) get ``deadline``."""
         ...
 
     def close(self) -> None:
@@ -134,7 +136,7 @@ class VerifierModel:
         work = await asyncio.get_running_loop().run_in_executor(
             ctx.tokenizer, tasks, items, template
         )
-        verdicts = await self.pool.verify(work)
+        verdicts = await self.pool.verify(work, current_deadline.get())
         results = [_result(v) for v in verdicts]
         for verdict in verdicts:
             if verdict.error is not None:
@@ -158,7 +160,7 @@ class VerifierModel:
                 languages=list(options.languages),
                 workers=options.workers,
                 timeout_s=options.timeout_s,
-                on_error=options.on_error,
+                on_error=self.spec.on_error,
             )
             entry.pop("bwrap", None)  # a path of the server's machine
             entry.pop("function", None)
@@ -186,7 +188,7 @@ def code_options(spec: ModelSpec) -> CodeOptions:
         sandbox=spec.sandbox,
         bwrap=spec.bwrap,
         workers=spec.workers if "workers" in given else default_workers(),
-        on_error=spec.on_error,
+        on_error=spec.error_score,
     )
 
 
@@ -221,7 +223,7 @@ def load_verifier(spec: ModelSpec) -> VerifierModel:
         pattern=spec.pattern,
         workers=spec.workers,
         timeout_s=spec.timeout_s,
-        on_error=spec.on_error,
+        on_error=spec.error_score,
         sandbox="bwrap" if sandboxed else "none",
         bwrap=spec.bwrap if sandboxed else None,
         memory_mb=spec.memory_mb,

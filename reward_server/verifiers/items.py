@@ -17,8 +17,12 @@ __all__ = ["REASONS", "Reason", "Task", "Verdict"]
 #: - ``non_finite``: a NaN or infinite score or extra;
 #: - ``bad_result``: neither a number nor a dict with a numeric ``"score"`` and numeric extras;
 #: - ``sandbox_error``: a code verifier's sandbox failed to run the program (not the
-#:   program's doing; the server logs why).
-Reason = Literal["timeout", "crash", "error", "non_finite", "bad_result", "sandbox_error"]
+#:   program's doing; the server logs why);
+#: - ``deadline``: the request's deadline came before the item's verdict (its worker is
+#:   killed and replaced, its sandbox ended; an item not started yet is never started).
+Reason = Literal[
+    "timeout", "crash", "error", "non_finite", "bad_result", "sandbox_error", "deadline"
+]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
 

@@ -27,6 +27,13 @@ line for the call). The breaker is per call: the next call tries every item agai
 function that hung on one batch is not shut off for the rest of the run, and a call where
 a few items time out among many good ones never trips it.
 
+A request's deadline (``verify(..., deadline=)``) bounds the whole call: no item starts
+after it; at the deadline a worker still on one of the call's items is killed like one that
+timed out, and that item and the rest of its chunk get the reason ``deadline``, as do chunks
+no worker took yet. Items settled before keep their verdicts. There the verdicts go back
+before the replacement workers start (they start right after, ahead of the next call), so
+the answer is not held up by process start-up.
+
 Cancelling ``verify`` (the client went away) cancels its chunks still queued; chunks
 already running finish on their workers and their verdicts are dropped, so the pool stays
 consistent and usable. ``close`` fails queued chunks with BatcherClosedError, kills busy
@@ -50,6 +57,8 @@ from multiprocessing.process import BaseProcess
 from typing import Literal
 
 from reward_server.errors import BatcherClosedError, ModelLoadError
+from reward_server.verifiers.call import Call
+from reward_server.verifiers.deadline import past, remaining
 from reward_server.verifiers.items import Task, Verdict
 from reward_server.verifiers.options import VerifierOptions, check_options
 from reward_server.verifiers.worker import Outcome, worker_main
@@ -73,9 +82,6 @@ EXIT_WAIT_S = 1.0
 #: Chunking: about this many chunks per worker for one call, at most MAX_CHUNK items each.
 CHUNKS_PER_WORKER = 4
 MAX_CHUNK = 32
-#: The breaker: a call stops trying its items after this many timeouts, when they are more
-#: than half of its items settled so far.
-BREAKER_TIMEOUTS = 3
 #: The longest reason a failed item's log line carries.
 _LOG_CHARS = 300
 
@@ -84,46 +90,12 @@ _Items = list[tuple[int, Task]]
 _Verdicts = list[tuple[int, Verdict]]
 
 
-class _Call:
-    """What one ``verify`` call's chunks have settled, for the breaker (slots' threads
-    record into it concurrently)."""
-
-    def __init__(self, pool_name: str) -> None:
-        self._pool_name = pool_name
-        self._lock = threading.Lock()
-        self.settled = 0
-        self.timeouts = 0
-        self._warned = False
-
-    def record(self, verdict: Verdict) -> None:
-        with self._lock:
-            self.settled += 1
-            self.timeouts += verdict.error == "timeout"
-
-    def open(self) -> bool:
-        """Whether the call stops trying its items (the first time: one warning)."""
-        with self._lock:
-            tripped = self.timeouts >= BREAKER_TIMEOUTS and 2 * self.timeouts > self.settled
-            warn = tripped and not self._warned
-            self._warned = self._warned or tripped
-            settled, timeouts = self.settled, self.timeouts
-        if warn:
-            logger.warning(
-                "verifier %r: %d of the %d items settled in this call timed out; its items "
-                "not sent yet are not tried (reason timeout)",
-                self._pool_name,
-                timeouts,
-                settled,
-            )
-        return tripped
-
-
 class _Job:
     """One chunk of one ``verify`` call and the future its verdicts go to."""
 
     __slots__ = ("call", "future", "items")
 
-    def __init__(self, items: _Items, call: _Call) -> None:
+    def __init__(self, items: _Items, call: Call) -> None:
         self.items = items
         self.call = call
         self.future: Future[_Verdicts] = Future()
@@ -258,23 +230,33 @@ class VerifierPool:
 
     # -- verification --------------------------------------------------------------------
 
-    async def verify(self, tasks: Sequence[Task]) -> list[Verdict]:
-        """Each task's verdict, in order, verified concurrently over the workers."""
+    async def verify(self, tasks: Sequence[Task], deadline: float | None = None) -> list[Verdict]:
+        """Each task's verdict, in order, verified concurrently over the workers; with a
+        ``deadline`` (``time.monotonic()``), the items unsettled at it get ``deadline``."""
         if not tasks:
             return []
         if not self._started or self._closed:
             raise BatcherClosedError(
                 f"verifier {self.name!r} is {'closed' if self._closed else 'not started'}"
             )
+        if past(deadline):
+            return [self._deadline_verdict() for _ in tasks]
         size = chunk_size(len(tasks), len(self._slots))
         indexed = list(enumerate(tasks))
-        call = _Call(self.name)
+        call = Call(self.name, deadline)
         jobs = [_Job(indexed[i : i + size], call) for i in range(0, len(indexed), size)]
         self._count_queued(len(tasks))
         for job in jobs:
             self._jobs.put(job)
+        waiting = [asyncio.wrap_future(job.future) for job in jobs]
+        results: list[_Verdicts] = []
         try:
-            results = await asyncio.gather(*(asyncio.wrap_future(job.future) for job in jobs))
+            await asyncio.wait(waiting, timeout=remaining(deadline))
+            for job, future in zip(jobs, waiting, strict=True):
+                if not future.done() and job.future.cancel():  # no worker took it: none will
+                    results.append([(i, self._deadline_verdict()) for i, _ in job.items])
+                else:  # a running chunk ends at the deadline on its slot's thread
+                    results.append(await future)
         finally:
             for job in jobs:  # when cancelled: queued chunks are skipped, running ones dropped
                 job.future.cancel()
@@ -287,6 +269,9 @@ class VerifierPool:
 
     def _verdict(self, position: int, outcome: Outcome) -> Verdict:
         return outcome_verdict(self.name, position, outcome, self.options.on_error)
+
+    def _deadline_verdict(self) -> Verdict:
+        return Verdict(self.options.on_error, {}, "deadline")
 
 
 def outcome_verdict(name: str, position: int, outcome: Outcome, on_error: float) -> Verdict:
@@ -383,6 +368,8 @@ class _Slot:
                 job.future.set_result(self._run_job(job))
             except BaseException as exc:
                 job.future.set_exception(exc)
+            if not self.pool.closed:  # a worker killed at a deadline: replaced now
+                self._ensure_worker()
 
     def _next_job(self) -> _Job | None:
         """The next chunk (None: stop). While none comes, a worker that died idle is
@@ -406,6 +393,9 @@ class _Slot:
             while pending:
                 if self.pool.closed:
                     raise self.pool._closed_error()
+                if past(job.call.deadline):  # the request's time is up: nothing more starts
+                    verdicts.extend((i, self.pool._deadline_verdict()) for i, _ in pending)
+                    break
                 if job.call.open():  # the function hangs on most of this call's items
                     untried = Verdict(self.pool.options.on_error, {}, "timeout")
                     verdicts.extend((position, untried) for position, _ in pending)
@@ -418,18 +408,20 @@ class _Slot:
                         verdicts.append((position, self.pool._verdict(position, outcome)))
                     break
                 before = len(verdicts)
-                settled = self._exchange(pending, verdicts, resend)
+                settled = self._exchange(pending, verdicts, resend, job.call.deadline)
                 for _, verdict in verdicts[before:]:
                     job.call.record(verdict)
                 resend = resend and settled > 0
                 pending = pending[settled:]
-            if not self.pool.closed:
+            if not self.pool.closed and not past(job.call.deadline):
                 self._ensure_worker()  # a replacement before the verdicts go back
         finally:
             self.pool._count_busy(-len(pending))
         return verdicts
 
-    def _exchange(self, items: _Items, verdicts: _Verdicts, resend: bool) -> int:
+    def _exchange(
+        self, items: _Items, verdicts: _Verdicts, resend: bool, deadline: float | None
+    ) -> int:
         """Send ``items`` to the worker and collect their outcomes; returns how many items
         were settled (all, or up to and including the one whose worker had to go).
 
@@ -456,7 +448,15 @@ class _Slot:
             self.pool._count_busy(-len(items))
             return len(items)
         for done, (position, _) in enumerate(items):
-            received = self._receive(process, conn, time.monotonic() + self.pool.deadline_s)
+            own = time.monotonic() + self.pool.deadline_s
+            received = self._receive(process, conn, own if deadline is None else min(own, deadline))
+            if received == "timeout" and past(deadline) and time.monotonic() < own:
+                # The request's deadline, not the item's timeout: the worker goes the same
+                # way, the item (and the rest of the chunk, in _run_job) is a deadline.
+                self._stop_worker(graceful=False)
+                verdicts.append((position, self.pool._deadline_verdict()))
+                self.pool._count_busy(-1)
+                return done + 1
             outcome = self._lost_item(received) if isinstance(received, str) else received
             verdicts.append((position, self.pool._verdict(position, outcome)))
             self.pool._count_busy(-1)

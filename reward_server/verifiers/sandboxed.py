@@ -44,6 +44,7 @@ from reward_server.errors import BatcherClosedError, ModelLoadError
 from reward_server.sandbox import Limits, RunResult
 from reward_server.verifiers.code import CodeOptions, CodeVerifier
 from reward_server.verifiers.code.harness import REPORTER
+from reward_server.verifiers.deadline import settle_by
 from reward_server.verifiers.items import Task, Verdict
 from reward_server.verifiers.options import VerifierOptions, check_options, split_function
 from reward_server.verifiers.pool import outcome_verdict
@@ -272,13 +273,15 @@ class SandboxedFunction:
 
     # -- verification --------------------------------------------------------------------
 
-    async def verify(self, tasks: Sequence[Task]) -> list[Verdict]:
-        """Each task's verdict, in order (never raises for a failing item)."""
+    async def verify(self, tasks: Sequence[Task], deadline: float | None = None) -> list[Verdict]:
+        """Each task's verdict, in order (never raises for a failing item); the calls still
+        running at ``deadline`` are cancelled (their sandboxes end) with reason ``deadline``."""
         if not tasks:
             return []
         if self.runner.live_workers == 0:
             raise BatcherClosedError(f"verifier {self.name!r} is not running")
-        return list(await asyncio.gather(*(self._verify(i, t) for i, t in enumerate(tasks))))
+        work = [self._verify(i, t) for i, t in enumerate(tasks)]
+        return await settle_by(work, deadline, self.options.on_error)
 
     async def _verify(self, position: int, task: Task) -> Verdict:
         self._busy += 1

@@ -5,7 +5,7 @@ A tiny GPT-2 is trained here (500 steps, seconds on CPU; once per run, shared wi
 tests/e2e/test_vllm_judge.py) to answer ``Rate: <response>`` with
 ``Verdict: Score: N``, N set by the response's last word, or with garbage (``no idea``) for one last
 word. Served as a judge, its parsed scores are the expected numbers; an answer without a
-match scores ``on_error`` with the reason ``parse`` (in ``verifier_errors`` and counted in
+match scores ``on_error`` with the reason ``parse_failure`` (in ``verifier_errors`` and counted in
 ``reward_server_verifier_errors_total``); and every score equals the number parsed from an
 independent, unpadded, greedy ``generate`` of plain transformers on the same prompt.
 """
@@ -130,7 +130,7 @@ def parse_errors(client: TestClient) -> float:
     text = client.get("/metrics").text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = {"model": "judge", "reason": "parse"}
+            labels = {"model": "judge", "reason": "parse_failure"}
             if sample.name == "reward_server_verifier_errors_total" and sample.labels == labels:
                 return float(sample.value)
     return 0.0
@@ -160,7 +160,7 @@ def test_scores_are_parsed_from_the_answers_and_a_parse_failure_scores_on_error(
     assert r.status_code == 200, r.text
     data = r.json()
     assert data["scores"] == [9.0, 7.0, 2.0, 0.0, ON_ERROR, 7.0]
-    assert data["verifier_errors"] == {"judge": [None, None, None, None, "parse", None]}
+    assert data["verifier_errors"] == {"judge": [None, None, None, None, "parse_failure", None]}
     assert parse_errors(client) == 1.0
     # A pair reads its response the same way (the template has no prompt).
     pairs = client.post("/score", json={"queries": ["q", "q"], "responses": ["it bad", "great"]})
@@ -190,7 +190,7 @@ def test_a_pattern_that_never_matches_scores_on_error(judge: Path, serve: Any) -
     r = client.post("/score", json={"texts": RESPONSES[:3]})
     assert r.status_code == 200, r.text
     assert r.json()["scores"] == [0.5] * 3
-    assert r.json()["verifier_errors"] == {"judge": ["parse"] * 3}
+    assert r.json()["verifier_errors"] == {"judge": ["parse_failure"] * 3}
     assert parse_errors(client) == 3.0
 
 

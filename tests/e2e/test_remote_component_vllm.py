@@ -134,15 +134,15 @@ def test_openai_chat_against_a_real_vllm_server(vllm_chat: str, tmp_path: Path) 
     with running_server(None, "--models", str(path), timeout=120) as srv:
         r = httpx.post(f"{srv.url}/score", json=body, timeout=180)
         parse_errors = metric(
-            srv.url, "reward_server_remote_errors_total", model="judge", reason="parse"
+            srv.url, "reward_server_remote_errors_total", model="judge", reason="parse_failure"
         )
     assert r.status_code == 200, r.text
     answer = r.json()
     judged = answer["components"]["judge"]
     errors = (answer.get("verifier_errors") or {}).get("judge") or [None] * 3
-    assert set(errors) <= {None, "parse"}  # the call itself worked; the reply is arbitrary
+    assert set(errors) <= {None, "parse_failure"}  # the call itself worked; the reply is arbitrary
     for score, error in zip(judged, errors, strict=True):
-        assert (score == -1.0) if error == "parse" else error is None
-    assert parse_errors == float(errors.count("parse"))
+        assert (score == -1.0) if error == "parse_failure" else error is None
+    assert parse_errors == float(errors.count("parse_failure"))
     # The first item's score is what parsing vLLM's own reply gives.
     assert judged[0] == (-1.0 if expected is None else expected)

@@ -148,13 +148,13 @@ def test_generate_scores_are_parsed_and_a_parse_failure_scores_on_error(
 ) -> None:
     responses = ["great", "the film was very good", "plot bad", "so awful", "story odd", "good"]
     before = metric(
-        server.url, "reward_server_verifier_errors_total", model="grader", reason="parse"
+        server.url, "reward_server_verifier_errors_total", model="grader", reason="parse_failure"
     )
     data = score(server, {"texts": responses})
     assert judge_scores(data, "grader") == [9.0, 7.0, 2.0, 0.0, ON_ERROR, 7.0]
-    assert data["verifier_errors"] == {"grader": [None, None, None, None, "parse", None]}
+    assert data["verifier_errors"] == {"grader": [None, None, None, None, "parse_failure", None]}
     after = metric(
-        server.url, "reward_server_verifier_errors_total", model="grader", reason="parse"
+        server.url, "reward_server_verifier_errors_total", model="grader", reason="parse_failure"
     )
     assert after - before == 1.0
     # Many lengths at once, some the judge never saw: equal to plain greedy generate.

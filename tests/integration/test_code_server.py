@@ -197,7 +197,9 @@ def test_unusable_labels_and_refused_languages(server: ServerProcess) -> None:
     )
     assert answer["verifier_errors"]["code"] == ["error", "error", None, None]
     assert answer["tests"]["code"] == [None, None, ["compile_error"] * 3, ["compile_error"]]
-    assert answer["scores"] == [0.0, 0.0, 0.0, 0.0]
+    # No tests to run: no reward, so the item is masked (on_error: mask, the default).
+    assert answer["scores"] == [None, None, 0.0, 0.0]
+    assert answer["masked"] == ["error", "error", None, None]
 
 
 def test_all_pass_stop_on_failure_and_float_tolerance(server: ServerProcess) -> None:

@@ -37,8 +37,16 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "reward_server_errors": ("counter", "Error answers by status and kind."),
     "reward_server_inference_seconds": ("histogram", "Duration of one forward pass."),
     "reward_server_items": ("counter", "Items scored successfully, by endpoint."),
+    "reward_server_masked_items": (
+        "counter",
+        "Items a model gave no score (null in scores), by model and reason: a failure of an entry with on_error: mask, or the request's deadline.",
+    ),
     "reward_server_model_batch_rows": ("histogram", "Rows per forward pass, by model."),
     "reward_server_model_batches": ("counter", "Forward passes by model and outcome."),
+    "reward_server_model_dropped_rows": (
+        "counter",
+        "Rows queued for a model whose request ended before they started (client disconnected, deadline passed, another model failed): never run, by model.",
+    ),
     "reward_server_model_cached_tokens": (
         "counter",
         "Prompt tokens served from the engine's prefix cache instead of computed, by model (vLLM engine).",
@@ -62,7 +70,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "reward_server_ready": ("gauge", "1 when the server accepts work."),
     "reward_server_remote_errors": (
         "counter",
-        "Items a remote component scored on_error, by model and reason (remote_error, timeout, parse).",
+        "Items a remote component failed on (on_error), by model and reason (remote_error, timeout, parse_failure, or the remote's own mask reason).",
     ),
     "reward_server_request_duration_seconds": ("histogram", "HTTP request latency by endpoint."),
     "reward_server_requests": ("counter", "HTTP requests by endpoint and status."),
@@ -110,7 +118,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "reward_server_truncated_items": ("counter", "Items truncated."),
     "reward_server_verifier_errors": (
         "counter",
-        "Items a verifier scored on_error, by model and reason (timeout, crash, error, non_finite, bad_result).",
+        "Items a verifier or judge failed on (on_error), by model and reason (timeout, crash, error, non_finite, bad_result, sandbox_error, parse_failure, deadline).",
     ),
     "reward_server_verifier_workers": ("gauge", "Live worker processes of each verifier."),
 }

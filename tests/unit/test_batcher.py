@@ -72,7 +72,11 @@ class Recorder:
 
     def __init__(self, explode: bool = False) -> None:
         self.calls: list[BatchStats] = []
+        self.dropped: list[int] = []
         self.explode = explode
+
+    def on_dropped(self, rows: int) -> None:
+        self.dropped.append(rows)
 
     def on_batch(self, stats: BatchStats) -> None:
         self.calls.append(stats)

@@ -177,7 +177,7 @@ def test_openai_chat_sends_the_rendered_template_and_parses_the_reply(
     fake = FakeChat(lambda prompt: replies[prompt.split("Answer: ")[1].split("\n")[0]])
     results, metrics = _score(_remote(_chat_spec(api_key_env="JUDGE_KEY"), fake), _pairs())
     assert [r.score for r in results] == [7.0, -1.0, -1.0]
-    assert [r.error for r in results] == [None, "parse", "remote_error"]
+    assert [r.error for r in results] == [None, "parse_failure", "remote_error"]
     first = next(r for r in fake.requests if b"Answer: 4\\n" in r.content)
     assert first.url == "http://judge.test/v1/chat/completions"
     assert first.headers["authorization"] == f"Bearer {SECRET}"
@@ -187,7 +187,7 @@ def test_openai_chat_sends_the_rendered_template_and_parses_the_reply(
     # The 500 was retried within the 1 s budget before it scored on_error.
     assert sum(b"Answer: boring" in r.content for r in fake.requests) > 1
     counted = metrics.remote_errors.labels
-    assert counted(model="other", reason="parse")._value.get() == 1.0
+    assert counted(model="other", reason="parse_failure")._value.get() == 1.0
     assert counted(model="other", reason="remote_error")._value.get() == 1.0
 
 

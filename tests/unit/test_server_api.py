@@ -177,7 +177,11 @@ def test_get_reward_openrlhf(client: TestClient) -> None:
     body = r.json()
     assert body["rewards"] == pytest.approx([fake_score(t) for t in texts])
     assert body["scores"] == body["rewards"]
-    assert body["extra_logs"] == {"tokens": [17.0, 1.0], "truncated": [0.0, 0.0]}
+    assert body["extra_logs"] == {
+        "tokens": [17.0, 1.0],
+        "truncated": [0.0, 0.0],
+        "masked": [0.0, 0.0],
+    }
 
 
 def test_get_reward_empty_shard_answers_empty(client: TestClient, fake: FakeModel) -> None:

@@ -5,6 +5,10 @@ Each protocol is one module with its request and response bodies and its routes;
 them score through the same :class:`~reward_server.scoring.pipeline.ScoringPipeline` as ``/score`` (admission,
 batching, auth, truncation, metrics; with several models, their combined score as one label) and answer errors from the one error table, in the body
 shape that protocol's clients read (:class:`ProtocolRoute`). Here: what they share.
+
+None of these shapes can carry a masked item (no reward could be computed; ``null`` in
+``/score``): there it is :data:`MASK_FILL` in every value of its row (after any
+activation), and the answer's header :data:`MASKED_HEADER` lists the masked items.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from reward_server.scoring.scored import Scored
 
 __all__ = [
     "AGGREGATE_LABEL",
+    "MASKED_HEADER",
+    "MASK_FILL",
     "TRUNCATED_HEADER",
     "ProtocolRoute",
     "activate",
     "check_model",
+    "fill_masked",
+    "masked_header",
     "model_aliases",
     "protocol_error_bodies",
     "row_labels",
@@ -43,15 +51,40 @@ TRUNCATED_HEADER = "X-Reward-Truncated"
 #: The one label of :func:`rows` when several models score: their combined score.
 AGGREGATE_LABEL = "aggregate"
 
+#: Response header listing the masked items by index (``0,5,7``); absent when none is.
+MASKED_HEADER = "X-Reward-Masked"
+
+#: The value a masked item gets in the shapes that cannot carry null.
+MASK_FILL = 0.0
+
 
 def rows(scored: Scored) -> list[list[float]]:
     """One row per item for the vLLM and TEI shapes: the one model's every logit (or its
     score alone when the engine gives no more), or with several models their combined
-    score alone (:data:`AGGREGATE_LABEL`)."""
+    score alone (:data:`AGGREGATE_LABEL`); a masked item's row is :data:`MASK_FILL`."""
+    width = len(row_labels(scored))
     if len(scored.results) > 1:
-        return [[score] for score in scored.scores]
+        return [[MASK_FILL if s is None else s] for s in scored.scores]
     (results,) = scored.results.values()
-    return [list(r.logits) or [r.score] for r in results]
+    return [[MASK_FILL] * width if r.masked else list(r.logits) or [r.score] for r in results]
+
+
+def fill_masked(scored: Scored, values: list[list[float]]) -> list[list[float]]:
+    """``values`` (one row per item, activated or not) with each masked item's row all
+    :data:`MASK_FILL`."""
+    reasons = scored.masked() or []
+    return [
+        [MASK_FILL] * len(row) if i < len(reasons) and reasons[i] is not None else row
+        for i, row in enumerate(values)
+    ]
+
+
+def masked_header(scored: Scored) -> dict[str, str]:
+    """The masked-items header of an answer (empty when no item is masked)."""
+    reasons = scored.masked()
+    if reasons is None:
+        return {}
+    return {MASKED_HEADER: ",".join(str(i) for i, r in enumerate(reasons) if r is not None)}
 
 
 def row_labels(scored: Scored) -> list[str]:

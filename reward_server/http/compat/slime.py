@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from reward_server.http.auth import Authorized
-from reward_server.http.compat import truncated_header
+from reward_server.http.compat import MASK_FILL, masked_header, truncated_header
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import Conversation, Text
 from reward_server.http.scoring import score
@@ -79,4 +79,6 @@ async def slime_reward(
     their combined score)."""
     scored = await score(request, "/slime/reward", body.items())
     response.headers.update(truncated_header(scored.truncated))
-    return scored.scores[0]
+    response.headers.update(masked_header(scored))
+    (only,) = scored.scores
+    return MASK_FILL if only is None else only

@@ -17,7 +17,15 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from reward_server.http.auth import Authorized
-from reward_server.http.compat import ProtocolRoute, activate, row_labels, rows, truncated_header
+from reward_server.http.compat import (
+    ProtocolRoute,
+    activate,
+    fill_masked,
+    masked_header,
+    row_labels,
+    rows,
+    truncated_header,
+)
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import Text
 from reward_server.http.scoring import score
@@ -148,10 +156,11 @@ async def predict(
     """TEI's sequence classification: every label's score per sequence, highest first."""
     scored = await score(request, "/predict", body.items(), ScoreOptions(truncate=body.truncate))
     response.headers.update(truncated_header(scored.truncated))
+    response.headers.update(masked_header(scored))
     labels = row_labels(scored)
     answers = []
-    for row in rows(scored):
-        values = row if body.raw_scores else activate(row)
+    activated = rows(scored) if body.raw_scores else [activate(row) for row in rows(scored)]
+    for values in fill_masked(scored, activated):
         ranked = sorted(zip(values, labels, strict=True), key=lambda p: -p[0])
         answers.append([Prediction(score=score, label=label) for score, label in ranked])
     return answers if body.batched else answers[0]

@@ -32,6 +32,8 @@ from reward_server.http.compat import (
     ProtocolRoute,
     activate,
     check_model,
+    fill_masked,
+    masked_header,
     model_aliases,
     row_labels,
     rows,
@@ -266,7 +268,9 @@ async def _logits(
     options = ScoreOptions(truncate=truncate, max_tokens=max_tokens)
     scored = await score(request, request.url.path, body.items(), options)
     response.headers.update(truncated_header(scored.truncated))
+    response.headers.update(masked_header(scored))
     values = rows(scored) if body.raw else [activate(row) for row in rows(scored)]
+    values = fill_masked(scored, values)
     return values, scored, registry.name
 
 

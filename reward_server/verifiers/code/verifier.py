@@ -45,6 +45,7 @@ from reward_server.verifiers.code.compare import outputs_match, values_match
 from reward_server.verifiers.code.options import CodeOptions, TestVerdict
 from reward_server.verifiers.code.program import Program, extract_program
 from reward_server.verifiers.code.suite import Case, Suite, parse_suite
+from reward_server.verifiers.deadline import settle_by
 from reward_server.verifiers.items import Task, Verdict
 
 __all__ = ["CodeVerifier", "canonical_languages", "judge"]
@@ -271,12 +272,13 @@ class CodeVerifier:
             raise BatcherClosedError(f"verifier {self.name!r} is {state}")
         return self.sandbox, self._runner
 
-    async def verify(self, tasks: Sequence[Task]) -> list[Verdict]:
-        """Each task's verdict, in order (never raises for a failing item)."""
+    async def verify(self, tasks: Sequence[Task], deadline: float | None = None) -> list[Verdict]:
+        """Each task's verdict, in order (never raises for a failing item); the items still
+        running at ``deadline`` are cancelled (their sandboxes end) with reason ``deadline``."""
         if not tasks:
             return []
         _, runner = self._running()
-        return await runner.call(self._verify_all(tasks))
+        return await runner.call(self._verify_all(tasks, deadline))
 
     async def run_once(
         self, language_name: str, files: dict[str, str | bytes], stdin: str, limits: Limits
@@ -334,8 +336,9 @@ class CodeVerifier:
         async with sessions, self.sandbox.session(language_name, files, limits) as session:
             yield session
 
-    async def _verify_all(self, tasks: Sequence[Task]) -> list[Verdict]:
-        return list(await asyncio.gather(*(self._verify_item(i, t) for i, t in enumerate(tasks))))
+    async def _verify_all(self, tasks: Sequence[Task], deadline: float | None) -> list[Verdict]:
+        work = [self._verify_item(i, t) for i, t in enumerate(tasks)]
+        return await settle_by(work, deadline, self.options.on_error)
 
     async def _verify_item(self, position: int, task: Task) -> Verdict:
         self._busy += 1
