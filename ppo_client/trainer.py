@@ -7,7 +7,9 @@ One update reads top to bottom in :meth:`PPOTrainer.train`:
 3. truncate each at its stop token, decode prompt and response to text and send them to the
    reward function on a worker thread (:mod:`.reward`); while that request is in flight,
    compute the policy's and the reference's log-probs and the critic's values for the chunk;
-4. transform the scores ((score - baseline) * scale, missing-EOS penalty);
+4. transform the scores ((score - baseline) * scale, missing-EOS penalty); a rollout whose
+   reward was masked (None: it could not be computed) is left out of steps 4-7, and an
+   update with every rollout masked is skipped with a warning;
 5. per-token KL penalty with the score added at the last response token, optional reward
    whitening, GAE, advantage whitening (steps 4-5: :func:`.ppo.compute_advantages`);
 6. ``num_ppo_epochs`` passes over ``num_mini_batches`` mini-batches, each one optimiser step
@@ -86,9 +88,10 @@ class PPOTrainer:
 
     ``policy``, ``ref_policy``, ``value_model``, ``tokenizer`` and ``train_dataset`` are built from
     ``config`` when not given. ``reward_fn`` is any callable ``(prompts, responses) ->
-    list[float]``; an object with ``score_pairs_detailed``/``score_detailed`` (the
-    :class:`~reward_client.RewardClient`) also reports truncation. By default a
-    ``RewardClient`` for ``config.reward_url`` is used.
+    list[float | None]`` (None: a masked reward, that rollout is left out of the update); an
+    object with ``score_pairs_detailed``/``score_detailed`` (the
+    :class:`~reward_client.RewardClient`) also reports truncation and each masked item's
+    reason. By default a ``RewardClient`` for ``config.reward_url`` is used.
     """
 
     def __init__(
