@@ -8,6 +8,7 @@ that would show anywhere it leaked in.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -439,3 +440,41 @@ def test_a_masked_item_masks_its_whole_row_in_process_mode(tokenizer: Any) -> No
     scored = scored._replace(scores=[1.5, 2.0], outcome_scores=None)
     out = RolloutCollector._process_rewards(self, scored, responses, seq_lengths)
     assert out["valid"].tolist() == [True, False]
+
+
+# ------------------------------------------------------------------------ ppo-client score
+
+
+class MaskingClient:
+    """A RewardClient whose server masked the second item."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> MaskingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def score_detailed(self, **kwargs: Any) -> Any:
+        return SimpleNamespace(
+            scores=[0.5, None],
+            tokens=[3, 2],
+            truncated=[False, False],
+            masked=[None, "timeout"],
+        )
+
+
+def test_ppo_client_score_prints_a_masked_item(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import reward_client
+    from ppo_client import cli
+
+    monkeypatch.setattr(reward_client, "RewardClient", MaskingClient)
+    assert cli.main(["score", "--reward-url", "http://rm.test", "a", "b"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["0.5", "masked (timeout)"]
+    assert cli.main(["score", "--reward-url", "http://rm.test", "--json", "a", "b"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["scores"] == [0.5, None] and answer["masked"] == [None, "timeout"]
