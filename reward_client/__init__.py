@@ -19,8 +19,9 @@ Modules, one job each: :mod:`~reward_client.errors`, :mod:`~reward_client.result
 :mod:`~reward_client.retry`, :mod:`~reward_client.options`, :mod:`~reward_client.inputs`
 (the caller's inputs as request columns), :mod:`~reward_client.targets` (base URLs and
 ``dns+`` names), :mod:`~reward_client.routing` (start target and failover),
-:mod:`~reward_client.attempts` (retry decisions), :mod:`~reward_client.flows` (the
-sans-I/O core: one implementation), :mod:`~reward_client.client` (its two faces), and
+:mod:`~reward_client.attempts` (retry decisions and deadlines),
+:mod:`~reward_client.actions` (what flows yield), :mod:`~reward_client.flows` (the sans-I/O
+core: one implementation), :mod:`~reward_client.client` (its two faces), and
 :mod:`reward_client.integrations` (TRL, verl, OpenRLHF), which import their framework only
 when used.
 """

@@ -1,14 +1,22 @@
 """The retry, failover and give-up decisions for one logical request (:class:`Attempts`).
 
-No I/O: the flow that sends the request (:mod:`reward_client.flows`) reports each outcome
-to :meth:`Attempts.settle` and gets back the decoded answer, a :class:`Retry` (after how
+No I/O: the flow that sends the request (:mod:`reward_client.flows`) asks
+:meth:`Attempts.sent` for each attempt's URL and time budget, reports each outcome to
+:meth:`Attempts.settle` and gets back the decoded answer, a :class:`Retry` (after how
 long, on which URL: :attr:`Attempts.url`) or the final :class:`RewardServerError`.
+
+Two limits end the retries: the retry budget (``RetryPolicy.timeout``, counted from the
+request's first send: no attempt starts after it, so the request can overrun it by one
+attempt's timeout) and the call's :class:`Deadline` when it has one (the caller's overall
+limit: no attempt starts and no pause ends past it, each attempt tells the server what is
+left of it and waits for the answer at most :data:`DEADLINE_GRACE` longer).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import ssl
 from collections.abc import Callable
@@ -22,9 +30,33 @@ from reward_client.results import RetryEvent
 from reward_client.retry import RetryPolicy, parse_retry_after
 from reward_client.routing import Router
 
-__all__ = ["Attempts", "Retry", "error_message"]
+__all__ = ["DEADLINE_GRACE", "AttemptBudget", "Attempts", "Deadline", "Retry", "error_message"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds an attempt waits for its answer past the call's deadline: the server answers at
+#: the deadline it was sent (with its unfinished items masked ``deadline``), and that answer
+#: still has to travel back.
+DEADLINE_GRACE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """The caller's overall deadline for one call: ``at`` on the client's clock, ``seconds``
+    after the call started (for messages)."""
+
+    at: float
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptBudget:
+    """One attempt's time: ``ms`` for the server (the ``X-Request-Timeout-Ms`` header; None:
+    no limit to tell) and ``wait_s``, the most seconds to wait for the answer when the
+    call's deadline is closer than the client's own timeouts (None: those timeouts)."""
+
+    ms: int | None
+    wait_s: float | None = None
 
 
 def error_message(response: httpx.Response) -> str:
@@ -87,6 +119,8 @@ class Attempts:
 
     ``router`` picks and remembers targets, ``policy`` sets the limits, ``clock`` and
     ``rng`` time the budget and jitter the pauses, ``on_retry`` hears of each retry.
+    ``deadline``: the call's, if it has one; ``attempt_timeout``: the seconds one attempt
+    waits for its answer (the HTTP read timeout; None: no limit).
     """
 
     def __init__(
@@ -99,10 +133,13 @@ class Attempts:
         clock: Callable[[], float],
         rng: random.Random,
         on_retry: Callable[[RetryEvent], None] | None = None,
+        deadline: Deadline | None = None,
+        attempt_timeout: float | None = None,
     ) -> None:
         self.method, self.path = method, path
         self._router, self._policy = router, policy
         self._clock, self._rng, self._on_retry = clock, rng, on_retry
+        self._deadline, self._attempt_timeout = deadline, attempt_timeout
         self.target = router.start()
         self._failed_since_pause = 0
         self._pauses = 0
@@ -115,12 +152,45 @@ class Attempts:
         """Full URL of the next attempt."""
         return self.target.url + self.path
 
-    def sent(self) -> str:
-        """Count an attempt about to be made; its URL."""
+    def sent(self) -> tuple[str, AttemptBudget]:
+        """Count an attempt about to be made: its URL and time budget; RewardServerError
+        when the call's deadline has passed (no attempt starts then)."""
         self.target = self._router.current(self.target)  # still there after a resolution?
+        budget = self._budget()
         self.attempts += 1
         self._tried.append(self.url)
-        return self.url
+        return self.url, budget
+
+    def _budget(self) -> AttemptBudget:
+        """The time the next attempt has: the attempt's own timeout, or what is left of the
+        call's deadline when that is less."""
+        seconds, wait = self._attempt_timeout, None
+        if self._deadline is not None:
+            left = self._deadline.at - self._clock()
+            if left * 1000 < 1:
+                elapsed = self._clock() - self._started
+                message = f"the call's deadline ({self._deadline.seconds:g} s) passed"
+                message += " before the request was sent" if not self.attempts else ""
+                raise RewardServerError(
+                    None,
+                    message,
+                    self.url,
+                    method=self.method,
+                    attempts=self.attempts,
+                    tried=self._tried,
+                    elapsed=elapsed,
+                    gave_up=self._deadline_limit(),
+                )
+            if seconds is None or left < seconds:
+                seconds, wait = left, left + DEADLINE_GRACE
+        if seconds is None:
+            return AttemptBudget(None)
+        # Rounded down: the server is never told it has more time than is left.
+        return AttemptBudget(max(1, math.floor(seconds * 1000)), wait)
+
+    def _deadline_limit(self) -> str:
+        assert self._deadline is not None
+        return f"deadline {self._deadline.seconds:g} s"
 
     def settle(self, outcome: httpx.Response | httpx.TransportError) -> Any:
         """The decoded JSON of a 2xx answer, a :class:`Retry`, or raise for a final error."""
@@ -165,6 +235,8 @@ class Attempts:
 
     def _limit_reached(self, elapsed: float) -> str | None:
         """Which limit ends the retries now, if any."""
+        if self._deadline is not None and self._clock() >= self._deadline.at:
+            return self._deadline_limit()
         if elapsed >= self._policy.timeout:
             return f"retry_timeout {self._policy.timeout:g} s"
         retries = self._policy.max_retries
@@ -196,6 +268,12 @@ class Attempts:
         where = f"{self.method} {failed_url} failed (attempt {self.attempts}, {elapsed:.1f} s"
         where += f" of the {budget:g} s retry budget): {what}"
         limit = self._limit_reached(elapsed)
+        delay = 0.0
+        if limit is None:
+            delay = self._next_delay(retry_after, budget - elapsed)
+            # No pause ends on or past the deadline: the next try would have no time left.
+            if self._deadline is not None and self._clock() + delay >= self._deadline.at:
+                limit = self._deadline_limit()
         if limit is not None:
             logger.warning("%s; giving up (%s)", where, limit)
             raise RewardServerError(
@@ -208,7 +286,6 @@ class Attempts:
                 elapsed=elapsed,
                 gave_up=limit,
             ) from exc
-        delay = self._next_delay(retry_after, budget - elapsed)
         logger.warning("%s; next try in %.1f s on %s", where, delay, self.url)
         if self._on_retry is not None:
             event = RetryEvent(

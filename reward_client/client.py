@@ -1,7 +1,7 @@
 """The two faces of the reward client: :class:`RewardClient` and :class:`AsyncRewardClient`.
 
 The public methods are written once (:class:`_Face`): each builds a flow
-(:mod:`reward_client.flows`) and hands it to the face's ``_run``, so it returns whatever
+(:mod:`reward_client.flows`, its actions in :mod:`reward_client.actions`) and hands it to the face's ``_run``, so it returns whatever
 that runner returns: a value, or a coroutine. :class:`RewardClient` executes the flows'
 actions with an ``httpx.Client``, ``time.sleep`` and a thread pool;
 :class:`AsyncRewardClient` with an ``httpx.AsyncClient``, ``asyncio.sleep`` and tasks.
@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
+from reward_client.actions import Flow, Gather, Resolve, Send, Sleep, advance, results, scores
 from reward_client.errors import RewardClientError
-from reward_client.flows import Core, Flow, Gather, Resolve, Send, Sleep, advance, results, scores
+from reward_client.flows import Core
 from reward_client.inputs import Prompt, ScoreInputs, columns, pair_columns, request_fields
 from reward_client.results import ScoreResult
 from reward_client.wire.openai_chat import CHAT_PATH
@@ -46,20 +47,25 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
 
     def info(self) -> InfoT:
         """The server's ``GET /info`` answer."""
-        return self._run(self._info())
+        return self._run(self._timed(self._info))
 
     def _score_inputs(self, inputs: ScoreInputs) -> Flow[ScoreResult]:
+        # The inputs are checked now, before the call is started or awaited.
         fields = request_fields(inputs.get("model"), inputs.get("components"), inputs.get("cache"))
-        return self._score(columns(inputs), inputs.get("truncate"), fields)
+        cols, truncate = columns(inputs), inputs.get("truncate")
+        seconds = inputs.get("deadline")
+        self._deadline(seconds)  # a bad deadline fails here too
+        return self._timed(lambda deadline: self._score(cols, truncate, fields, deadline), seconds)
 
     def score_detailed(self, **inputs: Unpack[ScoreInputs]) -> ResultT:
-        """Scores, token counts, truncation flags and the server's breakdown (components,
-        objectives, steps) for one input form (and its ``labels``), in input order."""
+        """Scores (None for an item the server masked), token counts, truncation flags, mask
+        reasons and the server's breakdown (components, objectives, steps) for one input
+        form (and its ``labels``), in input order."""
         return self._run(self._score_inputs(inputs))
 
     def score(self, **inputs: Unpack[ScoreInputs]) -> ScoresT:
         """Scores for one input form (texts, query/response pairs or conversations), with
-        one label per item when ``labels`` is given."""
+        one label per item when ``labels`` is given; None for an item the server masked."""
         return self._run(scores(self._score_inputs(inputs)))
 
     def score_pairs_detailed(
@@ -75,8 +81,8 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         ``model``, ``components`` and ``labels`` as in
         :class:`~reward_client.inputs.ScoreInputs`."""
         fields = request_fields(model, components)
-        flow = self._score(pair_columns(prompts, responses, labels), None, fields)
-        return self._run(flow)
+        cols = pair_columns(prompts, responses, labels)
+        return self._run(self._timed(lambda deadline: self._score(cols, None, fields, deadline)))
 
     def __call__(
         self,
@@ -86,15 +92,18 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         labels: Sequence[Any] | None = None,
     ) -> ScoresT:
         """Reward callable: text prompts as query/response pairs, chat prompts as
-        conversations; ``labels``: one reference per prompt, for the server's verifiers."""
-        flow = scores(self._score(pair_columns(prompts, responses, labels), None, {}))
-        return self._run(flow)
+        conversations; ``labels``: one reference per prompt, for the server's verifiers.
+        None for an item the server masked."""
+        cols = pair_columns(prompts, responses, labels)
+        flow = self._timed(lambda deadline: self._score(cols, None, {}, deadline))
+        return self._run(scores(flow))
 
 
-class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
+class RewardClient(_Face[ScoreResult, list[float | None], dict[str, Any]]):
     """Blocking client for the reward server; chunks run concurrently on a thread pool.
 
-    Also a reward callable ``(prompts, responses) -> list[float]`` for the PPO trainer.
+    Also a reward callable ``(prompts, responses) -> list[float | None]`` for the PPO
+    trainer (None: an item the server masked).
     ``http_client`` (the test seam; a Starlette ``TestClient`` works) is used as given and
     not closed by :meth:`close`. ``sleep`` replaces :func:`time.sleep` between retries. The
     other options are those of :class:`~reward_client.options.ClientOptions`.
@@ -189,7 +198,7 @@ class RewardClient(_Face[ScoreResult, list[float], dict[str, Any]]):
 class AsyncRewardClient(
     _Face[
         Coroutine[Any, Any, ScoreResult],
-        Coroutine[Any, Any, list[float]],
+        Coroutine[Any, Any, list[float | None]],
         Coroutine[Any, Any, dict[str, Any]],
     ]
 ):
@@ -268,14 +277,17 @@ class AsyncRewardClient(
         responses: Sequence[str],
         *,
         labels: Sequence[Any] | None = None,
-    ) -> list[float]:
+    ) -> list[float | None]:
         """Reward callable: text prompts as query/response pairs, chat prompts as
-        conversations; ``labels``: one reference per prompt, for the server's verifiers."""
+        conversations; ``labels``: one reference per prompt, for the server's verifiers.
+        None for an item the server masked."""
         return await super().__call__(prompts, responses, labels=labels)
 
     async def chat_completion(self, body: Mapping[str, Any]) -> object:
         """``POST /v1/chat/completions`` of an OpenAI-compatible server with ``body``
         (:mod:`reward_client.wire.openai_chat`), with this client's failover and retries;
         the decoded JSON answer (RewardServerError when the call finally fails)."""
-        answer, _ = await self._run(self._request("POST", CHAT_PATH, dict(body)))
+        payload = dict(body)
+        flow = self._timed(lambda deadline: self._request("POST", CHAT_PATH, payload, deadline))
+        answer, _ = await self._run(flow)
         return answer

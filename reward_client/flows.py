@@ -1,9 +1,9 @@
-"""The sans-I/O core of both clients: actions, flows and the configuration they share.
+"""The sans-I/O core of both clients: the flows and the configuration they share.
 
 One implementation, two faces. What a call does (discover the chunk size, split, send,
 decide on each failure whether and when to try again and where) is written once as
-*flows*: generators that yield actions (:class:`Send` a request, :class:`Sleep`,
-:class:`Gather` sub-flows concurrently, :class:`Resolve` the ``dns+`` names again) and get
+*flows*: generators that yield actions (:mod:`reward_client.actions`: ``Send`` a request,
+``Sleep``, ``Gather`` sub-flows concurrently, ``Resolve`` the ``dns+`` names again) and get
 back their outcomes, without doing any I/O themselves. :class:`Core` holds the flows and
 the state they share (router, retry policy, discovered protocol and chunk size); each face
 in :mod:`reward_client.client` executes the actions its own way: the blocking
@@ -15,21 +15,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
-import ssl
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
 from reward_client import wire
-from reward_client.attempts import Attempts, Retry
+from reward_client.actions import Action, Flow, Gather, Resolve, Send, Sleep
+from reward_client.attempts import Attempts, Deadline, Retry
 from reward_client.errors import RewardClientError, RewardServerError
 from reward_client.inputs import item_count
-from reward_client.options import DEFAULT_MAX_CLIENT_BATCH, DEFAULT_MAX_CONCURRENCY
+from reward_client.options import (
+    DEFAULT_MAX_CLIENT_BATCH,
+    DEFAULT_MAX_CONCURRENCY,
+    Verify,
+    tls_verify,
+)
 from reward_client.results import RetryEvent, ScoreResult, merge
 from reward_client.retry import RetryPolicy
 from reward_client.routing import Router
@@ -37,97 +41,35 @@ from reward_client.targets import (
     DEFAULT_RESOLVE_INTERVAL,
     EndpointPool,
     Resolver,
-    Target,
     normalise_urls,
 )
+from reward_client.wire.base import DEADLINE_HEADER
 from reward_client.wire.remote_reward import find_max_client_batch
 
-__all__ = ["Action", "Core", "Flow", "Gather", "Resolve", "Send", "Sleep", "advance", "results"]
+__all__ = ["Answer", "Core"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
-    """Send one HTTP request; the outcome is the ``httpx.Response`` or the transport error."""
+class Answer:
+    """A request's decoded JSON answer, the URL that gave it and the answer's headers."""
 
-    method: str
+    payload: Any
     url: str
-    body: object | None
-    #: The server it goes to (its Host header and TLS name for an address found by DNS).
-    target: Target | None = None
+    headers: Mapping[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class Resolve:
-    """Resolve the ``dns+`` base URLs again (blocking I/O); the outcome is None."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    """Pause; the outcome is None."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Gather:
-    """Run the flows concurrently; the outcome is their results in order (or the first error)."""
-
-    flows: list[Flow[Any]]
-
-
-Action: TypeAlias = "Send | Resolve | Sleep | Gather"
 T = TypeVar("T")
-#: A computation that yields actions, is sent their outcomes, and returns a ``T``.
-Flow: TypeAlias = Generator[Action, Any, T]
 
 
-def advance(flow: Flow[Any], outcome: object) -> tuple[bool, Any]:
-    """Send ``outcome`` into ``flow``: (False, next action) or (True, the flow's result)."""
-    try:
-        return False, flow.send(outcome)
-    except StopIteration as stop:
-        return True, stop.value
-
-
-def results(futures: Sequence[Any]) -> list[Any]:
-    """Results of finished futures or tasks in order; else the first error in chunk order."""
-    # Every finished one's exception is retrieved, so that asyncio reports none as unretrieved.
-    errors = [f.exception() for f in futures if f.done() and not f.cancelled()]
-    for error in errors:
-        if error is not None:
-            raise error
-    return [f.result() for f in futures]
-
-
-def scores(flow: Flow[ScoreResult]) -> Flow[list[float]]:
-    """Only the scores of a scoring flow."""
-    result = yield from flow
-    return result.scores
-
-
-#: How https servers are checked: True (the system's or certifi's CAs, or $SSL_CERT_FILE),
-#: False (not at all), a CA bundle file or folder, or an ``ssl.SSLContext``.
-Verify: TypeAlias = "bool | str | os.PathLike[str] | ssl.SSLContext"
-
-
-def tls_verify(verify: Verify) -> bool | ssl.SSLContext:
-    """``verify`` as httpx takes it: a CA bundle path becomes an ``ssl.SSLContext`` (httpx
-    0.28 deprecates paths); True, False and contexts are kept."""
-    if isinstance(verify, bool | ssl.SSLContext):
-        return verify
-    if not isinstance(verify, str | os.PathLike):
-        raise TypeError(
-            f"verify must be a bool, a CA bundle path or an ssl.SSLContext, got {verify!r}"
-        )
-    path = os.fspath(verify)
-    try:
-        if os.path.isdir(path):
-            return ssl.create_default_context(capath=path)
-        return ssl.create_default_context(cafile=path)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"verify: cannot load the CA bundle {path!r}: {exc}") from None
+def _seconds(name: str, value: float | None) -> float | None:
+    """``value`` checked as a positive number of seconds, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
 
 
 def _policy(
@@ -167,6 +109,7 @@ class Core:
         resolver: Resolver | None = None,
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
         verify: Verify = True,
+        deadline: float | None = None,
     ) -> None:
         if protocol not in wire.PROTOCOLS:
             raise ValueError(
@@ -179,6 +122,8 @@ class Core:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.retry_policy = _policy(retry, retry_timeout, max_retries)
+        #: Seconds each call may take in all (None: no overall limit; see ClientOptions).
+        self.deadline = _seconds("deadline", deadline)
         self.base_urls = normalise_urls(base_urls)
         self.timeout = httpx.Timeout(timeout)
         #: What the HTTP client this client creates checks https servers with (httpx's
@@ -226,19 +171,39 @@ class Core:
 
     def _request_args(self, send: Send) -> dict[str, Any]:
         """Keyword arguments of ``httpx.Client.request`` for one attempt."""
-        args = {
+        headers = dict(self._headers)
+        timeout = self.timeout
+        budget = send.budget
+        if budget is not None and budget.ms is not None:
+            headers[DEADLINE_HEADER] = str(budget.ms)
+        if budget is not None and budget.wait_s is not None:
+            timeout = _capped(timeout, budget.wait_s)
+        args: dict[str, Any] = {
             "method": send.method,
             "url": send.url,
             "json": send.body,
-            "headers": self._headers,
-            "timeout": self.timeout,
+            "headers": headers,
+            "timeout": timeout,
         }
         target = send.target
         if target is not None and target.host is not None:  # an address found through DNS
-            args["headers"] = {**self._headers, "Host": target.host}
+            headers["Host"] = target.host
             if target.server_name is not None:
                 args["extensions"] = {"sni_hostname": target.server_name}
         return args
+
+    def _deadline(self, seconds: float | None = None) -> Deadline | None:
+        """The deadline of a call starting now: ``seconds`` from now, or the client's
+        ``deadline`` option when not given (None: the call has none)."""
+        seconds = self.deadline if seconds is None else _seconds("deadline", seconds)
+        return None if seconds is None else Deadline(self._clock() + seconds, seconds)
+
+    def _timed(
+        self, flow: Callable[[Deadline | None], Flow[T]], seconds: float | None = None
+    ) -> Flow[T]:
+        """``flow`` with the call's deadline, which starts when the call does (when this
+        flow is first advanced, not when it is made)."""
+        return (yield from flow(self._deadline(seconds)))
 
     def _act(self, action: Action) -> Any:
         """Execute an action: its outcome (sync face) or an awaitable of it (async face)."""
@@ -258,8 +223,10 @@ class Core:
 
     # --- flows ------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, body: object | None = None) -> Flow[tuple[Any, str]]:
-        """One logical request with failover and retries: the decoded JSON and who answered."""
+    def _exchange(
+        self, method: str, path: str, body: object | None, deadline: Deadline | None
+    ) -> Flow[Answer]:
+        """One logical request with failover and retries, within ``deadline`` (the call's)."""
         if self._router.pool.due():
             yield Resolve()
         attempts = Attempts(
@@ -270,44 +237,61 @@ class Core:
             clock=self._clock,
             rng=self._rng,
             on_retry=self.on_retry,
+            deadline=deadline,
+            attempt_timeout=self.timeout.read,
         )
         while True:
-            url = attempts.sent()
-            step = attempts.settle((yield Send(method, url, body, attempts.target)))
-            if not isinstance(step, Retry):
-                return step, url
+            url, budget = attempts.sent()
+            outcome = yield Send(method, url, body, attempts.target, budget)
+            step = attempts.settle(outcome)
+            if not isinstance(step, Retry):  # an answer (errors are retried or raised)
+                return Answer(step, url, outcome.headers)
             if step.delay > 0:
                 yield Sleep(step.delay)
             if self._router.pool.due():  # soon after a failure: the server may be gone
                 yield Resolve()
 
-    def _info(self) -> Flow[dict[str, Any]]:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: object | None = None,
+        deadline: Deadline | None = None,
+    ) -> Flow[tuple[Any, str]]:
+        """One logical request with failover and retries: the decoded JSON and who answered."""
+        answer = yield from self._exchange(method, path, body, deadline)
+        return answer.payload, answer.url
+
+    def _info(self, deadline: Deadline | None = None) -> Flow[dict[str, Any]]:
         """The server's ``GET /info`` answer."""
-        info, url = yield from self._request("GET", "/info")
+        info, url = yield from self._request("GET", "/info", None, deadline)
         if not isinstance(info, dict):
             raise RewardServerError(None, "invalid response: not a JSON object", url, method="GET")
         return info
 
-    def _probe(self, path: str, body: object | None = None) -> Flow[object]:
+    def _probe(
+        self, path: str, body: object | None = None, deadline: Deadline | None = None
+    ) -> Flow[object]:
         """``GET path``'s answer (POST ``body`` if given), or None where the server answers
         it with a 4xx."""
+        method = "GET" if body is None else "POST"
         try:
-            answer, _ = yield from self._request("GET" if body is None else "POST", path, body)
+            answer, _ = yield from self._request(method, path, body, deadline)
         except RewardServerError as exc:
             if exc.status is None or exc.status >= 500:
                 raise
             return None
         return answer
 
-    def _protocol(self) -> Flow[str]:
+    def _protocol(self, deadline: Deadline | None = None) -> Flow[str]:
         """The protocol to speak; ``auto`` asks the server once (its /info, vLLM's
         /v1/models) and logs what it found."""
         if self.protocol != "auto":
             return self.protocol
-        info = yield from self._probe("/info")
+        info = yield from self._probe("/info", None, deadline)
         found = wire.detect(info, None)
         if found is None:
-            found = wire.detect(info, (yield from self._probe("/v1/models")))
+            found = wire.detect(info, (yield from self._probe("/v1/models", None, deadline)))
         if found is None:
             raise RewardClientError(
                 f"cannot tell which reward protocol {self.base_urls[0]} speaks (no /info of "
@@ -319,7 +303,7 @@ class Core:
         self.protocol = found
         return found
 
-    def _chunk_size(self) -> Flow[int]:
+    def _chunk_size(self, deadline: Deadline | None = None) -> Flow[int]:
         """``max_client_batch``, asking the server once if it was not configured."""
         if self._max_client_batch is not None:
             return self._max_client_batch
@@ -327,7 +311,7 @@ class Core:
             self._max_client_batch = DEFAULT_MAX_CLIENT_BATCH
             return DEFAULT_MAX_CLIENT_BATCH
         try:
-            info: object = yield from self._info()
+            info: object = yield from self._info(deadline)
         except RewardServerError as exc:
             if exc.status != 404:
                 raise
@@ -342,35 +326,52 @@ class Core:
         self._max_client_batch = size
         return size
 
-    def _vllm_specials(self) -> Flow[wire.VllmSpecials]:
+    def _vllm_specials(self, deadline: Deadline | None = None) -> Flow[wire.VllmSpecials]:
         """What a vLLM server's tokenizer adds, asked once (its ``/tokenize``) and logged."""
         if self._vllm_found is None:
             (path, empty), (_, chat) = wire.VLLM_PROBES
-            answers = (yield from self._probe(path, empty)), (yield from self._probe(path, chat))
+            answers = (
+                (yield from self._probe(path, empty, deadline)),
+                (yield from self._probe(path, chat, deadline)),
+            )
             self._vllm_found = wire.vllm_specials(*answers)
             logger.info("vLLM server %s tokenizes with %s", self.base_urls[0], self._vllm_found)
         return self._vllm_found
 
-    def _score_chunk(self, protocol: str, request: wire.WireRequest) -> Flow[ScoreResult]:
+    def _score_chunk(
+        self, protocol: str, request: wire.WireRequest, deadline: Deadline | None
+    ) -> Flow[ScoreResult]:
         """One request's answer, parsed in ``protocol``."""
-        payload, url = yield from self._request("POST", request.path, request.body)
+        answer = yield from self._exchange("POST", request.path, request.body, deadline)
         try:
-            return wire.parse(protocol, payload, request.items)
+            return wire.parse(protocol, answer.payload, request.items, answer.headers)
         except ValueError as exc:
-            raise RewardServerError(None, f"invalid response: {exc}", url) from None
+            raise RewardServerError(None, f"invalid response: {exc}", answer.url) from None
 
     def _score(
-        self, columns: dict[str, list[Any]], truncate: bool | None, fields: dict[str, Any]
+        self,
+        columns: dict[str, list[Any]],
+        truncate: bool | None,
+        fields: dict[str, Any],
+        deadline: Deadline | None = None,
     ) -> Flow[ScoreResult]:
         """Chunks of ``max_client_batch`` items (in the protocol's requests, each with its
         labels) sent concurrently, merged in input order; ``fields`` (model, components) go
-        into each remote-reward request."""
+        into each remote-reward request; every request within ``deadline`` (the call's)."""
         if not item_count(columns):
             return ScoreResult([], [], [])
-        protocol = yield from self._protocol()
+        protocol = yield from self._protocol(deadline)
         wire.check(protocol, columns, fields)  # before any request of its own (vLLM's probes)
-        size = yield from self._chunk_size()
-        specials = (yield from self._vllm_specials()) if protocol == "vllm" else None
+        size = yield from self._chunk_size(deadline)
+        specials = (yield from self._vllm_specials(deadline)) if protocol == "vllm" else None
         requests = wire.requests(protocol, columns, size, truncate, fields, specials)
-        chunks: list[ScoreResult] = yield Gather([self._score_chunk(protocol, r) for r in requests])
+        flows = [self._score_chunk(protocol, r, deadline) for r in requests]
+        chunks: list[ScoreResult] = yield Gather(flows)
         return merge(chunks)
+
+
+def _capped(timeout: httpx.Timeout, seconds: float) -> httpx.Timeout:
+    """``timeout`` with none of its parts (connect, read, write, pool) over ``seconds``."""
+    parts = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+    connect, read, write, pool = (seconds if p is None else min(p, seconds) for p in parts)
+    return httpx.Timeout(connect=connect, read=read, write=write, pool=pool)

@@ -41,6 +41,8 @@ class ScoreInputs(TypedDict, total=False):
     read by the server's verifiers and judges (remote-reward and openrlhf protocols only).
     ``cache``: False has the server score every item afresh, bypassing its score cache
     (None: the server's default, cached; remote-reward protocol only).
+    ``deadline``: seconds this call may take in all, retries included (None: the client's
+    ``deadline`` option); see :class:`~reward_client.options.ClientOptions`.
     """
 
     texts: Sequence[str] | None
@@ -52,6 +54,7 @@ class ScoreInputs(TypedDict, total=False):
     components: bool | None
     labels: Sequence[Any] | None
     cache: bool | None
+    deadline: float | None
 
 
 def _to_str_list(name: str, values: Sequence[str]) -> list[str]:

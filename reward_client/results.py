@@ -8,7 +8,7 @@ from typing import Any
 
 from reward_client.errors import RewardClientError
 
-__all__ = ["BREAKDOWN", "RetryEvent", "ScoreResult", "merge"]
+__all__ = ["BREAKDOWN", "UNKNOWN_REASON", "RetryEvent", "ScoreResult", "merge"]
 
 #: The optional breakdown fields of a ``/score`` answer (ScoreResult's names).
 BREAKDOWN = (
@@ -20,10 +20,24 @@ BREAKDOWN = (
     "outcome_scores",
 )
 
+#: The reason of a masked item whose answer says only that it is masked (a ``null`` score
+#: without a reason, the ``X-Reward-Masked`` header of the vLLM and TEI routes, OpenRLHF's
+#: ``extra_logs["masked"]``).
+UNKNOWN_REASON = "unknown"
+
 
 @dataclass(frozen=True)
 class ScoreResult:
     """Scores in input order, with the number of tokens scored and truncation per item.
+
+    A score is None where the server *masked* the item: its reward could not be computed
+    (a verifier that timed out or crashed, a judge answer that did not parse, a remote
+    reward service that failed, the request's deadline...). Such an item is no evidence
+    about the response: leave it out of whatever the scores feed, never count it as 0.
+    ``masked`` gives each item's reason (``timeout``, ``crash``, ``error``, ``non_finite``,
+    ``bad_result``, ``parse_failure``, ``remote_error``, ``deadline``, ``sandbox_error``;
+    :data:`UNKNOWN_REASON` where the answer gives none) or None for a scored item; it is
+    None itself when no item is masked.
 
     The breakdown of a composite server (one list entry per item; None where the server
     sent none, and always None for protocols other than remote-reward): ``components``
@@ -33,18 +47,33 @@ class ScoreResult:
     (steps lost to truncation) and ``outcome_scores`` (the sequence models' aggregate).
     """
 
-    scores: list[float]
+    scores: list[float | None]
     tokens: list[int]
     truncated: list[bool]
-    components: dict[str, list[float]] | None = None
+    components: dict[str, list[float | None]] | None = None
     objectives: dict[str, list[float]] | None = None
     step_scores: list[list[float]] | None = None
     step_ends: list[list[int]] | None = None
     steps_dropped: list[int] | None = None
-    outcome_scores: list[float] | None = None
+    outcome_scores: list[float | None] | None = None
+    masked: list[str | None] | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
+
+    @property
+    def masked_count(self) -> int:
+        """How many items the server masked (their score is None)."""
+        return sum(score is None for score in self.scores)
+
+    def masked_reasons(self) -> dict[str, int]:
+        """How many items were masked for each reason (empty when none was)."""
+        counts: dict[str, int] = {}
+        for score, reason in zip(self.scores, self.masked or [None] * len(self), strict=True):
+            if score is None:
+                key = reason or UNKNOWN_REASON
+                counts[key] = counts.get(key, 0) + 1
+        return counts
 
     @property
     def truncated_frac(self) -> float:
@@ -72,7 +101,7 @@ class RetryEvent:
 
 
 def merge(results: Sequence[ScoreResult]) -> ScoreResult:
-    """Concatenate per-chunk results in chunk order (the breakdown too)."""
+    """Concatenate per-chunk results in chunk order (the breakdown and the mask reasons too)."""
     breakdown: dict[str, Any] = {}
     for key in BREAKDOWN:
         parts = [getattr(r, key) for r in results]
@@ -88,9 +117,13 @@ def merge(results: Sequence[ScoreResult]) -> ScoreResult:
             breakdown[key] = {n: [v for p in parts for v in p[n]] for n in names}
         else:
             breakdown[key] = [v for p in parts for v in p]
+    masked: list[str | None] | None = None
+    if any(r.masked is not None for r in results):
+        masked = [m for r in results for m in (r.masked or [None] * len(r))]
     return ScoreResult(
         scores=[s for r in results for s in r.scores],
         tokens=[t for r in results for t in r.tokens],
         truncated=[t for r in results for t in r.truncated],
+        masked=masked,
         **breakdown,
     )

@@ -20,6 +20,16 @@ Raw logits always: ``use_activation: false`` (and ``activation: false``) for vLL
 ``raw_scores: true`` for TEI. Where a protocol does not report tokens or truncation per
 item, the result says 0 tokens and not truncated; only remote-reward has a breakdown.
 ``auto`` finds out from the server (:mod:`.detect`).
+
+Masked items (a reward the server could not compute) come back as None scores. This
+server's ``/score`` says so with ``null`` and a reason per item (``masked``); its
+``/get_reward`` with a fill value and ``extra_logs["masked"]`` (1.0 for a masked item);
+its vLLM- and TEI-shaped routes with a fill value and the ``X-Reward-Masked`` header
+listing the masked positions. The client reads all three (the reason is
+:data:`~reward_client.results.UNKNOWN_REASON` where the answer gives none). Other servers
+send none of these: their scores are taken as they are. Every request carries the
+caller's remaining time budget in ``X-Request-Timeout-Ms``
+(:data:`~reward_client.wire.base.DEADLINE_HEADER`).
 """
 
 from __future__ import annotations
@@ -29,10 +39,17 @@ from typing import Any
 
 from reward_client.results import ScoreResult
 from reward_client.wire import openrlhf, remote_reward, tei, vllm
-from reward_client.wire.base import WireRequest
+from reward_client.wire.base import (
+    MASKED_HEADER,
+    WireRequest,
+    masked_at,
+    parse_masked_header,
+)
 from reward_client.wire.detect import chunk_size, detect
 from reward_client.wire.vllm import VLLM_PROBES, VllmSpecials, vllm_specials
 
+# The header names live in .base: not in __all__, which ppo_client.protocols (deprecated)
+# mirrors.
 __all__ = [
     "LABELLED",
     "PROTOCOLS",
@@ -95,8 +112,11 @@ def requests(
     raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
 
 
-def parse(protocol: str, payload: object, items: int) -> ScoreResult:
-    """The result of one answer in ``protocol``; ValueError naming what is wrong with it."""
+def parse(
+    protocol: str, payload: object, items: int, headers: Mapping[str, str] | None = None
+) -> ScoreResult:
+    """The result of one answer in ``protocol`` (``headers``: the answer's, for the vLLM
+    and TEI protocols' ``X-Reward-Masked``); ValueError naming what is wrong with it."""
     parsers = {
         "remote-reward": remote_reward.parse,
         "vllm": vllm.parse,
@@ -106,4 +126,7 @@ def parse(protocol: str, payload: object, items: int) -> ScoreResult:
     parser = parsers.get(protocol)
     if parser is None:
         raise ValueError(f"no parser for protocol {protocol!r}")
-    return parser(payload, items)
+    result = parser(payload, items)
+    if protocol in ("vllm", "tei") and headers is not None:
+        result = masked_at(result, parse_masked_header(headers.get(MASKED_HEADER), items))
+    return result

@@ -4,7 +4,9 @@ A body holds one input column as given (``texts``, ``queries`` and ``responses``
 ``conversations``) and its ``labels`` when given, then ``truncate`` and this server's own
 fields (``model``, ``components``). An answer holds ``scores``, ``tokens`` and ``truncated`` per item and,
 from a composite server, the breakdown (:data:`~reward_client.results.BREAKDOWN`), each
-checked for shape and finiteness here.
+checked for shape and finiteness here. A ``null`` score is a masked item; ``masked``, sent
+when some item is, gives the reason of each (or null for a scored item); a component and
+an outcome score may be ``null`` too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from reward_client.results import BREAKDOWN, ScoreResult
+from reward_client.results import BREAKDOWN, UNKNOWN_REASON, ScoreResult
 from reward_client.wire.base import WireRequest, is_count, is_number
 
 __all__ = ["find_max_client_batch", "parse", "requests"]
@@ -24,7 +26,9 @@ def requests(
 ) -> list[WireRequest]:
     """``/score`` requests of at most ``size`` items each."""
     n = len(next(iter(columns.values())))
-    bodies = [{k: v[i : i + size] for k, v in columns.items()} for i in range(0, n, size)]
+    bodies: list[dict[str, Any]] = [
+        {k: v[i : i + size] for k, v in columns.items()} for i in range(0, n, size)
+    ]
     for body in bodies:
         if truncate is not None:
             body["truncate"] = truncate
@@ -46,40 +50,76 @@ def parse(payload: object, expected: int) -> ScoreResult:
             raise ValueError(f"{len(column)} {key} for {expected} items")
         columns[key] = column
     for i, score in enumerate(columns["scores"]):
-        if not is_number(score):
-            raise ValueError(f"score {i} is {score!r}, not a finite number")
+        if score is not None and not is_number(score):
+            raise ValueError(f"score {i} is {score!r}, not a finite number or null")
     for i, count in enumerate(columns["tokens"]):
         if not is_count(count):
             raise ValueError(f"tokens {i} is {count!r}, not a count")
     for i, flag in enumerate(columns["truncated"]):
         if not isinstance(flag, bool):
             raise ValueError(f"truncated {i} is {flag!r}, not a bool")
+    scores = [None if s is None else float(s) for s in columns["scores"]]
     return ScoreResult(
-        scores=[float(s) for s in columns["scores"]],
+        scores=scores,
         tokens=list(columns["tokens"]),
         truncated=list(columns["truncated"]),
+        masked=_masked(payload.get("masked"), scores),
         **_breakdown(payload, expected),
     )
+
+
+def _masked(column: object, scores: list[float | None]) -> list[str | None] | None:
+    """Each item's mask reason (None for a scored one), or None when no item is masked; a
+    null score without a reason gets :data:`~reward_client.results.UNKNOWN_REASON`."""
+    if column is None:
+        reasons: list[object] = [None] * len(scores)
+    elif isinstance(column, list) and len(column) == len(scores):
+        reasons = column
+    else:
+        raise ValueError(f"masked is not a list of {len(scores)} reasons")
+    out: list[str | None] = []
+    for i, (score, reason) in enumerate(zip(scores, reasons, strict=True)):
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(f"masked[{i}] is {reason!r}, not a reason or null")
+        if score is None:
+            out.append(reason or UNKNOWN_REASON)
+        elif reason is not None:
+            raise ValueError(f"item {i} has a score and a mask reason ({reason!r})")
+        else:
+            out.append(None)
+    return out if any(r is not None for r in out) else None
 
 
 def _checked(
     column: object, expected: int | None, what: str, ok: Callable[[object], bool], kind: str
 ) -> list[Any]:
     """``column`` if it is a list of values that are ``ok`` (``expected`` of them unless
-    None); else ValueError naming the first wrong one (``kind``: "number" or "count")."""
+    None); else ValueError naming the first wrong one (``kind``: "number", "score": a
+    number or null, or "count")."""
     if not isinstance(column, list) or (expected is not None and len(column) != expected):
         count = "" if expected is None else f"{expected} "
         raise ValueError(f"{what} is not a list of {count}{kind}s")
+    wanted = {"number": "a finite number", "score": "a finite number or null"}
     for i, value in enumerate(column):
         if not ok(value):
-            adjective = "finite " if kind == "number" else ""
-            raise ValueError(f"{what}[{i}] is {value!r}, not a {adjective}{kind}")
+            raise ValueError(f"{what}[{i}] is {value!r}, not {wanted.get(kind, f'a {kind}')}")
     return list(column)
 
 
 def _numbers(column: object, expected: int | None, what: str) -> list[float]:
     """Finite numbers as floats (``expected`` of them unless None); ValueError if not."""
     return [float(v) for v in _checked(column, expected, what, is_number, "number")]
+
+
+def _is_score(value: object) -> bool:
+    """A finite number, or null for a masked one."""
+    return value is None or is_number(value)
+
+
+def _scores(column: object, expected: int, what: str) -> list[float | None]:
+    """``expected`` finite numbers as floats or None (masked); ValueError if not."""
+    checked = _checked(column, expected, what, _is_score, "score")
+    return [None if v is None else float(v) for v in checked]
 
 
 def _offsets(column: object, expected: int | None, what: str) -> list[int]:
@@ -96,11 +136,13 @@ def _per_item(
     return [row(value, None, f"{what}[{i}]") for i, value in enumerate(column)]
 
 
-def _named(column: object, expected: int, what: str) -> dict[str, list[float]]:
-    """Name -> ``expected`` finite numbers."""
+def _named(
+    column: object, expected: int, what: str, values: Callable[[object, int, str], list[Any]]
+) -> dict[str, list[Any]]:
+    """Name -> ``expected`` values, each list checked by ``values``."""
     if not isinstance(column, dict):
         raise ValueError(f"{what} is not an object of name -> scores")
-    return {str(k): _numbers(v, expected, f"{what}[{k!r}]") for k, v in column.items()}
+    return {str(k): values(v, expected, f"{what}[{k!r}]") for k, v in column.items()}
 
 
 def _breakdown(payload: dict[str, Any], expected: int) -> dict[str, Any]:
@@ -110,8 +152,10 @@ def _breakdown(payload: dict[str, Any], expected: int) -> dict[str, Any]:
         column = payload.get(key)
         if column is None:
             continue
-        if key in ("components", "objectives"):
-            out[key] = _named(column, expected, key)
+        if key == "components":
+            out[key] = _named(column, expected, key, _scores)
+        elif key == "objectives":
+            out[key] = _named(column, expected, key, _numbers)
         elif key == "step_scores":
             out[key] = _per_item(column, expected, key, _numbers)
         elif key == "step_ends":
@@ -119,7 +163,7 @@ def _breakdown(payload: dict[str, Any], expected: int) -> dict[str, Any]:
         elif key == "steps_dropped":
             out[key] = _offsets(column, expected, key)
         else:
-            out[key] = _numbers(column, expected, key)
+            out[key] = _scores(column, expected, key)
     scores, ends = out.get("step_scores"), out.get("step_ends")
     if (scores is None) != (ends is None):
         raise ValueError("step_scores and step_ends come together")

@@ -31,7 +31,7 @@ def parse(payload: object, items: int) -> ScoreResult:
     """Scores of a ``/predict`` answer; ValueError naming what is wrong with it."""
     if not isinstance(payload, list) or len(payload) != items:
         raise ValueError(f"expected a list of {items} predictions")
-    scores = []
+    scores: list[float | None] = []
     for i, predictions in enumerate(payload):
         if not isinstance(predictions, list) or len(predictions) != 1:
             raise ValueError(

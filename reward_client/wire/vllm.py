@@ -11,6 +11,7 @@ one-item request.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,13 +90,18 @@ def requests(
             flags["add_special_tokens"] = True
         return [WireRequest("/classify", {"messages": c, **flags}, 1) for c in conversations]
     texts: list[str] = columns["texts"]
-    bos = specials.bos
+    bos = specials.bos or ""
     out: list[WireRequest] = []
     # The texts in order, in runs alike in starting with BOS: those that do get no second one.
     for has_bos, run in itertools.groupby(texts, key=lambda t: bool(bos) and t.startswith(bos)):
         body = {**flags, "add_special_tokens": False} if has_bos else flags
-        out += chunked("/classify", list(run), size, lambda c, b=body: {"input": c, **b})
+        out += chunked("/classify", list(run), size, _inputs_with(body))
     return out
+
+
+def _inputs_with(flags: dict[str, Any]) -> Callable[[list[Any]], dict[str, Any]]:
+    """The body of a ``/classify`` request of some texts, with ``flags``."""
+    return lambda chunk: {"input": chunk, **flags}
 
 
 def parse(payload: object, items: int) -> ScoreResult:
@@ -104,7 +110,7 @@ def parse(payload: object, items: int) -> ScoreResult:
     if not isinstance(data, list) or len(data) != items:
         raise ValueError(f"'data' missing or not {items} items")
     ordered = sorted(data, key=lambda d: d.get("index", 0) if isinstance(d, dict) else 0)
-    scores = []
+    scores: list[float | None] = []
     for i, item in enumerate(ordered):
         probs = item.get("probs") if isinstance(item, dict) else None
         if not isinstance(probs, list) or not probs:

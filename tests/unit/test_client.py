@@ -261,7 +261,6 @@ def test_bad_arguments_fail_before_any_request(
     [
         {"scores": [1.0], "tokens": [1, 2], "truncated": [False, False]},
         '{"scores": [1.0, NaN], "tokens": [1, 2], "truncated": [false, false]}',
-        {"scores": [1.0, None], "tokens": [1, 2], "truncated": [False, False]},
         {"scores": [1.0, "2"], "tokens": [1, 2], "truncated": [False, False]},
         {"scores": [1.0, 2.0]},
         ["not", "an", "object"],
