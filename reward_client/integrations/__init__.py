@@ -7,7 +7,9 @@
 - :mod:`reward_client.integrations.openrlhf`: a ``reward_func`` file for OpenRLHF's
   ``--remote_rm_url``.
 
-Shared: :mod:`~reward_client.integrations.messages` (chat messages reduced to role and text)
-and :mod:`~reward_client.integrations.settings` (settings from keyword arguments and the
-environment, clients kept for the process).
+Shared: :mod:`~reward_client.integrations.messages` (chat messages reduced to role and text),
+:mod:`~reward_client.integrations.settings` (settings from keyword arguments and the
+environment, clients kept for the process) and :mod:`~reward_client.integrations.masks`
+(what an item the server masked becomes: None for TRL, a fill value with a warning for verl
+and OpenRLHF, which have no notion of a sample without a reward).
 """

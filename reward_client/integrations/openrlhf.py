@@ -22,13 +22,23 @@ an API key, and one error when the server is finally out of reach. ``labels`` go
 queries (for the server's verifiers and judges; left out, with a warning, for a protocol
 without labels); ``prompts`` are not used. It returns ``{"rewards", "scores", "extra_logs"}``: the server's
 scores as a float tensor of one value per query (``scores`` equal to ``rewards``), and
-``extra_logs`` with ``reward_tokens`` (tokens scored) and ``reward_truncated`` (1.0 where
-the server cut the text). torch is imported inside the call; without it the values are
-lists of floats.
+``extra_logs`` with ``reward_tokens`` (tokens scored), ``reward_truncated`` (1.0 where
+the server cut the text) and ``reward_masked`` (1.0 where the server masked the item). torch
+is imported inside the call; without it the values are lists of floats.
+
+OpenRLHF has no notion of a sample without a reward: it makes a tensor of every
+``rewards`` value (a None reward leaves the sample without one, and the experience maker
+then wants a reward model), and a NaN would poison its group's baseline (the mean and
+standard deviation of GRPO, RLOO, REINFORCE++-baseline). So an item the server masked (its
+reward could not be computed) gets a fill value in ``rewards`` and ``scores``:
+``masked_score`` / ``REWARD_MASKED_SCORE``, 0.0 by default, with one warning per call
+naming how many and why, and ``extra_logs["reward_masked"]`` 1.0, which OpenRLHF logs per
+sample. With ``--dynamic_filtering`` the fill value counts in its group's average score.
 
 Settings come from keyword arguments first (OpenRLHF passes none), then the environment, as
 for the verl adapter: ``REWARD_URL`` (one URL or a comma-separated list), ``REWARD_API_KEY``,
-``REWARD_TIMEOUT`` (seconds per request, default 60); see
+``REWARD_TIMEOUT`` (seconds per request, default 60), ``REWARD_DEADLINE`` (seconds one call
+may take in all, retries included), ``REWARD_MASKED_SCORE``; see
 :mod:`reward_client.integrations.settings`. One client per setting is kept for the process.
 
 OpenRLHF loads the file outside the package, so this module imports by absolute names only
@@ -41,6 +51,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from reward_client.integrations.masks import filled, masked_score, report_masked
 from reward_client.integrations.settings import CLIENT_KWARGS, ClientCache, ClientSettings, WarnOnce
 
 __all__ = ["close_clients", "reward_func"]
@@ -69,21 +80,24 @@ def reward_func(
     queries: Sequence[str], prompts: Sequence[Any], labels: Sequence[Any], **kwargs: Any
 ) -> dict[str, Any]:
     """OpenRLHF's reward function: one reward per query (prompt and response as one text)."""
-    for name in kwargs.keys() - CLIENT_KWARGS:
+    for name in kwargs.keys() - CLIENT_KWARGS - {"masked_score"}:
         _warn_once(f"kwarg:{name}", "%s ignores the keyword argument %r", __name__, name)
     if isinstance(queries, str):
         raise TypeError("queries must be a list of texts, not a single string")
     settings = ClientSettings.read(kwargs)
+    fill = masked_score(kwargs)
     client = _clients.blocking(settings)
     texts = [str(q) for q in queries]
-    labels = None if labels is None else settings.labels(list(labels), _warn_once)
-    result = client.score_detailed(texts=texts, labels=labels)
-    rewards = _values(result.scores)
+    sent = None if labels is None else settings.labels(list(labels), _warn_once)
+    result = client.score_detailed(texts=texts, labels=sent)
+    report_masked(logger, __name__, result, f"they score {fill:g} for OpenRLHF")
+    rewards = _values(filled(result.scores, fill))
     return {
         "rewards": rewards,
         "scores": rewards,
         "extra_logs": {
             "reward_tokens": _values([float(t) for t in result.tokens]),
             "reward_truncated": _values([float(t) for t in result.truncated]),
+            "reward_masked": _values([float(s is None) for s in result.scores]),
         },
     }

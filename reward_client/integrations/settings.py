@@ -4,17 +4,22 @@ keyword arguments then the environment, and the clients kept for the whole proce
 A framework calls a reward function many times with no object to hold a client, so one
 client per setting is kept (:class:`ClientCache`), and calls reuse its connections.
 
-=========================  =====================  ===========================================
-keyword argument           environment            meaning
-=========================  =====================  ===========================================
-``reward_url``             ``REWARD_URL``         one base URL, a comma-separated list or a list
-``reward_api_key``         ``REWARD_API_KEY``     the server's API key
-``reward_timeout``         ``REWARD_TIMEOUT``     seconds per request (default 60)
-``reward_ca_bundle``       ``REWARD_CA_BUNDLE``   CA bundle an https server's certificate is
-                                                  checked against (default: the system's)
-``reward_client_options``                         further client options (a mapping, such as
-                                                  ``{"max_retries": 3}``; see ClientOptions)
-=========================  =====================  ===========================================
+=========================  =======================  =============================================
+keyword argument           environment              meaning
+=========================  =======================  =============================================
+``reward_url``             ``REWARD_URL``           one base URL, a comma-separated list or a list
+``reward_api_key``         ``REWARD_API_KEY``       the server's API key
+``reward_timeout``         ``REWARD_TIMEOUT``       seconds per request (default 60)
+``reward_ca_bundle``       ``REWARD_CA_BUNDLE``     CA bundle an https server's certificate is
+                                                    checked against (default: the system's)
+``reward_deadline``        ``REWARD_DEADLINE``      seconds one reward call may take in all,
+                                                    retries included (the client's ``deadline``;
+                                                    default: no such limit)
+``reward_client_options``                           further client options (a mapping, such as
+                                                    ``{"max_retries": 3}``; see ClientOptions)
+``masked_score``           ``REWARD_MASKED_SCORE``  the score given to an item the server masked
+                                                    (default 0.0; :mod:`.masks`)
+=========================  =======================  =============================================
 """
 
 from __future__ import annotations
@@ -35,7 +40,14 @@ __all__ = ["CLIENT_KWARGS", "ClientCache", "ClientSettings", "WarnOnce", "flag"]
 
 #: The keyword arguments :meth:`ClientSettings.read` takes.
 CLIENT_KWARGS = frozenset(
-    {"reward_url", "reward_api_key", "reward_timeout", "reward_ca_bundle", "reward_client_options"}
+    {
+        "reward_url",
+        "reward_api_key",
+        "reward_timeout",
+        "reward_ca_bundle",
+        "reward_deadline",
+        "reward_client_options",
+    }
 )
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -74,6 +86,9 @@ class ClientSettings:
         ca_bundle = kwargs.get("reward_ca_bundle") or env.get("REWARD_CA_BUNDLE")
         if ca_bundle:  # a ``verify`` among the options wins
             options.setdefault("verify", str(ca_bundle))
+        deadline = kwargs.get("reward_deadline") or env.get("REWARD_DEADLINE")
+        if deadline:  # likewise a ``deadline`` among the options
+            options.setdefault("deadline", float(deadline))
         return cls(
             urls=_urls(kwargs.get("reward_url") or env.get("REWARD_URL") or "", hint),
             api_key=kwargs.get("reward_api_key") or env.get("REWARD_API_KEY") or None,

@@ -14,6 +14,15 @@ chat template and the policy's template never reaches it. ``label_key`` names th
 column (one of those keyword arguments) sent as the items' labels, for the server's
 verifiers and judges.
 
+A completion the server masked (its reward could not be computed: a verifier that timed
+out or crashed, a judge answer that did not parse, the call's deadline...) gets None, which
+TRL (1.16) takes from a reward function: it turns None into NaN, and a completion for which
+every reward function gave None is left out of its group's baseline (the NaN-aware mean and
+standard deviation), gets an advantage of 0 and is left out of the logged ``reward``; with
+other reward functions beside this one, it is scored by those alone (TRL's ``nansum`` of
+the weighted rewards). RLOOTrainer does the same. Each call with masked items logs one
+warning (how many, why), and ``rewards/<name>/masked_frac`` when TRL passes ``log_metric``.
+
 TRL itself is never imported here: the module needs only the reward client.
 """
 
@@ -30,6 +39,7 @@ import httpx
 
 from reward_client.client import AsyncRewardClient, RewardClient
 from reward_client.errors import RewardClientError
+from reward_client.integrations.masks import report_masked
 from reward_client.integrations.messages import completion_text, messages
 from reward_client.results import ScoreResult
 
@@ -45,7 +55,8 @@ class RemoteReward:
 
     ``name`` becomes ``__name__``, which TRL uses in its logs (``rewards/<name>/mean``).
     When TRL passes ``log_metric``, the fraction of texts the server truncated is logged as
-    ``rewards/<name>/truncated_frac``. ``retry_timeout`` is how long, in seconds, a request
+    ``rewards/<name>/truncated_frac`` and the fraction it masked (None rewards, which TRL
+    leaves out) as ``rewards/<name>/masked_frac``. ``retry_timeout`` is how long, in seconds, a request
     is retried while the server is unreachable or busy (default 600, enough for a restart).
     ``protocol``: what the server speaks (``remote-reward``, ``vllm``, ``tei``, ``openrlhf``
     or ``auto``; see :mod:`reward_client.wire`). ``model``: score with this one model of a
@@ -53,8 +64,9 @@ class RemoteReward:
     ``label_key``: the dataset column (TRL passes each as a keyword argument) sent as each
     completion's label, e.g. ``"answer"`` for a verifier that checks the final answer.
     Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
-    ``max_concurrency``, ``on_retry``, ...; see :class:`~reward_client.ClientOptions`)
-    go to :class:`~reward_client.AsyncRewardClient`.
+    ``max_concurrency``, ``on_retry``, ``deadline``: seconds a reward call may take in all,
+    ...; see :class:`~reward_client.ClientOptions`) go to
+    :class:`~reward_client.AsyncRewardClient`.
     """
 
     def __init__(
@@ -185,22 +197,46 @@ class RemoteReward:
 
     async def __call__(
         self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
-    ) -> list[float]:
-        """One float per completion, in order (TRL's ``reward_funcs`` signature)."""
+    ) -> list[float | None]:
+        """One float per completion, in order (TRL's ``reward_funcs`` signature); None for
+        a completion the server masked."""
         result = await self.score_detailed(prompts, completions, labels=self.labels(kwargs))
-        _log_truncation(self.__name__, result, kwargs)
+        _log_result(self.__name__, result, kwargs)
         return result.scores
 
 
 #: Keyword arguments TRL passes that are not dataset columns.
 _TRL_ARGUMENTS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric"})
 
+#: What TRL does with a None reward (the end of the warning for masked items).
+_TRL_OUTCOME = "None for TRL, which leaves them out of their group's baseline"
 
-def _log_truncation(name: str, result: ScoreResult, kwargs: Mapping[str, Any]) -> None:
-    """``rewards/<name>/truncated_frac`` through TRL's ``log_metric``, when TRL passes it."""
+
+def _log_result(
+    name: str,
+    result: ScoreResult,
+    kwargs: Mapping[str, Any],
+    scores: Sequence[float | None] | None = None,
+) -> None:
+    """``rewards/<name>/truncated_frac`` and ``rewards/<name>/masked_frac`` (of ``scores``,
+    by default the result's) through TRL's ``log_metric`` when TRL passes it; a warning when
+    some are masked."""
+    scores = result.scores if scores is None else scores
+    masked = sum(score is None for score in scores)
     log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
     if callable(log_metric) and len(result):
         log_metric(f"rewards/{name}/truncated_frac", result.truncated_frac)
+        log_metric(f"rewards/{name}/masked_frac", masked / len(scores))
+    if masked and scores is result.scores:
+        report_masked(logger, name, result, _TRL_OUTCOME)
+    elif masked:
+        logger.warning(
+            "%s: the reward server masked this component for %d of %d item(s): %s",
+            name,
+            masked,
+            len(scores),
+            _TRL_OUTCOME,
+        )
 
 
 def _score_inputs(prompts: Sequence[object], completions: Sequence[object]) -> dict[str, Any]:
@@ -275,8 +311,9 @@ class RewardComponent:
 
     async def __call__(
         self, prompts: Sequence[object], completions: Sequence[object], **kwargs: Any
-    ) -> list[float]:
-        """This component's score of each completion, in order."""
+    ) -> list[float | None]:
+        """This component's score of each completion, in order (None where the server
+        masked this component of the item)."""
         result = await self._shared.result(prompts, completions, kwargs)
         if not len(result):
             return []
@@ -286,5 +323,6 @@ class RewardComponent:
                 f"the reward server's answer has no component {self.__name__!r} "
                 f"(components: {', '.join(known) or 'none'})"
             )
-        _log_truncation(self.__name__, result, kwargs)
-        return result.components[self.__name__]
+        scores = result.components[self.__name__]
+        _log_result(self.__name__, result, kwargs, scores)
+        return scores

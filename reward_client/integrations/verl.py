@@ -22,14 +22,25 @@ with the reward model's own template), a string as a query/response pair, and wi
 prompt the response alone is scored as a text. ``ground_truth`` is sent as the item's label
 (for the server's verifiers and judges; left out, with a warning, for a protocol without
 labels); ``data_source`` is not used. Each function returns the score as a float, or with ``reward_details`` a dict
-``{"score", "tokens", "truncated"}`` whose other keys verl logs as extra reward info.
+``{"score", "tokens", "truncated", "masked"}`` whose other keys verl logs as extra reward
+info.
+
+verl has no notion of a sample without a reward: every manager puts the score it is given
+into the reward tensor (None fails there, NaN would poison its group's mean and standard
+deviation), and verl itself scores 0.0 when its own ``compute_score_timeout`` fires. So an
+item the server masked (its reward could not be computed) gets a fill value,
+``masked_score`` / ``REWARD_MASKED_SCORE`` (default 0.0), with one warning per call naming
+how many and why; with ``reward_details`` its ``"masked"`` is 1.0 (0.0 for a scored item),
+which verl logs with the other extra reward info, so the masked share can be watched.
 
 Settings come from keyword arguments (``reward_kwargs``) first, then the environment:
 ``reward_url`` / ``REWARD_URL`` (one URL, a comma-separated list or a list),
 ``reward_api_key`` / ``REWARD_API_KEY``, ``reward_timeout`` / ``REWARD_TIMEOUT`` (seconds,
 default 60), ``prompt_key`` / ``REWARD_PROMPT_KEY`` (default ``"prompt"``),
-``reward_details`` / ``REWARD_DETAILS`` and ``reward_client_options`` (a mapping of further
-keyword arguments for the reward client, such as ``max_retries``). One client per setting
+``reward_details`` / ``REWARD_DETAILS``, ``masked_score`` / ``REWARD_MASKED_SCORE``,
+``reward_deadline`` / ``REWARD_DEADLINE`` (seconds one call may take in all, retries
+included) and ``reward_client_options`` (a mapping of further keyword arguments for the
+reward client, such as ``max_retries``). One client per setting
 is kept for the whole process (per event loop for the async client), so calls reuse their
 connections (:mod:`reward_client.integrations.settings`).
 
@@ -42,8 +53,10 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from reward_client.inputs import ScoreInputs
+from reward_client.integrations.masks import filled, masked_score, report_masked
 from reward_client.integrations.messages import messages
 from reward_client.integrations.settings import (
     CLIENT_KWARGS,
@@ -52,7 +65,7 @@ from reward_client.integrations.settings import (
     WarnOnce,
     flag,
 )
-from reward_client.results import ScoreResult
+from reward_client.results import ScoreResult, merge
 
 __all__ = [
     "aclose_clients",
@@ -66,7 +79,7 @@ logger = logging.getLogger(__name__)
 
 #: Keyword arguments verl's reward loop adds when it runs its own reward model: not ours.
 _VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
-_OUR_KWARGS = CLIENT_KWARGS | {"prompt_key", "reward_details"}
+_OUR_KWARGS = CLIENT_KWARGS | {"prompt_key", "reward_details", "masked_score"}
 _URL_HINT = "REWARD_URL or custom_reward_function.reward_kwargs.reward_url"
 
 Score = float | dict[str, Any]
@@ -77,11 +90,13 @@ _clients = ClientCache()
 
 @dataclass(frozen=True)
 class _Settings:
-    """Where and how to score (``client``), where the prompt is, what to return."""
+    """Where and how to score (``client``), where the prompt is, what to return (and for a
+    masked item)."""
 
     client: ClientSettings
     prompt_key: str
     details: bool
+    fill: float
 
 
 def _settings(kwargs: Mapping[str, Any]) -> _Settings:
@@ -93,6 +108,7 @@ def _settings(kwargs: Mapping[str, Any]) -> _Settings:
         client=ClientSettings.read(kwargs, _URL_HINT),
         prompt_key=str(kwargs.get("prompt_key") or env.get("REWARD_PROMPT_KEY") or "prompt"),
         details=flag(kwargs.get("reward_details", env.get("REWARD_DETAILS", ""))),
+        fill=masked_score(kwargs),
     )
 
 
@@ -127,6 +143,10 @@ class _Group:
 
     positions: list[int]
     columns: dict[str, list[Any]]
+
+    def inputs(self) -> ScoreInputs:
+        """The columns as the client's keyword arguments."""
+        return cast("ScoreInputs", self.columns)
 
 
 def _groups(
@@ -178,17 +198,24 @@ def _prepare(
 
 
 def _assemble(
-    size: int, groups: Sequence[_Group], results: Sequence[ScoreResult], details: bool
+    size: int, groups: Sequence[_Group], results: Sequence[ScoreResult], settings: _Settings
 ) -> list[Score]:
-    """Per-item scores (or detail dicts) back in batch order."""
+    """Per-item scores (or detail dicts) back in batch order; a masked item gets the fill
+    value (one warning per call)."""
     out: list[Score] = [0.0] * size
+    report_masked(logger, __name__, merge(results), f"they score {settings.fill:g} for verl")
     for group, result in zip(groups, results, strict=True):
+        scores = filled(result.scores, settings.fill)
         for j, position in enumerate(group.positions):
-            score = result.scores[j]
             out[position] = (
-                {"score": score, "tokens": result.tokens[j], "truncated": result.truncated[j]}
-                if details
-                else score
+                {
+                    "score": scores[j],
+                    "tokens": result.tokens[j],
+                    "truncated": result.truncated[j],
+                    "masked": float(result.scores[j] is None),
+                }
+                if settings.details
+                else scores[j]
             )
     return out
 
@@ -203,8 +230,8 @@ def compute_score_batch(
     """Batched verl reward function (``reward_manager=batch``): one score per response."""
     settings, size, groups = _prepare(solution_strs, ground_truths, extra_infos, kwargs)
     client = _clients.blocking(settings.client)
-    results = [client.score_detailed(**group.columns) for group in groups]
-    return _assemble(size, groups, results, settings.details)
+    results = [client.score_detailed(**group.inputs()) for group in groups]
+    return _assemble(size, groups, results, settings)
 
 
 def compute_score(
@@ -229,5 +256,5 @@ async def compute_score_async(
 ) -> Score:
     """Async verl reward function for one response; verl's reward loop awaits it concurrently."""
     settings, _, groups = _prepare([solution_str], [ground_truth], [extra_info], kwargs)
-    result = await _clients.for_loop(settings.client).score_detailed(**groups[0].columns)
-    return _assemble(1, groups, [result], settings.details)[0]
+    result = await _clients.for_loop(settings.client).score_detailed(**groups[0].inputs())
+    return _assemble(1, groups, [result], settings)[0]

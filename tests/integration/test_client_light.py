@@ -124,7 +124,9 @@ with RewardClient("http://rm:8000", http_client=http) as client:
 openrlhf._clients.blocking = lambda settings: RewardClient("http://rm:8000", http_client=http)
 out = openrlhf.reward_func(["abcd"], ["ab"], [None], reward_url="http://rm:8000")
 assert out["rewards"] == [4.0] and out["scores"] == [4.0], out
-assert out["extra_logs"] == {"reward_tokens": [1.0], "reward_truncated": [0.0]}, out
+assert out["extra_logs"] == {
+    "reward_tokens": [1.0], "reward_truncated": [0.0], "reward_masked": [0.0]
+}, out
 assert not {m.split(".")[0] for m in sys.modules} & HEAVY
 """
     )

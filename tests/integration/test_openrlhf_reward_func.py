@@ -108,6 +108,7 @@ def test_openrlhf_loads_the_file_and_its_rewards_equal_the_server(
         assert logs == {
             "reward_tokens": expected["tokens"][i],
             "reward_truncated": float(expected["truncated"][i]),
+            "reward_masked": 0.0,
         }
 
 

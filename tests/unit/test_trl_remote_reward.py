@@ -78,7 +78,10 @@ def test_plain_prompts_are_sent_as_queries_and_responses() -> None:
         {"queries": prompts[3:], "responses": completions[3:]},
     ]
     # The fake server truncates the second item of each request: 1 of 4 here.
-    assert logged == [("rewards/remote_reward/truncated_frac", 0.25)]
+    assert logged == [
+        ("rewards/remote_reward/truncated_frac", 0.25),
+        ("rewards/remote_reward/masked_frac", 0.0),
+    ]
 
 
 def test_conversational_prompts_are_sent_as_conversations() -> None:
