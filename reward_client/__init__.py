@@ -15,6 +15,11 @@ time budget (``retry_timeout``, 600 s by default) is spent, never retry any othe
 return scores in input order. They speak this project's server and the wire formats of
 vLLM, TEI and OpenRLHF (:mod:`reward_client.wire`).
 
+An item the server *masked* (its reward could not be computed) scores None, with its reason
+in :attr:`ScoreResult.masked`. Every request tells the server its time budget
+(``X-Request-Timeout-Ms``); a call's ``deadline`` (a client option, or ``deadline=`` of one
+call) bounds the whole call, retries included (:class:`ClientOptions`).
+
 Modules, one job each: :mod:`~reward_client.errors`, :mod:`~reward_client.results`,
 :mod:`~reward_client.retry`, :mod:`~reward_client.options`, :mod:`~reward_client.inputs`
 (the caller's inputs as request columns), :mod:`~reward_client.targets` (base URLs and

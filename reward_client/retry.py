@@ -25,7 +25,8 @@ class RetryPolicy:
     backoff ``uniform(0, min(backoff_max, backoff_base * 2**k))`` where ``k`` counts the
     pauses so far. No pause outlasts what is left of the budget: the last try falls on
     its end. The budget is checked between attempts, so a call can overrun it by at most
-    one request timeout.
+    one request timeout; a call's ``deadline`` (:class:`~reward_client.ClientOptions`) is
+    the strict bound.
     """
 
     timeout: float = 600.0
