@@ -41,7 +41,7 @@ its processes are the out-of-memory killer's first choice); no seccomp filter.
 subprocess of the server, in a host temporary folder.
 """
 
-from reward_server.sandbox._host import SANDBOX_ENV, SANDBOX_UID
+from reward_server.sandbox._host import SANDBOX_ENV, SANDBOX_UID, find_bwrap
 from reward_server.sandbox._languages import LANGUAGES, SANDBOX_PATH, Language, language
 from reward_server.sandbox._sandbox import Sandbox
 from reward_server.sandbox._session import Session
@@ -68,5 +68,6 @@ __all__ = [
     "Sandbox",
     "SandboxUnavailable",
     "Session",
+    "find_bwrap",
     "language",
 ]

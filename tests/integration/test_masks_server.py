@@ -7,13 +7,16 @@ function with ``on_error: 0.5``, a remote reward service that is down, and a gen
 computed is ``null`` in ``scores`` with its reason in ``masked``; in the combined score only
 models with a non-zero weight mask it; every masked item is counted by model and reason.
 
-A second server holds a python verifier that hangs on every item: a request of 64 items with
-a 10 s deadline is answered in at most 11 s, every item masked ``deadline`` or ``timeout``,
+A code verifier whose sandbox breaks masks its items ``sandbox_error``. A second server
+holds a python verifier that hangs on every item: a request of 64 items with a 10 s
+deadline is answered in at most 11 s, every item masked ``deadline`` or ``timeout``,
 ``/health`` answering throughout, and the next request is served by fresh worker processes.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +27,8 @@ import httpx
 import pytest
 import yaml
 from server_proc import ServerProcess, free_port, metric, running_server
+
+from reward_server.sandbox import find_bwrap
 
 ROOT = Path(__file__).resolve().parents[2]
 BY_LABEL = f"{ROOT / 'tests' / 'verifier_functions.py'}:by_label"
@@ -309,3 +314,49 @@ def wait_for(condition: Any, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return bool(condition())
+
+
+# -- a sandbox that fails: the code verifier's items are masked sandbox_error -------------------
+
+
+@pytest.fixture
+def failing_sandbox() -> Iterator[tuple[Path, Path]]:
+    """A bwrap that works until ``flag`` exists, then fails as a broken sandbox would (in a
+    folder the sandbox's own user can read: a root server runs bwrap as another uid)."""
+    found, where = find_bwrap()
+    assert found is not None, where
+    folder = Path(tempfile.mkdtemp(prefix="masks-bwrap-"))
+    folder.chmod(0o755)
+    flag = folder / "broken"
+    wrapper = folder / "bwrap"
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ -e "{flag}" ]; then echo "bwrap: cannot set up the sandbox" >&2; '
+        f'exit 1; fi\nexec "{found}" "$@"\n',
+        encoding="utf-8",
+    )
+    wrapper.chmod(0o755)
+    try:
+        yield wrapper, flag
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_sandbox_that_fails_masks_its_items(
+    failing_sandbox: tuple[Path, Path], tmp_path: Path
+) -> None:
+    wrapper, flag = failing_sandbox
+    entry = {"name": "code", "kind": "verifier", "verifier": "code", "bwrap": str(wrapper)}
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": [entry]}), encoding="utf-8")
+    program = "```python\nprint(sum(map(int, input().split())))\n```"
+    body = {"texts": [program], "labels": [{"inputs": ["1 2\n"], "outputs": ["3\n"]}]}
+    with running_server(None, "--models", str(path), timeout=120) as srv:
+        works = httpx.post(f"{srv.url}/score", json=body, timeout=120).json()
+        assert works["scores"] == [1.0], works
+        flag.touch()
+        broken = httpx.post(f"{srv.url}/score", json=body, timeout=120).json()
+        assert broken["scores"] == [None] and broken["masked"] == ["sandbox_error"], broken
+        counted = metric(
+            srv.url, "reward_server_masked_items_total", model="code", reason="sandbox_error"
+        )
+        assert counted == 1.0
