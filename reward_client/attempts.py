@@ -266,7 +266,10 @@ class Attempts:
         elapsed = self._clock() - self._started
         what = f"HTTP {status}: {cause}" if status else cause
         where = f"{self.method} {failed_url} failed (attempt {self.attempts}, {elapsed:.1f} s"
-        where += f" of the {budget:g} s retry budget): {what}"
+        where += f" of the {budget:g} s retry budget"
+        if self._deadline is not None:
+            where += f", the call's deadline {self._deadline.seconds:g} s"
+        where += f"): {what}"
         limit = self._limit_reached(elapsed)
         delay = 0.0
         if limit is None:

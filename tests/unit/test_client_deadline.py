@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,13 +199,22 @@ def test_a_deadline_spent_before_a_chunk_is_sent_sends_nothing(mode: str) -> Non
     assert "the call's deadline (3 s) passed before the request was sent" in str(err)
 
 
-def test_a_pause_that_would_end_past_the_deadline_is_not_taken(mode: str) -> None:
+def test_a_pause_that_would_end_past_the_deadline_is_not_taken(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
     server = Clocked(took=0.1, headers={"Retry-After": "30"})
     score = client_of(mode, server, deadline=10, retry=RetryPolicy(retry_after_jitter=0))
-    with pytest.raises(RewardServerError, match=r"HTTP 503: busy") as info:
+    with (
+        caplog.at_level(logging.WARNING, logger="reward_client.attempts"),
+        pytest.raises(RewardServerError, match=r"HTTP 503: busy") as info,
+    ):
         score(texts=["a"])
     assert server.sleeps == [] and len(server.scores()) == 1
     assert info.value.gave_up == "deadline 10 s"
+    assert caplog.messages == [
+        f"POST {URL}/score failed (attempt 1, 0.1 s of the 600 s retry budget, the call's "
+        "deadline 10 s): HTTP 503: busy; giving up (deadline 10 s)"
+    ]
 
 
 def test_failover_within_the_deadline(mode: str) -> None:
