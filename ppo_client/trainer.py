@@ -330,9 +330,7 @@ class PPOTrainer:
     def _row_counts(self, valid: torch.Tensor) -> tuple[int, int]:
         """How many rows the reward scored (not masked), and how many there are, over every
         rank: every rank takes the same branch (skip, normalise) from them."""
-        local = torch.tensor(
-            [[int(valid.sum()), valid.numel()]], dtype=torch.long, device=self.accelerator.device
-        )
+        local = torch.tensor([[int(valid.sum()), valid.numel()]], device=self.accelerator.device)
         valid_rows, all_rows = self.accelerator.gather(local).sum(0).tolist()
         return int(valid_rows), int(all_rows)
 

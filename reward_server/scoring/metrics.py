@@ -189,6 +189,26 @@ class _StateCollector:
         )
 
 
+#: The counters of items by model and reason: (name, help).
+_REASON_COUNTERS = (
+    (
+        "verifier_errors",
+        "Items a verifier or judge failed on (on_error), by model and reason (timeout, crash, "
+        "error, non_finite, bad_result, sandbox_error, parse_failure, deadline).",
+    ),
+    (
+        "remote_errors",
+        "Items a remote component failed on (on_error), by model and reason (remote_error, "
+        "timeout, parse_failure, or the remote's own mask reason).",
+    ),
+    (
+        "masked_items",
+        "Items a model gave no score (null in scores), by model and reason: a failure of an "
+        "entry with on_error: mask, or the request's deadline.",
+    ),
+)
+
+
 class Metrics:
     """The core's counters and histograms, and the collector of its gauges, in the app's
     registry; also the batcher's ``BatchObserver``."""
@@ -252,25 +272,10 @@ class Metrics:
             "model (vLLM engine).",
             model,
         )
-        # Verifiers (kind: verifier).
-        self.verifier_errors = self._counter(
-            "verifier_errors",
-            "Items a verifier or judge failed on (on_error), by model and reason (timeout, "
-            "crash, error, non_finite, bad_result, sandbox_error, parse_failure, deadline).",
-            (*model, "reason"),
-        )
-        # Remote components (kind: remote).
-        self.remote_errors = self._counter(
-            "remote_errors",
-            "Items a remote component failed on (on_error), by model and reason "
-            "(remote_error, timeout, parse_failure, or the remote's own mask reason).",
-            (*model, "reason"),
-        )
-        self.masked_items = self._counter(
-            "masked_items",
-            "Items a model gave no score (null in scores), by model and reason: a failure "
-            "of an entry with on_error: mask, or the request's deadline.",
-            (*model, "reason"),
+        # Items failed (verifiers and judges; remote components) and masked, by reason.
+        by_reason = (*model, "reason")
+        self.verifier_errors, self.remote_errors, self.masked_items = (
+            self._counter(name, doc, by_reason) for name, doc in _REASON_COUNTERS
         )
         self.model_dropped_rows = self._counter(
             "model_dropped_rows",

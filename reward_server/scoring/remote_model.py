@@ -25,6 +25,7 @@ import asyncio
 import logging
 import os
 import re
+import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
@@ -33,6 +34,7 @@ from reward_client import AsyncRewardClient, RetryPolicy, RewardClientError
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scheduling.rate_limit import RateLimiter
+from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.items import Items, judge_prompts, tasks
 from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.served import ItemResult
@@ -246,19 +248,26 @@ class RemoteModel:
         inputs = _inputs(work, self.spec.protocol)
         if self.spec.model is not None:
             inputs["model"] = self.spec.model
+        deadline = current_deadline.get()
+        if deadline is not None:
+            # The remote gets what is left of this request's time (the client sends it on,
+            # and stops retrying at it), never more than the entry's own budget.
+            inputs["deadline"] = max(0.001, min(self.spec.timeout_s, deadline - time.monotonic()))
         try:
             result = await client.score_detailed(**inputs)
         except (RewardClientError, ValueError, TypeError) as exc:
-            reason = _reason(exc)
+            cut = deadline is not None and time.monotonic() >= deadline
+            reason = "deadline" if cut else _reason(exc)
             logger.warning("remote %s failed on %d item(s): %s", self.name, len(work), exc)
             return [self._failed(reason) for _ in work]
         # A remote reward server masks the items it could not score (null, with a reason):
-        # here they fail with the remote's reason, so the entry's on_error applies to them.
-        reasons = getattr(result, "masked", None) or [None] * len(result.scores)
+        # here they fail with the remote's reason (remote_error where the remote gave none
+        # the client could read), so the entry's on_error applies to them.
+        reasons = result.masked or [None] * len(result.scores)
         return [
             ItemResult(score, num_tokens=tokens, truncated=cut)
             if score is not None
-            else self._failed(reason or "remote_error")
+            else self._failed(reason if reason not in (None, "unknown") else "remote_error")
             for score, tokens, cut, reason in zip(
                 result.scores, result.tokens, result.truncated, reasons, strict=True
             )
