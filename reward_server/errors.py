@@ -42,6 +42,7 @@ __all__ = [
     "ChatTemplateError",
     "ClientDisconnectedError",
     "EmptyTextError",
+    "GroupsError",
     "ModelLoadError",
     "ModelNotFoundError",
     "ModelsFileError",
@@ -101,6 +102,12 @@ class TextTooLongError(ServiceError, ValueError):
         self.index = index
         self.num_tokens = num_tokens
         self.max_length = max_length
+
+
+class GroupsError(ServiceError, ValueError):
+    """A request's groups do not fit its items or its models: a group whose items' prompts
+    differ, groups without prompts, or no groups for a model that scores within groups;
+    ``str(e)`` names the problem."""
 
 
 class ResponseNotFoundError(ServiceError, ValueError):

@@ -208,8 +208,8 @@ class ModelSpec(BaseModel):
     """Which logit is the model's score (default: --label-index); not with objectives."""
     objectives: dict[str, float] | None = Field(default=None, min_length=1)
     """Weights by label name (the config's id2label): the score is the sum of weight x raw logit."""
-    normalize: Normalize | None = None
-    """{mean, std}: the score becomes (score - mean) / std before the weight."""
+    normalize: Normalize | Literal["group", "group_rank"] | None = None
+    """{mean, std}: the score becomes (score - mean) / std before the weight; group: (score - the group's mean) / the group's standard deviation, over the request's groups (0 where the group's scores are all equal); group_rank: the score's rank in its group, scaled to [-0.5, 0.5]. A request to a model normalising by group must send groups."""
     kind: ModelKind = "sequence"
     """sequence (a reward model), process (a score per step; at most one per file), verifier (a rule), judge (a causal LM reading a template) or remote (another HTTP service)."""
     device: str | None = Field(default=None, pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")

@@ -19,6 +19,7 @@ from reward_server.errors import (
     ChatTemplateError,
     ClientDisconnectedError,
     EmptyTextError,
+    GroupsError,
     ModelLoadError,
     ModelNotFoundError,
     ModelsFileError,
@@ -93,6 +94,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
         UnknownModelError: "unknown_model",
         RunRefusedError: "run_refused",
         BadDeadlineError: "bad_deadline",
+        GroupsError: "bad_groups",
     },
     429: {QueueFullError: "queue_full", TenantLimitError: "tenant_limit"},
     # nginx's "client closed request": nobody reads it, but metrics count it.

@@ -84,7 +84,12 @@ async def score(body: ScoreRequest, request: Request, _auth: Authorized) -> Scor
         request,
         "/score",
         _request_items(body),
-        ScoreOptions(truncate=body.truncate, model=body.model, cache=body.cache),
+        ScoreOptions(
+            truncate=body.truncate,
+            model=body.model,
+            cache=body.cache,
+            groups=None if body.groups is None else tuple(tuple(g) for g in body.groups),
+        ),
         timeout_ms=body.timeout_ms,
     )
     return _score_response(scored, body)

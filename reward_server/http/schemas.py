@@ -10,9 +10,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     StrictStr,
     model_validator,
 )
+
+from reward_server.scoring.groups import check_groups
 
 
 def _encodable(value: str) -> str:
@@ -107,6 +110,14 @@ class ScoreRequest(BaseModel):
         description="Return each model's own score (always returned when several score).",
     )
     labels: list[Any] | None = labels_field("item")
+    groups: list[list[StrictInt]] | None = Field(
+        default=None,
+        description="Which items form a group (GRPO's responses to one prompt): lists of "
+        "item indices. An item is in at most one group; a group's items share their prompt "
+        "(queries+responses or conversations only); items in none are groups of one. Read by "
+        "pairwise judges and by models with normalize: group or group_rank.",
+        examples=[[[0, 1, 2, 3], [4, 5, 6, 7]]],
+    )
     timeout_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None,
         description="The request's deadline: milliseconds the client still waits (as the "
@@ -152,7 +163,30 @@ class ScoreRequest(BaseModel):
                 f"({len(self.queries)} != {len(self.responses)})"
             )
         check_labels(self.labels, self.num_items, "items")
+        if self.groups is not None:
+            self._groups_fit()
         return self
+
+    def _groups_fit(self) -> None:
+        """ValueError (422) unless the groups are a partition of some items sharing prompts."""
+        assert self.groups is not None
+        check_groups(self.groups, self.num_items)
+        if self.texts is not None:
+            raise ValueError(
+                "groups need prompts: send queries+responses or conversations (a text has no "
+                "prompt to group by)"
+            )
+        prompts: list[Any] = list(self.queries or [])
+        if self.conversations is not None:
+            prompts = [[m.model_dump() for m in conv[:-1]] for conv in self.conversations]
+        for g, group in enumerate(self.groups):
+            first = prompts[group[0]]
+            for index in group[1:]:
+                if prompts[index] != first:
+                    raise ValueError(
+                        f"groups[{g}]: item {index}'s prompt differs from item {group[0]}'s "
+                        "(a group's items share their prompt)"
+                    )
 
     @property
     def num_items(self) -> int:
@@ -275,7 +309,7 @@ class ModelInfo(BaseModel):
     model: str | None = Field(default=None, description="The model loaded; none for a verifier.")
     labels: list[str] = Field(description="Names of the head's labels that are read.")
     objectives: dict[str, float] | None = None
-    normalize: dict[str, float] | None = None
+    normalize: dict[str, float] | str | None = None
 
 
 class InfoResponse(BaseModel):

@@ -31,6 +31,7 @@ from typing import TypeVar
 from reward_server.config import AggregateName
 from reward_server.config.tenants import current_tenant
 from reward_server.errors import (
+    GroupsError,
     ModelNotFoundError,
     NotReadyError,
     ScoringError,
@@ -40,6 +41,7 @@ from reward_server.errors import (
 from reward_server.scoring.aggregate import Weighting, combine
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult
 from reward_server.scoring.deadline import current_deadline
+from reward_server.scoring.groups import Groups, current_groups, normalize_in_groups
 from reward_server.scoring.items import Items
 from reward_server.scoring.registry import ModelRegistry
 from reward_server.scoring.scored import Scored
@@ -70,6 +72,8 @@ class ScoreOptions:
     cache: bool = True
     #: When the answer is due, a ``time.monotonic()`` instant (None: no deadline).
     deadline: float | None = None
+    #: Which items form a group (checked: :func:`~reward_server.scoring.groups.check_groups`).
+    groups: Groups | None = None
 
 
 class ScoringPipeline:
@@ -101,12 +105,20 @@ class ScoringPipeline:
                 f"{items.count} items in one request; the limit is {self.max_client_batch} "
                 f"(split the request)"
             )
+        if options.groups is None:
+            grouped = [m.name for m in models if _needs_groups(m)]
+            if grouped:
+                raise GroupsError(
+                    f"{', '.join(grouped)} score(s) within groups: send groups (lists of the "
+                    "indices of the items that share a prompt)"
+                )
         truncate = (not self.settings.no_truncate) if options.truncate is None else options.truncate
         deadline = options.deadline
         if deadline is not None and time.monotonic() >= deadline:
             done: list[list[ItemResult] | None] = [None] * len(models)  # no work starts
         else:
             token = current_deadline.set(deadline)  # the models' tasks copy it
+            groups_token = current_groups.set(options.groups)
             try:
                 done = await _all_or_first_error(
                     [
@@ -116,9 +128,12 @@ class ScoringPipeline:
                     None if deadline is None else deadline + DEADLINE_GRACE_S,
                 )
             finally:
+                current_groups.reset(groups_token)
                 current_deadline.reset(token)
         results = [self._masked(m, rs, items.count) for m, rs in zip(models, done, strict=True)]
-        scored = self._combine(models, results, selected=options.model is not None)
+        scored = self._combine(
+            models, results, selected=options.model is not None, groups=options.groups
+        )
         self._count(scored)
         return scored
 
@@ -158,7 +173,12 @@ class ScoringPipeline:
         return await runs.run(run)
 
     def _combine(
-        self, models: Sequence[ServedModel], results: Sequence[list[ItemResult]], *, selected: bool
+        self,
+        models: Sequence[ServedModel],
+        results: Sequence[list[ItemResult]],
+        *,
+        selected: bool,
+        groups: Groups | None,
     ) -> Scored:
         """The answer's scores: one model's own, or every model's combined."""
         by_name = {model.name: rs for model, rs in zip(models, results, strict=True)}
@@ -170,12 +190,12 @@ class ScoringPipeline:
             reasons = tuple(r.error if r.masked else None for r in only)
             scores = [None if r.masked else r.score for r in only]
             return Scored(name, scores, by_name, labels, reasons=reasons)
-        combined, reasons = _aggregate(models, by_name, aggregate)
+        combined, reasons = _aggregate(models, by_name, aggregate, groups)
         kinds = {model.kind for model in models}
         outcome = None
         if "process" in kinds and "sequence" in kinds:
             sequence = [s for s in models if s.kind == "sequence"]
-            outcome, _ = _aggregate(sequence, by_name, aggregate)
+            outcome, _ = _aggregate(sequence, by_name, aggregate, groups)
         return Scored(self.registry.name, combined, by_name, labels, outcome, tuple(reasons))
 
     def _count(self, scored: Scored) -> None:
@@ -204,20 +224,36 @@ async def _score_one(
         ) from exc
 
 
+def _needs_groups(model: ServedModel) -> bool:
+    """Whether ``model`` scores within groups (a pairwise judge, group normalisation)."""
+    return isinstance(model.spec.normalize, str) or model.spec.mode == "pairwise"
+
+
 def _aggregate(
-    models: Sequence[ServedModel], by_name: Mapping[str, list[ItemResult]], aggregate: AggregateName
+    models: Sequence[ServedModel],
+    by_name: Mapping[str, list[ItemResult]],
+    aggregate: AggregateName,
+    groups: Groups | None,
 ) -> tuple[list[float | None], list[str | None]]:
     """The combined score of ``models`` per item
     (:func:`~reward_server.scoring.aggregate.combine`), None where a model with a non-zero
-    weight masked the item; and per item the first such model's reason."""
+    weight masked the item; and per item the first such model's reason. A model with
+    ``normalize: group``/``group_rank`` has its scores normalised within ``groups`` first."""
     weighting = {}
+    scores: dict[str, list[float]] = {}
     for model in models:
         norm = model.spec.normalize
-        mean, std = (0.0, 1.0) if norm is None else (norm.mean, norm.std)
+        results = by_name[model.name]
+        # A masked result still holds a finite score (the entry's on_error number, or 0.0),
+        # so the arithmetic runs on every item; a weight-0 model's term is 0 whatever it holds.
+        scores[model.name] = [r.score for r in results]
+        mean, std = 0.0, 1.0
+        if isinstance(norm, str):
+            masked = [r.masked for r in results]
+            scores[model.name] = normalize_in_groups(scores[model.name], masked, groups, norm)
+        elif norm is not None:
+            mean, std = norm.mean, norm.std
         weighting[model.name] = Weighting(weight=model.spec.weight, mean=mean, std=std)
-    # A masked result still holds a finite score (the entry's on_error number, or 0.0), so
-    # the arithmetic runs on every item; a weight-0 model's term is 0 whatever it holds.
-    scores = {model.name: [r.score for r in by_name[model.name]] for model in models}
     combined: list[float | None] = list(combine(scores, weighting, aggregate))
     reasons: list[str | None] = [None] * len(combined)
     for model in models:
