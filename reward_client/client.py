@@ -22,7 +22,15 @@ import httpx
 from reward_client.actions import Flow, Gather, Resolve, Send, Sleep, advance, results, scores
 from reward_client.errors import RewardClientError
 from reward_client.flows import Core
-from reward_client.inputs import Prompt, ScoreInputs, columns, pair_columns, request_fields
+from reward_client.groups import check_groups
+from reward_client.inputs import (
+    Prompt,
+    ScoreInputs,
+    columns,
+    item_count,
+    pair_columns,
+    request_fields,
+)
 from reward_client.results import ScoreResult
 from reward_client.wire.openai_chat import CHAT_PATH
 
@@ -53,9 +61,12 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         # The inputs are checked now, before the call is started or awaited.
         fields = request_fields(inputs.get("model"), inputs.get("components"), inputs.get("cache"))
         cols, truncate = columns(inputs), inputs.get("truncate")
+        groups = _groups(inputs.get("groups"), cols)
         seconds = inputs.get("deadline")
         self._deadline(seconds)  # a bad deadline fails here too
-        return self._timed(lambda deadline: self._score(cols, truncate, fields, deadline), seconds)
+        return self._timed(
+            lambda deadline: self._score(cols, truncate, fields, deadline, groups), seconds
+        )
 
     def score_detailed(self, **inputs: Unpack[ScoreInputs]) -> ResultT:
         """Scores (None for an item the server masked), token counts, truncation flags, mask
@@ -76,13 +87,16 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         model: str | None = None,
         components: bool | None = None,
         labels: Sequence[Any] | None = None,
+        groups: Sequence[Sequence[int]] | None = None,
     ) -> ResultT:
         """Like :meth:`__call__` but with token counts, truncation flags and the breakdown;
-        ``model``, ``components`` and ``labels`` as in
+        ``model``, ``components``, ``labels`` and ``groups`` as in
         :class:`~reward_client.inputs.ScoreInputs`."""
         fields = request_fields(model, components)
         cols = pair_columns(prompts, responses, labels)
-        return self._run(self._timed(lambda deadline: self._score(cols, None, fields, deadline)))
+        grouped = _groups(groups, cols)
+        flow = self._timed(lambda deadline: self._score(cols, None, fields, deadline, grouped))
+        return self._run(flow)
 
     def __call__(
         self,
@@ -90,13 +104,21 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         responses: Sequence[str],
         *,
         labels: Sequence[Any] | None = None,
+        groups: Sequence[Sequence[int]] | None = None,
     ) -> ScoresT:
         """Reward callable: text prompts as query/response pairs, chat prompts as
-        conversations; ``labels``: one reference per prompt, for the server's verifiers.
+        conversations; ``labels``: one reference per prompt, for the server's verifiers;
+        ``groups``: lists of indices of the responses to one prompt (GRPO's groups).
         None for an item the server masked."""
         cols = pair_columns(prompts, responses, labels)
-        flow = self._timed(lambda deadline: self._score(cols, None, {}, deadline))
+        grouped = _groups(groups, cols)
+        flow = self._timed(lambda deadline: self._score(cols, None, {}, deadline, grouped))
         return self._run(scores(flow))
+
+
+def _groups(groups: object, cols: dict[str, list[Any]]) -> list[list[int]] | None:
+    """The call's groups checked against its columns (None when it gives none)."""
+    return None if groups is None else check_groups(groups, cols, item_count(cols))
 
 
 class RewardClient(_Face[ScoreResult, list[float | None], dict[str, Any]]):
@@ -277,11 +299,13 @@ class AsyncRewardClient(
         responses: Sequence[str],
         *,
         labels: Sequence[Any] | None = None,
+        groups: Sequence[Sequence[int]] | None = None,
     ) -> list[float | None]:
         """Reward callable: text prompts as query/response pairs, chat prompts as
-        conversations; ``labels``: one reference per prompt, for the server's verifiers.
+        conversations; ``labels``: one reference per prompt, for the server's verifiers;
+        ``groups``: lists of indices of the responses to one prompt (GRPO's groups).
         None for an item the server masked."""
-        return await super().__call__(prompts, responses, labels=labels)
+        return await super().__call__(prompts, responses, labels=labels, groups=groups)
 
     async def chat_completion(self, body: Mapping[str, Any]) -> object:
         """``POST /v1/chat/completions`` of an OpenAI-compatible server with ``body``

@@ -27,6 +27,7 @@ from reward_client import wire
 from reward_client.actions import Action, Flow, Gather, Resolve, Send, Sleep
 from reward_client.attempts import Attempts, Deadline, Retry
 from reward_client.errors import RewardClientError, RewardServerError
+from reward_client.groups import grouped_requests, restore
 from reward_client.inputs import item_count
 from reward_client.options import (
     DEFAULT_MAX_CLIENT_BATCH,
@@ -354,20 +355,27 @@ class Core:
         truncate: bool | None,
         fields: dict[str, Any],
         deadline: Deadline | None = None,
+        groups: list[list[int]] | None = None,
     ) -> Flow[ScoreResult]:
         """Chunks of ``max_client_batch`` items (in the protocol's requests, each with its
         labels) sent concurrently, merged in input order; ``fields`` (model, components) go
-        into each remote-reward request; every request within ``deadline`` (the call's)."""
+        into each remote-reward request; ``groups`` (checked) are never split across
+        requests (:mod:`reward_client.groups`); every request within ``deadline``."""
         if not item_count(columns):
             return ScoreResult([], [], [])
         protocol = yield from self._protocol(deadline)
-        wire.check(protocol, columns, fields)  # before any request of its own (vLLM's probes)
+        # Before any request of its own (vLLM's probes).
+        wire.check(protocol, columns, fields, groups is not None)
         size = yield from self._chunk_size(deadline)
         specials = (yield from self._vllm_specials(deadline)) if protocol == "vllm" else None
-        requests = wire.requests(protocol, columns, size, truncate, fields, specials)
+        order = None
+        if groups is None:
+            requests = wire.requests(protocol, columns, size, truncate, fields, specials)
+        else:
+            requests, order = grouped_requests(columns, groups, size, truncate, fields)
         flows = [self._score_chunk(protocol, r, deadline) for r in requests]
         chunks: list[ScoreResult] = yield Gather(flows)
-        return merge(chunks)
+        return merge(chunks) if order is None else restore(merge(chunks), order)
 
 
 def _capped(timeout: httpx.Timeout, seconds: float) -> httpx.Timeout:

@@ -43,6 +43,11 @@ class ScoreInputs(TypedDict, total=False):
     (None: the server's default, cached; remote-reward protocol only).
     ``deadline``: seconds this call may take in all, retries included (None: the client's
     ``deadline`` option); see :class:`~reward_client.options.ClientOptions`.
+    ``groups``: which items form a group (GRPO's responses to one prompt), as lists of item
+    indices (``[[0, 1, 2, 3], [4, 5, 6, 7]]``); a group's items share their prompt
+    (pairs or conversations), an item is in at most one group and one in none is a group of
+    one; read by the server's pairwise judges and ``normalize: group`` models. A group is
+    never split across requests (remote-reward protocol only; :mod:`reward_client.groups`).
     """
 
     texts: Sequence[str] | None
@@ -55,6 +60,7 @@ class ScoreInputs(TypedDict, total=False):
     labels: Sequence[Any] | None
     cache: bool | None
     deadline: float | None
+    groups: Sequence[Sequence[int]] | None
 
 
 def _to_str_list(name: str, values: Sequence[str]) -> list[str]:

@@ -72,12 +72,18 @@ PROTOCOLS = ("auto", "remote-reward", "vllm", "tei", "openrlhf")
 LABELLED = ("remote-reward", "openrlhf")
 
 
-def check(protocol: str, columns: Mapping[str, list[Any]], fields: Mapping[str, Any]) -> None:
+def check(
+    protocol: str,
+    columns: Mapping[str, list[Any]],
+    fields: Mapping[str, Any],
+    grouped: bool = False,
+) -> None:
     """ValueError unless ``protocol`` can carry ``fields`` (``model``, ``components``: this
-    server's own) and the columns' labels."""
-    if fields and protocol != "remote-reward":
+    server's own), the columns' labels and (``grouped``) groups of items."""
+    own = sorted(fields) + (["groups"] if grouped else [])
+    if own and protocol != "remote-reward":
         raise ValueError(
-            f"protocol {protocol!r} cannot take {', '.join(sorted(fields))}= "
+            f"protocol {protocol!r} cannot take {', '.join(own)}= "
             "(only this project's server, protocol remote-reward)"
         )
     if "labels" in columns and protocol not in LABELLED:
