@@ -23,6 +23,18 @@ other reward functions beside this one, it is scored by those alone (TRL's ``nan
 the weighted rewards). RLOOTrainer does the same. Each call with masked items logs one
 warning (how many, why), and ``rewards/<name>/masked_frac`` when TRL passes ``log_metric``.
 
+Groups: GRPOTrainer and RLOOTrainer (1.16) hand a reward function a process's whole slice of
+the generation batch, ``num_generations`` consecutive completions per prompt (its
+``RepeatSampler`` repeats each prompt; the slices are taken process by process, so a prompt's
+completions are split between two processes when a process's slice is not a multiple of
+``num_generations``). ``RemoteReward`` sends each run of consecutive completions of one
+prompt as a group (``groups``, on by default with protocol ``remote-reward``), so that the
+server's pairwise judges and ``normalize: group`` models see the completions of a prompt
+together. A group split between processes is scored as two groups, one per process; keep
+``per_device_train_batch_size * steps_per_generation`` a multiple of ``num_generations``
+to keep groups whole. The same prompt drawn twice in a row makes one larger group (its
+completions all answer that prompt).
+
 TRL itself is never imported here: the module needs only the reward client.
 """
 
@@ -39,6 +51,7 @@ import httpx
 
 from reward_client.client import AsyncRewardClient, RewardClient
 from reward_client.errors import RewardClientError
+from reward_client.groups import runs
 from reward_client.integrations.masks import report_masked
 from reward_client.integrations.messages import completion_text, messages
 from reward_client.results import ScoreResult
@@ -63,6 +76,9 @@ class RemoteReward:
     composite server. :meth:`components` gives one reward function per model instead.
     ``label_key``: the dataset column (TRL passes each as a keyword argument) sent as each
     completion's label, e.g. ``"answer"`` for a verifier that checks the final answer.
+    ``groups``: send each run of consecutive completions of one prompt as a group (module
+    docstring); None (the default) turns it on for protocol ``remote-reward``, the only
+    one with groups, False turns it off.
     Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
     ``max_concurrency``, ``on_retry``, ``deadline``: seconds a reward call may take in all,
     ...; see :class:`~reward_client.ClientOptions`) go to
@@ -81,8 +97,13 @@ class RemoteReward:
         protocol: str = "remote-reward",
         model: str | None = None,
         label_key: str | None = None,
+        groups: bool | None = None,
         **client_kwargs: Any,
     ) -> None:
+        if groups and protocol not in ("remote-reward", "auto"):
+            raise ValueError(f"groups=True needs protocol remote-reward, not {protocol!r}")
+        #: Whether completions of one prompt go to the server as a group.
+        self.groups = protocol == "remote-reward" if groups is None else groups
         self._client_args: dict[str, Any] = {
             "base_urls": url_or_urls,
             "api_key": api_key,
@@ -151,6 +172,7 @@ class RemoteReward:
             model=self.model,
             components=components,
             labels=labels,
+            groups=(runs(list(prompts)) or None) if self.groups else None,
         )
 
     def labels(self, kwargs: Mapping[str, Any]) -> list[Any] | None:

@@ -253,3 +253,35 @@ def test_components_share_the_labels_of_their_request() -> None:
     assert asyncio.run(both()) == [[1.0, 1.0], [0.0, 0.0]]
     assert len(bodies) == 1 and bodies[0]["labels"] == ["4", "6"]
     assert bodies[0]["components"] is True
+
+
+def test_completions_of_one_prompt_go_as_a_group() -> None:
+    # GRPO's order: num_generations (here 2) consecutive completions per prompt; the
+    # process's slice may start inside a group ("a" here).
+    recorder = Recorder()
+    reward = make_reward(recorder)
+    prompts = ["a", "b", "b", "c", "c", "d"]
+    completions = [f" {i}" for i in range(6)]
+    asyncio.run(reward(prompts=prompts, completions=completions))
+    assert [(b["queries"], b.get("groups")) for b in recorder.bodies] == [
+        (["a", "b", "b"], [[1, 2]]),
+        (["c", "c", "d"], [[0, 1]]),
+    ]
+
+
+def test_groups_of_conversations_and_turning_groups_off() -> None:
+    prompt = [{"role": "user", "content": "Hi"}]
+    completions = [[{"role": "assistant", "content": t}] for t in ("x", "y", "z")]
+    recorder = Recorder()
+    asyncio.run(make_reward(recorder)(prompts=[prompt] * 3, completions=completions))
+    assert recorder.bodies[0]["groups"] == [[0, 1, 2]]
+    off = Recorder()
+    asyncio.run(make_reward(off, groups=False)(prompts=[prompt] * 3, completions=completions))
+    assert "groups" not in off.bodies[0]
+
+
+def test_groups_are_off_for_protocols_without_them() -> None:
+    assert not make_reward(Recorder(), protocol="vllm").groups
+    assert make_reward(Recorder()).groups
+    with pytest.raises(ValueError, match="groups=True needs protocol remote-reward"):
+        make_reward(Recorder(), protocol="tei", groups=True)
