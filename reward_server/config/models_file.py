@@ -42,6 +42,18 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
           Is the answer correct? Reply Yes or No.
         mode: logprobs           # the expected value over score_tokens, or generate:
         score_tokens: {"Yes": 1.0, "No": 0.0}   # each one token of the judge's tokenizer
+      - name: pairs              # a judge comparing the responses of a group, two at a time
+        kind: judge
+        model: /models/small-instruct-lm
+        mode: pairwise           # requests must send groups
+        template: |              # Jinja: prompt, response_a, response_b, label, messages
+          Question: {{ prompt }}
+          A: {{ response_a }}
+          B: {{ response_b }}
+          Which answer is better? Reply A or B.
+        answer_tokens: ["A", "B"]   # each one token: the first says response_a is better
+        pairs: all               # or k: each response against about k others (O(n k))
+        aggregate: win_rate      # or bradley_terry; on_error (mask): an item without opponent
       - name: other              # scored by another HTTP service through reward_client
         kind: remote
         url: http://rm-host:8000 # or a list; dns+http:// as in reward_client
@@ -79,6 +91,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -137,10 +150,15 @@ VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_
 #: Keys of a judge in ``mode: generate`` only.
 GENERATE_KEYS = ("score_pattern", "max_new_tokens", "temperature", "top_p")
 #: Keys of an entry that only a judge reads.
-JUDGE_KEYS = ("template", "mode", "score_tokens", *GENERATE_KEYS)
+#: Keys of a judge in ``mode: pairwise`` only.
+PAIRWISE_KEYS = ("answer_tokens", "pairs", "aggregate")
+JUDGE_KEYS = ("template", "mode", "score_tokens", *GENERATE_KEYS, *PAIRWISE_KEYS)
 #: How a judge scores: the expected value over its score tokens' probabilities of the next
-#: token (``logprobs``), or a score parsed from generated text (``generate``).
-JudgeMode = Literal["logprobs", "generate"]
+#: token (``logprobs``), a score parsed from generated text (``generate``), or the responses
+#: of a group compared two at a time (``pairwise``: :mod:`reward_server.scoring.pairwise`).
+JudgeMode = Literal["logprobs", "generate", "pairwise"]
+#: How a pairwise judge's comparisons make each response's score.
+PairwiseAggregate = Literal["win_rate", "bradley_terry"]
 #: How a ``kind: remote`` entry talks to its service (the first three: reward_client's).
 RemoteProtocol = Literal["remote-reward", "vllm", "tei", "openai-chat"]
 #: Keys of an entry that only a remote component reads.
@@ -241,7 +259,7 @@ class ModelSpec(BaseModel):
     timeout_s: float = Field(default=5.0, gt=0, le=3600)
     """kind: verifier: seconds per item (default 5; verifier: code: the run time of all of an item's tests and its compilation, default 60, after which its remaining tests are timeouts); kind: remote: one request's limit and the retry budget of one call."""
     on_error: float | Literal["mask"] = "mask"
-    """kind: verifier, judge (mode: generate) and remote: what an item whose verification, parse or remote call failed gets: mask (the default: null in scores, with its reason; a trainer leaves it out) or a number, its score."""
+    """kind: verifier, judge (mode: generate, pairwise) and remote: what an item whose verification, parse or remote call failed (a pairwise judge: an item without an opponent, or whose comparison was not finite) gets: mask (the default: null in scores, with its reason; a trainer leaves it out) or a number, its score."""
     languages: list[str] = Field(default=["python"], min_length=1)
     """verifier: code: the languages a program may be in (python, cpp, javascript; aliases such as py, c++, js); a fenced block's language tag picks one, the first is for a block without a tag."""
     score: CodeScore = "pass_rate"
@@ -263,9 +281,15 @@ class ModelSpec(BaseModel):
     template: str | None = Field(default=None, min_length=1)
     """kind: judge and openai-chat remotes: the Jinja prompt (prompt, response, label, messages) or a path to a .jinja file."""
     mode: JudgeMode = "logprobs"
-    """kind: judge: logprobs (expected value over score_tokens, one forward pass) or generate (score_pattern over the generated answer)."""
+    """kind: judge: logprobs (expected value over score_tokens, one forward pass), generate (score_pattern over the generated answer) or pairwise (the responses of a request's group compared two at a time)."""
     score_tokens: dict[str, float] | None = Field(default=None, min_length=2)
     """kind: judge, mode: logprobs: the value of each score token (each one token)."""
+    answer_tokens: list[str] | None = Field(default=None, min_length=2, max_length=2)
+    """kind: judge, mode: pairwise: two answers, each one token: the first says the first response shown (response_a) is the better, the second that response_b is."""
+    pairs: Literal["all"] | StrictInt = "all"
+    """kind: judge, mode: pairwise: all (every pair of a group) or k >= 1 (each response against about k others: the ring pairs i, i + d for d = 1 .. ceil(k / 2))."""
+    aggregate: PairwiseAggregate = "win_rate"
+    """kind: judge, mode: pairwise: win_rate (the mean probability of beating each opponent) or bradley_terry (the strengths of a Bradley-Terry fit)."""
     url: str | list[str] | None = Field(default=None, min_length=1)
     """kind: remote: the service's base URL or a list (dns+http:// names as in reward_client)."""
     protocol: RemoteProtocol = "remote-reward"
@@ -418,14 +442,32 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{', '.join(given)}: not for kind: judge")
         if self.template is None:
             raise ValueError("kind: judge needs 'template' (Jinja text or a .jinja file)")
+        if self.mode != "pairwise":
+            given = [k for k in PAIRWISE_KEYS if k in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for mode: pairwise")
         if self.mode == "generate":
             self._consistent_generate()
+            return
+        if self.mode == "pairwise":
+            self._consistent_pairwise()
             return
         given = [k for k in (*GENERATE_KEYS, "on_error") if k in self.model_fields_set]
         if given:
             raise ValueError(f"{', '.join(given)}: only for mode: generate")
         if self.score_tokens is None:
             raise ValueError('kind: judge needs \'score_tokens\' (e.g. {"Yes": 1.0, "No": 0.0})')
+
+    def _consistent_pairwise(self) -> None:
+        given = [k for k in (*GENERATE_KEYS, "score_tokens") if k in self.model_fields_set]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not for mode: pairwise (answer_tokens)")
+        if self.answer_tokens is None:
+            raise ValueError('mode: pairwise needs \'answer_tokens\' (e.g. ["A", "B"])')
+        if self.answer_tokens[0] == self.answer_tokens[1] or "" in self.answer_tokens:
+            raise ValueError("answer_tokens: two different, non-empty answers")
+        if self.pairs != "all" and self.pairs < 1:
+            raise ValueError(f"pairs: all or an integer k >= 1, not {self.pairs!r}")
 
     def _consistent_generate(self) -> None:
         if "score_tokens" in self.model_fields_set:

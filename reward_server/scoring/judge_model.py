@@ -17,7 +17,11 @@ judge's reply too). An answer without a match (or whose group is not a finite nu
 ``reward_server_verifier_errors_total{model,reason="parse_failure"}`` (the verifiers' counter).
 The prompt is cut to ``max_length - max_new_tokens`` tokens, leaving room for the answer.
 
-Both modes run on the transformers engine (:mod:`reward_server.engines._judge`) and on the
+``mode: pairwise`` compares the responses of a request's groups two at a time
+(:mod:`reward_server.scoring.pairwise_model`, served by :class:`~reward_server.scoring.
+pairwise_model.PairwiseJudgeModel`).
+
+All three modes run on the transformers engine (:mod:`reward_server.engines._judge`) and on the
 vLLM engine (:mod:`reward_server.engines._vllm_judge`: continuous batching, the prefix cache
 shared by prompts that begin alike, e.g. a GRPO group's).
 """
@@ -34,8 +38,9 @@ from reward_client.wire.openai_chat import parse_score
 from reward_server.engines import DEFAULT_ENGINE, Scorer
 from reward_server.errors import ModelLoadError
 from reward_server.scoring.items import Items, judge_prompts
+from reward_server.scoring.pairwise_model import PairwiseJudgeModel
 from reward_server.scoring.served import BatchedModel, ItemResult, Tokenized, _check_rows
-from reward_server.text.judge_prompt import JudgeTemplate
+from reward_server.text.judge_prompt import PAIRWISE_VARIABLES, JudgeTemplate
 
 if TYPE_CHECKING:
     from reward_server.config import LoadOptions, ModelSpec
@@ -146,15 +151,19 @@ class JudgeModel(BatchedModel):
         return {**self.scorer.info(), **entry, **own}
 
 
-def load_judge(spec: ModelSpec, options: LoadOptions, engine: str) -> JudgeModel:
+def load_judge(
+    spec: ModelSpec, options: LoadOptions, engine: str
+) -> JudgeModel | PairwiseJudgeModel:
     """Load the judge of a ``kind: judge`` entry on the calling thread (the registry's compute
     thread): its template, then its causal LM; ModelLoadError when either fails."""
     modules = {DEFAULT_ENGINE: "_judge", "vllm": "_vllm_judge"}
     if engine not in modules:
         raise ModelLoadError(f"judges run on the {' or '.join(modules)} engine, not {engine!r}")
     assert spec.template is not None
-    template = JudgeTemplate.from_setting(spec.template, spec.name)
     module = importlib.import_module(f"reward_server.engines.{modules[engine]}")
+    if spec.mode == "pairwise":
+        return _load_pairwise(spec, options, module)
+    template = JudgeTemplate.from_setting(spec.template, spec.name)
     if spec.mode == "generate":
         generation = module.Generation(spec.max_new_tokens, spec.temperature, spec.top_p)
         scorer = cast("JudgeScorer", module.load(options, None, generation))
@@ -168,3 +177,16 @@ def load_judge(spec: ModelSpec, options: LoadOptions, engine: str) -> JudgeModel
         assert spec.score_tokens is not None
         scorer = cast("JudgeScorer", module.load(options, spec.score_tokens))
     return JudgeModel(spec, scorer, template)
+
+
+def _load_pairwise(spec: ModelSpec, options: LoadOptions, module: Any) -> PairwiseJudgeModel:
+    """A pairwise judge: its template (with response_a and response_b), and its causal LM
+    loaded as a logprobs judge whose score tokens are the answer tokens, valued 1 and 0."""
+    assert spec.template is not None and spec.answer_tokens is not None
+    template = JudgeTemplate.from_setting(spec.template, spec.name, PAIRWISE_VARIABLES)
+    first, second = spec.answer_tokens
+    try:
+        scorer = cast("JudgeScorer", module.load(options, {first: 1.0, second: 0.0}))
+    except ModelLoadError as exc:  # its words for the answer tokens
+        raise ModelLoadError(str(exc).replace("score token", "answer token")) from exc
+    return PairwiseJudgeModel(spec, scorer, template)

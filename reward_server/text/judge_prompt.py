@@ -15,6 +15,11 @@ The template's variables, per item:
 * ``messages``: the messages before the response (``[{"role": "user", "content": query}]`` for
   a pair, ``[]`` for a bare text), for templates that want the roles.
 
+A pairwise judge's template (``mode: pairwise``) compares two responses to one prompt: it
+reads ``prompt``, ``messages`` and ``label`` as above and ``response_a``, ``response_b`` (the
+two responses, in the order shown) instead of ``response``
+(:data:`PAIRWISE_VARIABLES`, :meth:`JudgeTemplate.render_variables`).
+
 The template runs in Jinja's sandbox with strict undefined variables: a name it does not know
 is refused at load, an attribute an item lacks fails that request (ChatTemplateError, 422).
 """
@@ -33,10 +38,19 @@ from reward_server.text.rendering import Renderer
 if TYPE_CHECKING:
     from reward_server.config import LoadOptions
 
-__all__ = ["JUDGE_VARIABLES", "JudgePrompt", "JudgeRenderer", "JudgeTemplate", "is_template_file"]
+__all__ = [
+    "JUDGE_VARIABLES",
+    "PAIRWISE_VARIABLES",
+    "JudgePrompt",
+    "JudgeRenderer",
+    "JudgeTemplate",
+    "is_template_file",
+]
 
 #: The variables a judge's template may use.
 JUDGE_VARIABLES = ("prompt", "response", "label", "messages")
+#: The variables a pairwise judge's template may use.
+PAIRWISE_VARIABLES = ("prompt", "response_a", "response_b", "label", "messages")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +84,7 @@ def _printed(value: Any) -> Any:
 class JudgeTemplate:
     """A judge's Jinja template, compiled once (ModelLoadError when it cannot be)."""
 
-    def __init__(self, source: str, name: str) -> None:
+    def __init__(self, source: str, name: str, variables: Sequence[str] = JUDGE_VARIABLES) -> None:
         from jinja2 import StrictUndefined, TemplateSyntaxError, meta
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -82,45 +96,56 @@ class JudgeTemplate:
             parsed = env.parse(source)
         except TemplateSyntaxError as exc:
             raise ModelLoadError(f"judge template of {name!r}: {one_line(exc)}") from exc
-        unknown = meta.find_undeclared_variables(parsed) - set(JUDGE_VARIABLES) - set(env.globals)
+        unknown = meta.find_undeclared_variables(parsed) - set(variables) - set(env.globals)
         if unknown:
             raise ModelLoadError(
                 f"judge template of {name!r} uses {', '.join(sorted(unknown))}; it knows "
-                f"{', '.join(JUDGE_VARIABLES)}"
+                f"{', '.join(variables)}"
             )
         self._template = env.from_string(source)
 
     @classmethod
-    def from_setting(cls, template: str, name: str) -> JudgeTemplate:
+    def from_setting(
+        cls, template: str, name: str, variables: Sequence[str] = JUDGE_VARIABLES
+    ) -> JudgeTemplate:
         """The entry's ``template``: Jinja text, or a ``.jinja`` file (relative paths from the
-        server's working directory) read now."""
+        server's working directory) read now; ``variables``: the names it may use."""
         if not is_template_file(template):
-            return cls(template, name)
+            return cls(template, name, variables)
         path = Path(template.strip()).expanduser()
         try:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ModelLoadError(f"cannot read judge template {template}: {one_line(exc)}") from exc
-        return cls(source, name)
+        return cls(source, name, variables)
 
     def render(self, items: Sequence[JudgePrompt]) -> list[str]:
         """Each item's prompt text (ChatTemplateError naming the item that fails)."""
+        return self.render_variables(
+            [
+                {
+                    "prompt": item.prompt,
+                    "response": item.response,
+                    "label": item.label,
+                    "messages": item.messages,
+                }
+                for item in items
+            ],
+            "item",
+        )
+
+    def render_variables(self, each: Sequence[Mapping[str, Any]], what: str) -> list[str]:
+        """The template rendered with each mapping of variables (ChatTemplateError naming
+        the ``what`` (item, pair ...) that fails, by its index)."""
         from jinja2 import TemplateError
 
         out: list[str] = []
-        for i, item in enumerate(items):
+        for i, variables in enumerate(each):
             try:
-                out.append(
-                    self._template.render(
-                        prompt=item.prompt,
-                        response=item.response,
-                        label=item.label,
-                        messages=item.messages,
-                    )
-                )
+                out.append(self._template.render(**variables))
             except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
                 raise ChatTemplateError(
-                    f"judge template of {self.name!r} failed on item {i}: {one_line(exc)}"
+                    f"judge template of {self.name!r} failed on {what} {i}: {one_line(exc)}"
                 ) from exc
         return out
 

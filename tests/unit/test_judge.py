@@ -304,7 +304,7 @@ def test_generate_mode_without_a_pattern_is_refused_at_start(
         ({"score_tokens": None}, "kind: judge needs 'score_tokens'"),
         ({"score_tokens": {"Yes": 1.0}}, "score_tokens: Dictionary should have at least 2"),
         ({"score_tokens": {"Yes": 1.0, "No": float("nan")}}, "must be finite numbers (No)"),
-        ({"mode": "vote"}, "mode: Input should be 'logprobs' or 'generate'"),
+        ({"mode": "vote"}, "mode: Input should be 'logprobs', 'generate' or 'pairwise'"),
         ({"label_index": 1}, "label_index: not for kind: judge"),
         ({"adapter": "/a"}, "adapter: not for kind: judge"),
         ({"kind": "sequence"}, "template, score_tokens: only for kind: judge"),
