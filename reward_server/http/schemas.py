@@ -242,8 +242,8 @@ class ScoreResponse(BaseModel):
         default=None,
         description="Present when some item is masked (null in scores): per item why "
         "(timeout, crash, error, non_finite, bad_result, sandbox_error, parse_failure, "
-        "remote_error, deadline, no_opponent (a pairwise judge's item alone in its group), or a remote reward server's own reason), null where it is "
-        "not. With several models: the reason of the first model with a non-zero weight "
+        "remote_error, deadline, no_opponent (a pairwise judge's item alone in its group), "
+        "or a remote reward server's own reason), null where it is not. With several models: the reason of the first model with a non-zero weight "
         "that masked it.",
     )
     verifier_errors: dict[str, list[str | None]] | None = Field(
