@@ -14,6 +14,10 @@ The score of one row of token ids (the rendered prompt, ending where the answer 
     p_t = exp(z_t) / sum_u exp(z_u)        # softmax over the score tokens only
     score = sum_t value_t * p_t
 
+A ``mode: pairwise`` judge's rows are such rows too: its two answer tokens are the score
+tokens, valued 1 and 0, so a row's score is ``p = P(first response better)``
+(:mod:`reward_server.scoring.pairwise_model`).
+
 Rows are right-padded into one forward pass; a causal LM's logits at a real token do not see
 the padding after it, so a row scores the same alone and in any batch. Only the logits of the
 rows' last positions are computed (``logits_to_keep``), not the whole ``(B, T, V)``.

@@ -15,6 +15,11 @@ softmax over the score tokens' logits (the whole vocabulary's normaliser cancels
     p_t = exp(l_t - max_u l_u) / sum_u exp(l_u - max_u l_u),   l_t = log p(t | prompt)
     score = sum_t value_t * p_t
 
+``mode: pairwise`` rows are logprobs rows whose score tokens are the two answer tokens,
+valued 1 and 0: a row's value is the probability that its first response is the better
+(:mod:`reward_server.scoring.pairwise_model`); the rows of a group share the prefix-cache
+blocks of their common prefix.
+
 ``mode: generate``: up to ``max_new_tokens`` new tokens, greedy at temperature 0 else
 sampled (``temperature``, ``top_p``), stopping at the model's end-of-text ids; the new tokens
 up to the first end-of-text token are decoded without special tokens, as on transformers.
