@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import httpx
 
 from reward_client.actions import Flow, Gather, Resolve, Send, Sleep, advance, results, scores
+from reward_client.attempts import Deadline
 from reward_client.errors import RewardClientError
 from reward_client.flows import Core
 from reward_client.groups import check_groups
@@ -56,6 +57,17 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
     def info(self) -> InfoT:
         """The server's ``GET /info`` answer."""
         return self._run(self._timed(self._info))
+
+    def request_items(self) -> Any:
+        """Items per request (``max_client_batch``): configured, or asked of the server once
+        (an ``int``; a coroutine of one from :class:`AsyncRewardClient`). A group of items
+        must fit in one request."""
+
+        def flow(deadline: Deadline | None) -> Flow[int]:
+            yield from self._protocol(deadline)
+            return (yield from self._chunk_size(deadline))
+
+        return self._run(self._timed(flow))
 
     def _score_inputs(self, inputs: ScoreInputs) -> Flow[ScoreResult]:
         # The inputs are checked now, before the call is started or awaited.

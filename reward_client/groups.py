@@ -22,7 +22,7 @@ from reward_client.results import BREAKDOWN, ScoreResult
 from reward_client.wire import remote_reward
 from reward_client.wire.base import WireRequest
 
-__all__ = ["check_groups", "grouped_requests", "groups_by", "restore", "runs"]
+__all__ = ["check_groups", "cut", "grouped_requests", "groups_by", "restore", "runs"]
 
 #: A call's groups: lists of item indices.
 Groups = list[list[int]]
@@ -80,6 +80,12 @@ def runs(keys: Sequence[object]) -> Groups:
                 out.append(list(range(start, i)))
             start = i
     return out
+
+
+def cut(groups: Groups, size: int) -> Groups:
+    """``groups`` with each group of more than ``size`` items cut into consecutive pieces
+    of at most ``size``."""
+    return [group[i : i + size] for group in groups for i in range(0, len(group), size)]
 
 
 def _packed(groups: Groups, count: int, size: int) -> list[list[list[int]]]:

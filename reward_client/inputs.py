@@ -20,6 +20,7 @@ __all__ = [
     "columns",
     "item_count",
     "pair_columns",
+    "plain_value",
     "request_fields",
 ]
 
@@ -91,15 +92,15 @@ def _to_conversations(conversations: Sequence[Conversation]) -> list[list[dict[s
     return out
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """``value`` with arrays and array scalars (numpy's, which JSON cannot hold, as verl's
     parquet columns give them) turned into lists and numbers, at any depth."""
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     return value
 
 
@@ -109,7 +110,7 @@ def _to_labels(labels: Sequence[Any], count: int) -> list[Any]:
         raise TypeError(f"labels must be a sequence (one label per item), not {type(labels)}")
     if len(labels) != count:
         raise ValueError(f"{len(labels)} labels for {count} items (one label per item)")
-    return [_plain(label) for label in labels]
+    return [plain_value(label) for label in labels]
 
 
 def _with_labels(

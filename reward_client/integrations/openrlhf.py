@@ -26,6 +26,14 @@ scores as a float tensor of one value per query (``scores`` equal to ``rewards``
 the server cut the text) and ``reward_masked`` (1.0 where the server masked the item). torch
 is imported inside the call; without it the values are lists of floats.
 
+Groups: where a call holds consecutive samples of one prompt (``prompts`` equal, each query
+holding its prompt), each such run goes to the server as a group (for its pairwise judges and
+``normalize: group`` models), and the call's items are then sent as prompt/response pairs
+(the response: the query after its prompt), since groups need prompts. OpenRLHF 0.11.2
+calls ``reward_func`` once per sample, so there a call holds no group and nothing changes;
+a caller that passes a prompt's samples together gets groups. ``reward_groups`` /
+``REWARD_GROUPS`` = false turns grouping off.
+
 OpenRLHF has no notion of a sample without a reward: it makes a tensor of every
 ``rewards`` value (a None reward leaves the sample without one, and the experience maker
 then wants a reward model), and a NaN would poison its group's baseline (the mean and
@@ -48,11 +56,19 @@ and never imports OpenRLHF.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from reward_client.groups import runs
 from reward_client.integrations.masks import filled, masked_score, report_masked
-from reward_client.integrations.settings import CLIENT_KWARGS, ClientCache, ClientSettings, WarnOnce
+from reward_client.integrations.settings import (
+    CLIENT_KWARGS,
+    ClientCache,
+    ClientSettings,
+    WarnOnce,
+    flag,
+)
 
 __all__ = ["close_clients", "reward_func"]
 
@@ -76,11 +92,33 @@ def _values(values: list[float]) -> Any:
     return torch.tensor(values, dtype=torch.float32)
 
 
+def _grouped(
+    texts: list[str],
+    prompts: Sequence[Any] | None,
+    kwargs: dict[str, Any],
+    settings: ClientSettings,
+) -> dict[str, Any] | None:
+    """Pairs with the runs of one prompt as groups, when grouping is on, the protocol has
+    groups, some consecutive samples share a prompt and every query holds its prompt;
+    else None (the queries go as texts)."""
+    protocol = dict(settings.options).get("protocol", "remote-reward")
+    on = flag(kwargs.get("reward_groups", os.environ.get("REWARD_GROUPS", "1")))
+    if not on or protocol != "remote-reward" or prompts is None or len(prompts) != len(texts):
+        return None
+    keys = [str(p) for p in prompts]
+    groups = runs(keys)
+    starts = [text.find(prompt) for text, prompt in zip(texts, keys, strict=True)]
+    if not groups or min(starts) < 0:
+        return None
+    responses = [t[s + len(p) :] for t, s, p in zip(texts, starts, keys, strict=True)]
+    return {"queries": keys, "responses": responses, "groups": groups}
+
+
 def reward_func(
     queries: Sequence[str], prompts: Sequence[Any], labels: Sequence[Any], **kwargs: Any
 ) -> dict[str, Any]:
     """OpenRLHF's reward function: one reward per query (prompt and response as one text)."""
-    for name in kwargs.keys() - CLIENT_KWARGS - {"masked_score"}:
+    for name in kwargs.keys() - CLIENT_KWARGS - {"masked_score", "reward_groups"}:
         _warn_once(f"kwarg:{name}", "%s ignores the keyword argument %r", __name__, name)
     if isinstance(queries, str):
         raise TypeError("queries must be a list of texts, not a single string")
@@ -89,7 +127,8 @@ def reward_func(
     client = _clients.blocking(settings)
     texts = [str(q) for q in queries]
     sent = None if labels is None else settings.labels(list(labels), _warn_once)
-    result = client.score_detailed(texts=texts, labels=sent)
+    inputs = _grouped(texts, prompts, kwargs, settings) or {"texts": texts}
+    result = client.score_detailed(**inputs, labels=sent)
     report_masked(logger, __name__, result, f"they score {fill:g} for OpenRLHF")
     rewards = _values(filled(result.scores, fill))
     return {

@@ -51,7 +51,7 @@ import httpx
 
 from reward_client.client import AsyncRewardClient, RewardClient
 from reward_client.errors import RewardClientError
-from reward_client.groups import runs
+from reward_client.groups import cut, runs
 from reward_client.integrations.masks import report_masked
 from reward_client.integrations.messages import completion_text, messages
 from reward_client.results import ScoreResult
@@ -172,8 +172,28 @@ class RemoteReward:
             model=self.model,
             components=components,
             labels=labels,
-            groups=(runs(list(prompts)) or None) if self.groups else None,
+            groups=(await self._groups(prompts)) if self.groups else None,
         )
+
+    async def _groups(self, prompts: Sequence[object]) -> list[list[int]] | None:
+        """The runs of one prompt, each cut to fit a request (a warning when one is cut:
+        the same prompt many times in a row, or ``num_generations`` over the server's
+        ``max_client_batch``); None when there are none."""
+        groups = runs(list(prompts))
+        if not groups:
+            return None
+        size = await self.client.request_items()
+        if max(map(len, groups)) > size:
+            logger.warning(
+                "%s: %d completions of one prompt in a row, more than a request holds (%d, "
+                "max_client_batch): scored as groups of at most %d",
+                self.__name__,
+                max(map(len, groups)),
+                size,
+                size,
+            )
+            groups = cut(groups, size)
+        return groups
 
     def labels(self, kwargs: Mapping[str, Any]) -> list[Any] | None:
         """The ``label_key`` column among TRL's keyword arguments (None without a key);

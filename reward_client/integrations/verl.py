@@ -25,6 +25,16 @@ labels); ``data_source`` is not used. Each function returns the score as a float
 ``{"score", "tokens", "truncated", "masked"}`` whose other keys verl logs as extra reward
 info.
 
+Groups: :func:`compute_score_batch` (the ``batch`` manager) sees a whole batch, verl's ``n``
+responses of each prompt among it. Items whose ``extra_info`` holds the same group key and
+whose prompts are equal go to the server as a group (for its pairwise judges and ``normalize:
+group`` models). The key is ``extra_info["uid"]`` (verl's id of a prompt's rollouts, where a
+manager or the data puts it there: verl 0.9.1's managers do not) or else ``extra_info["index"]``
+(the dataset row, which verl's preprocessing scripts write and ``n`` rollouts share);
+``group_key`` / ``REWARD_GROUP_KEY`` names another, ``reward_groups`` /
+``REWARD_GROUPS`` = false turns grouping off. The per-sample functions score one response at
+a time: no groups.
+
 verl has no notion of a sample without a reward: every manager puts the score it is given
 into the reward tensor (None fails there, NaN would poison its group's mean and standard
 deviation), and verl itself scores 0.0 when its own ``compute_score_timeout`` fires. So an
@@ -39,7 +49,8 @@ Settings come from keyword arguments (``reward_kwargs``) first, then the environ
 default 60), ``prompt_key`` / ``REWARD_PROMPT_KEY`` (default ``"prompt"``),
 ``reward_details`` / ``REWARD_DETAILS``, ``masked_score`` / ``REWARD_MASKED_SCORE``,
 ``reward_deadline`` / ``REWARD_DEADLINE`` (seconds one call may take in all, retries
-included) and ``reward_client_options`` (a mapping of further keyword arguments for the
+included), ``reward_groups`` / ``REWARD_GROUPS``, ``group_key`` / ``REWARD_GROUP_KEY`` and
+``reward_client_options`` (a mapping of further keyword arguments for the
 reward client, such as ``max_retries``). One client per setting
 is kept for the whole process (per event loop for the async client), so calls reuse their
 connections (:mod:`reward_client.integrations.settings`).
@@ -49,13 +60,15 @@ verl itself is never imported here: the module needs only the reward client.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
-from reward_client.inputs import ScoreInputs
+from reward_client.groups import groups_by
+from reward_client.inputs import ScoreInputs, plain_value
 from reward_client.integrations.masks import filled, masked_score, report_masked
 from reward_client.integrations.messages import messages
 from reward_client.integrations.settings import (
@@ -79,7 +92,15 @@ logger = logging.getLogger(__name__)
 
 #: Keyword arguments verl's reward loop adds when it runs its own reward model: not ours.
 _VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
-_OUR_KWARGS = CLIENT_KWARGS | {"prompt_key", "reward_details", "masked_score"}
+_OUR_KWARGS = CLIENT_KWARGS | {
+    "prompt_key",
+    "reward_details",
+    "masked_score",
+    "reward_groups",
+    "group_key",
+}
+#: The ``extra_info`` keys whose values name a prompt's group, tried in order.
+_GROUP_KEYS = ("uid", "index")
 _URL_HINT = "REWARD_URL or custom_reward_function.reward_kwargs.reward_url"
 
 Score = float | dict[str, Any]
@@ -97,6 +118,8 @@ class _Settings:
     prompt_key: str
     details: bool
     fill: float
+    #: The ``extra_info`` keys tried for an item's group (none: no groups).
+    group_keys: tuple[str, ...]
 
 
 def _settings(kwargs: Mapping[str, Any]) -> _Settings:
@@ -109,7 +132,30 @@ def _settings(kwargs: Mapping[str, Any]) -> _Settings:
         prompt_key=str(kwargs.get("prompt_key") or env.get("REWARD_PROMPT_KEY") or "prompt"),
         details=flag(kwargs.get("reward_details", env.get("REWARD_DETAILS", ""))),
         fill=masked_score(kwargs),
+        group_keys=_group_keys(kwargs, env),
     )
+
+
+def _group_keys(kwargs: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, ...]:
+    """The ``extra_info`` keys tried for an item's group; none when grouping is off (or
+    the protocol has no groups)."""
+    on = flag(kwargs.get("reward_groups", env.get("REWARD_GROUPS", "1")))
+    protocol = dict(kwargs.get("reward_client_options") or {}).get("protocol", "remote-reward")
+    if not on or protocol != "remote-reward":
+        return ()
+    key = kwargs.get("group_key") or env.get("REWARD_GROUP_KEY")
+    return (str(key),) if key else _GROUP_KEYS
+
+
+def _group_key(extra_info: object, keys: Sequence[str]) -> Hashable | None:
+    """The value of the first of ``keys`` in ``extra_info`` (None: in no group)."""
+    if not isinstance(extra_info, Mapping):
+        return None
+    for key in keys:
+        value = extra_info.get(key)
+        if value is not None:
+            return json.dumps(plain_value(value), sort_keys=True, default=repr)
+    return None
 
 
 def close_clients() -> None:
@@ -143,21 +189,30 @@ class _Group:
 
     positions: list[int]
     columns: dict[str, list[Any]]
+    #: Each item's group key with its prompt (None: in no group).
+    keys: list[Hashable | None] = field(default_factory=list)
 
     def inputs(self) -> ScoreInputs:
-        """The columns as the client's keyword arguments."""
-        return cast("ScoreInputs", self.columns)
+        """The columns as the client's keyword arguments, with the items' groups (those
+        of equal keys) when some items share one."""
+        inputs = dict(self.columns)
+        groups = groups_by(self.keys)
+        if groups:
+            inputs["groups"] = groups
+        return cast("ScoreInputs", inputs)
 
 
 def _groups(
     solution_strs: Sequence[str],
     extra_infos: Sequence[object],
     ground_truths: Sequence[Any] | None,
-    key: str,
+    settings: _Settings,
 ) -> list[_Group]:
     """Split a batch into at most one request per input form, keeping each item's position
-    (and its ground truth as its label, unless ``ground_truths`` is None)."""
+    (and its ground truth as its label, unless ``ground_truths`` is None) and its group
+    key (``settings.group_keys``' value in its ``extra_info``, with its prompt)."""
     groups: dict[str, _Group] = {}
+    key = settings.prompt_key
     for i, (response, extra_info) in enumerate(zip(solution_strs, extra_infos, strict=True)):
         prompt = _prompt(extra_info, key)
         item: dict[str, Any]
@@ -176,6 +231,8 @@ def _groups(
         group.positions.append(i)
         for name, value in item.items():
             group.columns[name].append(value)
+        shared = _group_key(extra_info, settings.group_keys) if prompt is not None else None
+        group.keys.append(None if shared is None else (shared, json.dumps(prompt)))
     return list(groups.values())
 
 
@@ -194,7 +251,7 @@ def _prepare(
         if len(values) != len(responses):
             raise ValueError(f"{len(responses)} solution_strs but {len(values)} {name}")
     labels = settings.client.labels(truths, _warn_once)
-    return settings, len(responses), _groups(responses, extras, labels, settings.prompt_key)
+    return settings, len(responses), _groups(responses, extras, labels, settings)
 
 
 def _assemble(

@@ -230,7 +230,9 @@ def test_trl_remote_reward_returns_none_for_masked_items(
 ) -> None:
     handler = Masking()
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    reward = RemoteReward(URL, http_client=http, max_client_batch=4, name="rm")
+    # groups=False: six completions of one prompt would be cut to fit a request, with a
+    # warning of their own (tests/unit/test_trl_remote_reward.py).
+    reward = RemoteReward(URL, http_client=http, max_client_batch=4, name="rm", groups=False)
     logged: dict[str, float] = {}
     with caplog.at_level(logging.WARNING, logger="reward_client.integrations.trl"):
         scores = asyncio.run(

@@ -285,3 +285,16 @@ def test_groups_are_off_for_protocols_without_them() -> None:
     assert make_reward(Recorder()).groups
     with pytest.raises(ValueError, match="groups=True needs protocol remote-reward"):
         make_reward(Recorder(), protocol="tei", groups=True)
+
+
+def test_a_run_longer_than_a_request_is_cut_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder = Recorder()
+    with caplog.at_level("WARNING", logger="reward_client.integrations.trl"):
+        asyncio.run(make_reward(recorder)(prompts=["p"] * 5, completions=list("abcde")))
+    assert [b["groups"] for b in recorder.bodies] == [[[0, 1, 2]], [[0, 1]]]
+    assert caplog.messages == [
+        "remote_reward: 5 completions of one prompt in a row, more than a request holds (3, "
+        "max_client_batch): scored as groups of at most 3"
+    ]
