@@ -38,9 +38,9 @@ from reward_client.wire.openai_chat import parse_score
 from reward_server.engines import DEFAULT_ENGINE, Scorer
 from reward_server.errors import ModelLoadError
 from reward_server.scoring.items import Items, judge_prompts
-from reward_server.scoring.pairwise_model import PairwiseJudgeModel
+from reward_server.scoring.pairwise_model import PAIRWISE_VARIABLES, PairwiseJudgeModel
 from reward_server.scoring.served import BatchedModel, ItemResult, Tokenized, _check_rows
-from reward_server.text.judge_prompt import PAIRWISE_VARIABLES, JudgeTemplate
+from reward_server.text.judge_prompt import JudgeTemplate
 
 if TYPE_CHECKING:
     from reward_server.config import LoadOptions, ModelSpec

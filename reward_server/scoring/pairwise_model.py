@@ -55,7 +55,10 @@ if TYPE_CHECKING:
     from reward_server.scoring.judge_model import JudgeScorer
     from reward_server.text.judge_prompt import JudgeTemplate
 
-__all__ = ["PairRow", "PairwiseJudgeModel"]
+__all__ = ["PAIRWISE_VARIABLES", "PairRow", "PairwiseJudgeModel"]
+
+#: The variables a pairwise judge's template may use.
+PAIRWISE_VARIABLES = ("prompt", "response_a", "response_b", "label", "messages")
 
 
 @dataclass(frozen=True, slots=True)

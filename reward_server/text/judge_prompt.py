@@ -18,7 +18,8 @@ The template's variables, per item:
 A pairwise judge's template (``mode: pairwise``) compares two responses to one prompt: it
 reads ``prompt``, ``messages`` and ``label`` as above and ``response_a``, ``response_b`` (the
 two responses, in the order shown) instead of ``response``
-(:data:`PAIRWISE_VARIABLES`, :meth:`JudgeTemplate.render_variables`).
+(:data:`reward_server.scoring.pairwise_model.PAIRWISE_VARIABLES`,
+:meth:`JudgeTemplate.render_variables`).
 
 The template runs in Jinja's sandbox with strict undefined variables: a name it does not know
 is refused at load, an attribute an item lacks fails that request (ChatTemplateError, 422).
@@ -38,19 +39,10 @@ from reward_server.text.rendering import Renderer
 if TYPE_CHECKING:
     from reward_server.config import LoadOptions
 
-__all__ = [
-    "JUDGE_VARIABLES",
-    "PAIRWISE_VARIABLES",
-    "JudgePrompt",
-    "JudgeRenderer",
-    "JudgeTemplate",
-    "is_template_file",
-]
+__all__ = ["JUDGE_VARIABLES", "JudgePrompt", "JudgeRenderer", "JudgeTemplate", "is_template_file"]
 
 #: The variables a judge's template may use.
 JUDGE_VARIABLES = ("prompt", "response", "label", "messages")
-#: The variables a pairwise judge's template may use.
-PAIRWISE_VARIABLES = ("prompt", "response_a", "response_b", "label", "messages")
 
 
 @dataclass(frozen=True, slots=True)
