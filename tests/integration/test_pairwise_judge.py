@@ -239,3 +239,27 @@ def test_pairwise_needs_groups_and_a_template_of_two_responses(
         app = create_app(ServerSettings(models=str(models_file(tmp_path, entries))))
         with pytest.raises(ModelLoadError, match=message), TestClient(app):
             pass
+
+
+def test_identical_pair_rows_are_judged_once(judges: dict[str, Path], tmp_path: Path) -> None:
+    """A group whose first two responses are the same: its six rows are three distinct rows
+    (the score cache keys rows by token ids), and a repeated request reads all six."""
+    from fastapi.testclient import TestClient
+
+    folder = judges["llama"]
+    path = models_file(tmp_path, [entry(folder, "pw")])
+    body = {
+        "queries": ["Q?"] * 3,
+        "responses": ["same answer", "same answer", "another one"],
+        "labels": ["l"] * 3,
+        "groups": [[0, 1, 2]],
+    }
+    with TestClient(create_app(ServerSettings(models=str(path), max_wait_ms=1.0))) as client:
+        first = client.post("/score", json=body).json()
+        again = client.post("/score", json=body).json()
+        metrics = client.get("/metrics").text
+    assert again["scores"] == first["scores"]
+    assert_close(first["scores"], expected(first_better(folder, body), body, "all", "win_rate"))
+    assert first["scores"][0] == first["scores"][1]
+    for name, count in [("misses", 3.0), ("duplicates", 3.0), ("hits", 6.0)]:
+        assert f'reward_server_score_cache_{name}_total{{model="pw"}} {count}' in metrics
