@@ -72,7 +72,8 @@ What the numbers mean: a model's own score per item is the raw logit of its ``la
 or with ``objectives`` the sum over its labels of weight x raw logit; a judge's, the expected
 value of its score tokens' values under its next-token probabilities renormalised over them,
 or in ``mode: generate`` the number its score_pattern finds in its generated answer
-(:mod:`reward_server.scoring.judge_model`). The combined score is
+(:mod:`reward_server.scoring.judge_model`), or in ``mode: pairwise`` the response's win rate
+or Bradley-Terry strength within its group (:mod:`reward_server.scoring.pairwise`). The combined score is
 ``v_m = weight_m * (s_m - mean_m) / std_m`` (normalize optional), summed (``weighted_sum``),
 averaged (``mean``) or the least (``min``) over the models. Server-wide flags (batching
 limits, auth, --no-truncate, --engine, ...) stay server-wide. Any key not listed here is an
