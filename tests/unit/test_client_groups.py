@@ -186,3 +186,20 @@ def test_groups_by_keys_and_runs() -> None:
     assert groups_by(["a", "b", "a", None, "b", "c", None]) == [[0, 2], [1, 4]]
     assert runs(["p", "p", "q", "p", "p", "p", "r"]) == [[0, 1], [3, 4, 5]]
     assert runs([]) == [] and groups_by([]) == []
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_request_items_is_the_server_s_max_client_batch(face: str) -> None:
+    asked: list[str] = []
+
+    def info(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(200, json={"max_client_batch": 6})
+
+    transport = httpx.MockTransport(info)
+    if face == "sync":
+        client: Any = RewardClient(URL, http_client=httpx.Client(transport=transport))
+    else:
+        client = AsyncRewardClient(URL, http_client=httpx.AsyncClient(transport=transport))
+    assert [call(client, "request_items") for _ in range(2)] == [6, 6]
+    assert asked == ["/info"]  # asked once
