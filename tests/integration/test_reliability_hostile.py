@@ -522,6 +522,8 @@ def test_no_request_can_name_a_model_or_a_file(server: ServerProcess) -> None:
         "components",
         "labels",  # references handed to verifiers as values, never opened or loaded
         "cache",  # a bool: whether the score cache may answer
+        "timeout_ms",  # a positive number: the request's deadline
+        "groups",  # lists of item indices, checked against the request's items
     }
     assert schema["ScoreRequest"]["additionalProperties"] is False
     assert set(schema["GetRewardRequest"]["properties"]) == {"query", "prompts", "labels"}
