@@ -124,7 +124,12 @@ def test_grpo_plain_prompts_rewards_equal_server_scores(
     # The server received the prompt and completion texts as query/response pairs.
     last_prompts = list(trainer._logs["prompt"])
     last_completions = list(trainer._logs["completion"])
-    assert capture.exchanges[-1][0] == {"queries": last_prompts, "responses": last_completions}
+    # Each prompt's two completions go as a group (RemoteReward's groups, on by default).
+    assert capture.exchanges[-1][0] == {
+        "queries": last_prompts,
+        "responses": last_completions,
+        "groups": [[0, 1], [2, 3]],
+    }
     # Scoring those completions afresh gives the rewards TRL logged.
     with RewardClient(bert_server.url) as client:
         rescored = client(last_prompts, last_completions)
@@ -140,7 +145,8 @@ def test_grpo_conversational_prompts_are_sent_as_conversations(
     check_logged_rewards(trainer, capture)
 
     for body, _ in capture.exchanges:
-        assert list(body) == ["conversations"]
+        assert list(body) == ["conversations", "groups"]
+        assert body["groups"] == [[0, 1], [2, 3]]
         for conversation in body["conversations"]:
             assert [m["role"] for m in conversation] == ["user", "assistant"]
             assert conversation[0]["content"] in texts

@@ -1,0 +1,122 @@
+"""TRL's GRPOTrainer sends its groups (``num_generations`` completions of one prompt) through
+``RemoteReward`` to a real server whose reward model and verifier are both ``normalize:
+group``, and the rewards TRL gets equal the server's own ``/score`` answer for the same
+groups (issue 36, acceptance 3)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from datasets import Dataset
+from server_proc import ServerProcess, running_server
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+import tiny_models
+from reward_client.integrations.trl import RemoteReward
+
+ROOT = Path(__file__).resolve().parents[2]
+LENGTH = f"{ROOT / 'tests' / 'verifier_functions.py'}:length"
+GENERATIONS = 4
+PROMPTS_PER_STEP = 2
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A reward model and a python verifier, each normalised within its group."""
+    folder = tmp_path_factory.mktemp("trl_groups")
+    models = [
+        {"name": "rm", "model": str(bert_rm), "weight": 1.0, "normalize": "group"},
+        {
+            "name": "length",
+            "kind": "verifier",
+            "verifier": "python",
+            "function": LENGTH,
+            "weight": 0.5,
+            "normalize": "group",
+        },
+    ]
+    path = folder / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
+    with running_server(None, "--models", str(path), timeout=120) as srv:
+        yield srv
+
+
+class Capture:
+    """Every /score request body and answer the RemoteReward exchanges, in order."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def on_response(self, response: httpx.Response) -> None:
+        await response.aread()
+        if response.request.url.path == "/score":
+            assert response.status_code == 200, response.text
+            self.exchanges.append((json.loads(response.request.content), response.json()))
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
+
+
+@pytest.mark.timeout(600)
+def test_grpo_sends_its_groups_and_gets_the_server_s_scores(
+    gpt2_policy: Path, server: ServerProcess, tmp_path: Path
+) -> None:
+    capture = Capture()
+    prompts = tiny_models.make_corpus(8, seed=7, min_words=2, max_words=5)
+    assert len(set(prompts)) == len(prompts)
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
+        num_generations=GENERATIONS,
+        max_completion_length=8,
+        temperature=1.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
+        reward_funcs=[RemoteReward(server.url, http_client=capture.client())],
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=AutoTokenizer.from_pretrained(gpt2_policy),
+    )
+    trainer.train()
+
+    assert len(capture.exchanges) == STEPS  # one request per generation batch
+    groups = [list(range(g * GENERATIONS, (g + 1) * GENERATIONS)) for g in range(PROMPTS_PER_STEP)]
+    for body, answer in capture.exchanges:
+        # TRL's order: num_generations completions of each prompt in a row, one group each.
+        assert body["groups"] == groups
+        for group in groups:
+            assert len({body["queries"][i] for i in group}) == 1
+        # The server's own answer for the same items and groups.
+        again = httpx.post(f"{server.url}/score", json=body, timeout=60)
+        assert again.status_code == 200, again.text
+        assert answer["scores"] == pytest.approx(again.json()["scores"], abs=1e-5)
+        # Both components are z-scores within each group: the weighted sum is 0 there.
+        for group in groups:
+            assert sum(answer["scores"][i] for i in group) == pytest.approx(0.0, abs=1e-4)
+        # Without its groups such a server refuses the request.
+        ungrouped = {k: v for k, v in body.items() if k != "groups"}
+        refused = httpx.post(f"{server.url}/score", json=ungrouped, timeout=60)
+        assert refused.status_code == 422 and "bad_groups" in refused.text
+    # The rewards TRL took for the last batch are the server's scores.
+    last_body, last_answer = capture.exchanges[-1]
+    assert list(trainer._logs["prompt"]) == last_body["queries"]
+    assert list(trainer._logs["completion"]) == last_body["responses"]
+    logged = list(trainer._logs["rewards"]["remote_reward"])
+    assert logged == pytest.approx(last_answer["scores"], abs=1e-5)
