@@ -42,6 +42,7 @@ from typing import Any
 
 from reward_server.errors import BatcherClosedError, ModelLoadError
 from reward_server.sandbox import Limits, RunResult
+from reward_server.verifiers.call import Call
 from reward_server.verifiers.code import CodeOptions, CodeVerifier
 from reward_server.verifiers.code.harness import REPORTER
 from reward_server.verifiers.deadline import settle_by
@@ -280,16 +281,28 @@ class SandboxedFunction:
             return []
         if self.runner.live_workers == 0:
             raise BatcherClosedError(f"verifier {self.name!r} is not running")
-        work = [self._verify(i, t) for i, t in enumerate(tasks)]
+        # The breaker of the worker pool (verifiers/call.py), per call: the call's items go
+        # ``workers`` at a time, and once most of those settled timed out the rest are not
+        # tried (reason timeout), so a function that hangs cannot hold the call for
+        # items x timeout_s / workers.
+        call, turns = Call(self.name, deadline), asyncio.Semaphore(self.options.workers)
+        work = [self._verify(i, t, call, turns) for i, t in enumerate(tasks)]
         return await settle_by(work, deadline, self.options.on_error)
 
-    async def _verify(self, position: int, task: Task) -> Verdict:
-        self._busy += 1
-        try:
-            outcome = await self._call(task)
-        finally:
-            self._busy -= 1
-        return outcome_verdict(self.name, position, outcome, self.options.on_error)
+    async def _verify(
+        self, position: int, task: Task, call: Call, turns: asyncio.Semaphore
+    ) -> Verdict:
+        async with turns:
+            if call.open():
+                return Verdict(self.options.on_error, {}, "timeout")
+            self._busy += 1
+            try:
+                outcome = await self._call(task)
+            finally:
+                self._busy -= 1
+        verdict = outcome_verdict(self.name, position, outcome, self.options.on_error)
+        call.record(verdict)
+        return verdict
 
     async def _call(self, task: Task | None) -> Outcome:
         """One call of the function in a sandbox of its own (None: import it only)."""

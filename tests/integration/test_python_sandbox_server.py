@@ -15,6 +15,7 @@ file is found (its package never imported in the server), are checked here as we
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,19 @@ def test_failing_calls_get_their_reason(
     assert answer["scores"] == [on_error, on_error]
     assert answer["verifier_errors"] == {model: [reason, reason]}
     assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_a_function_that_hangs_on_most_items_is_not_tried_on_the_rest(
+    server: ServerProcess,
+) -> None:
+    # One call at a time (workers 1), 12 items that all hang: without the breaker the
+    # request would take 12 x TIMEOUT_S; it stops trying after three timeouts.
+    items = 12
+    started = time.monotonic()
+    answer = score(server, "sleepy", [f"r{i}" for i in range(items)], [7] * items)
+    took = time.monotonic() - started
+    assert answer["verifier_errors"] == {"sleepy": ["timeout"] * items}
+    assert took < 6 * TIMEOUT_S, took
 
 
 def test_info_shows_where_the_function_runs(server: ServerProcess) -> None:
