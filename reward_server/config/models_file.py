@@ -319,6 +319,25 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{info.field_name} must be a finite number")
         return value
 
+    @field_validator("normalize", mode="before")
+    @classmethod
+    def _one_normalize(cls, value: Any) -> Any:
+        """{mean, std} or group or group_rank, with one error naming what is wrong (not one
+        per form the value could have taken)."""
+        if isinstance(value, str):
+            if value not in ("group", "group_rank"):
+                raise ValueError(f"give {{mean, std}}, group or group_rank, not {value!r}")
+            return value
+        if value is None or isinstance(value, Normalize):
+            return value
+        try:
+            return Normalize.model_validate(value)
+        except ValidationError as exc:
+            problems = "; ".join(
+                validation_problem(e).removeprefix("top level: ") for e in exc.errors()
+            )
+            raise ValueError(f"{{mean, std}}: {problems}") from None
+
     @field_validator("objectives", "score_tokens")
     @classmethod
     def _finite_values(

@@ -88,7 +88,14 @@ def test_per_model_options_default_to_the_servers(tmp_path: Path) -> None:
             "models:\n  - {name: a, model: m, kind: process}\n  - {name: b, model: m, kind: process}\n",
             "at most one kind: process model (a, b)",
         ),
-        ("models:\n  - {name: a, model: m, normalize: {std: 0}}\n", "normalize.std"),
+        (
+            "models:\n  - {name: a, model: m, normalize: {std: 0}}\n",
+            "normalize: {mean, std}: std: Input should be greater than 0",
+        ),
+        (
+            "models:\n  - {name: a, model: m, normalize: groups}\n",
+            "normalize: give {mean, std}, group or group_rank, not 'groups'",
+        ),
         ("models:\n  - {name: a, model: m, weight: .nan}\n", "weight must be a finite number"),
         ("models:\n  - {name: v, kind: verifier}\n", "kind: verifier needs 'verifier'"),
         (
