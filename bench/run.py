@@ -15,7 +15,9 @@ the score cache) writes its own block too.
 other's latency and the total throughput) writes its own block too; ``--tenants-quick``
 shrinks it to a smoke test. ``--only code`` (:mod:`bench.code`: tests per second per core of
 programs run in the sandbox against bare subprocesses, per language) writes its own block
-too; ``--code-quick`` shrinks it to a smoke test.
+too; ``--code-quick`` shrinks it to a smoke test. ``--only groups`` (:mod:`bench.groups`: a
+pairwise judge on groups of 8, ``pairs: all`` against ``pairs: 2``, vLLM's prefix cache on
+against off) writes its own block too.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ PARTS = (
     "cache",
     "tenants",
     "code",
+    "groups",
 )
 
 
@@ -109,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-tenants", action="store_true")
     p.add_argument("--skip-cache", action="store_true")
     p.add_argument("--skip-code", action="store_true")
+    p.add_argument("--skip-groups", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -189,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--code-quick", action="store_true", help="a smoke test: python, 2 items of 3 tests"
     )
+    w = p.add_argument_group("groups (a pairwise judge on groups of 8: pairs, prefix cache)")
+    w.add_argument("--groups-groups", type=int, default=8, help="groups of 8 per request")
+    w.add_argument("--groups-rounds", type=int, default=3)
+    w.add_argument(
+        "--groups-servers", type=_words, default=("transformers", "vllm", "vllm-no-prefix")
+    )
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -208,6 +218,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["tenants"] = args.skip_tenants
     skipped["cache"] = args.skip_cache
     skipped["code"] = args.skip_code
+    skipped["groups"] = args.skip_groups
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -296,6 +307,17 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
             )
         )
         results["code"] = run_code_bench(code_cfg)
+    if "groups" in parts:
+        from bench.groups import GroupsBenchConfig, run_groups_bench
+
+        results["groups"] = run_groups_bench(
+            GroupsBenchConfig(
+                groups=args.groups_groups,
+                rounds=args.groups_rounds,
+                servers=args.groups_servers,
+                threads=args.threads,
+            )
+        )
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -343,7 +365,11 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
         from bench.code import render as render_code
 
         update_block(path, "code", render_code(results["code"]), "Code")
-    own_blocks = ("verifiers", "judges", "rollout", "cache", "tenants", "code")
+    if "groups" in parts:
+        from bench.groups import render as render_groups
+
+        update_block(path, "groups", render_groups(results["groups"]), "Groups")
+    own_blocks = ("verifiers", "judges", "rollout", "cache", "tenants", "code", "groups")
     rest = [part for part in parts if part not in own_blocks]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))

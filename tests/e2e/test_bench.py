@@ -88,6 +88,7 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--skip-cache",
             "--skip-tenants",
             "--skip-code",  # tests/e2e/test_bench_code.py
+            "--skip-groups",  # tests/e2e/test_vllm_pairwise.py checks the judge; bench: by hand
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
@@ -305,6 +306,25 @@ def test_judge_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
     assert "generate, max_new_tokens 4" in text and "## Judges" in text
     run.run(argv)
     assert markdown.read_text(encoding="utf-8").count("<!-- bench:judges:begin -->") == 1
+
+
+def test_groups_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
+    """The groups part on its transformers server alone (the vLLM ones: by hand, BENCHMARKS.md)."""
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    argv = ["--only", "groups", "--groups-groups", "1", "--groups-rounds", "1"]
+    argv += ["--groups-servers", "transformers", "--threads", "1"]
+    argv += ["--results-dir", str(tmp_path), "--markdown", str(markdown)]
+    results, out = run.run(argv)
+    assert out.exists() and set(results) == {"meta", "groups"}
+    figures = results["groups"]["figures"]
+    assert set(figures) == {"transformers/all", "transformers/k2"}
+    assert figures["transformers/all"]["rows_per_round"] == 56
+    assert figures["transformers/k2"]["rows_per_round"] == 16
+    assert all(fig["items_per_s"]["median"] > 0 for fig in figures.values())
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "<!-- bench:groups:begin -->" in text
+    assert "## Groups" in text and "| transformers | 2 | 16 |" in text
 
 
 def test_cache_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
