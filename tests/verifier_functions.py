@@ -56,3 +56,13 @@ def by_label(prompt: Any, response: str, label: Any) -> Any:
     if label == "torch":
         return float("torch" in sys.modules)
     return float(len(response))
+
+
+def field_a(prompt: Any, response: str, label: Any) -> float:
+    """The label's ``a`` (a number, or "nan"): the reward signals' tests set each score."""
+    return float(label["a"])
+
+
+def field_b(prompt: Any, response: str, label: Any) -> float:
+    """The label's ``b``: a second component whose scores the test sets apart from ``a``'s."""
+    return float(label["b"])

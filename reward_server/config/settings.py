@@ -186,6 +186,12 @@ class ServerSettings(BaseSettings):
     """The longest deadline a request may ask for; a longer one is cut to it.
     """
 
+    reward_window: int = Field(default=1000, ge=0)
+    """Items per model and tenant the reward signals of ``/metrics`` summarise (the last this
+    many: score and response-length quantiles, the length correlation, masked and failed
+    shares, the components' agreement; see the Observe guide). 0 leaves those series out.
+    """
+
     score_cache_size: int = Field(default=65536, ge=0)
     """Most scores the score cache keeps (entries, shared by the served models): an item whose
     exact token ids the same model scored before is answered from it, and identical items of

@@ -49,7 +49,7 @@ def create_app(
 ) -> FastAPI:
     """Build the FastAPI app; the lifespan loads the models of ``settings`` that are not
     given (``model``: --model's scorer; ``models``: models-file entries' scorers by name)."""
-    metrics, http_metrics = app_metrics()
+    metrics, http_metrics = app_metrics(settings.reward_window)
     given = dict(models or {})
     if model is not None:
         given[model_specs(settings)[0].name] = model

@@ -49,7 +49,8 @@ class HttpMetrics:
         self.errors.labels(status=str(status), type=kind).inc()
 
 
-def app_metrics() -> tuple[Metrics, HttpMetrics]:
-    """A new app's metrics: the core's and the HTTP layer's, in one registry of its own."""
-    core = Metrics()
+def app_metrics(reward_window: int = 1000) -> tuple[Metrics, HttpMetrics]:
+    """A new app's metrics: the core's and the HTTP layer's, in one registry of its own
+    (``reward_window``: items per model and tenant of the reward signals; 0: none)."""
+    core = Metrics(reward_window)
     return core, HttpMetrics(core.registry)

@@ -40,6 +40,7 @@ __all__ = [
     "conversations",
     "judge_prompts",
     "render",
+    "response_chars",
     "tasks",
 ]
 
@@ -202,6 +203,28 @@ def tasks(items: Items, template: PolicyTemplate | None) -> list[Task]:
         Task(prompt=s[0] if len(s) == 2 else None, response=s[-1], label=None)
         for s in items.sequences
     ]
+
+
+def response_chars(items: Items) -> list[int]:
+    """Per item, its response's length in characters (the reward signals' length): the
+    response of a pair or a sequence pair, a conversation's last message, a policy text past
+    its prompt; a bare text's whole length."""
+    if isinstance(items, Pairs):
+        return [len(response) for response in items.responses]
+    if isinstance(items, Conversations):
+        return [
+            len(str(conv[-1].get("content", ""))) if conv else 0 for conv in items.conversations
+        ]
+    if isinstance(items, PolicyTexts):
+        if items.prompts is None:
+            return [len(text) for text in items.texts]
+        return [
+            len(text) - len(prompt) if text.startswith(prompt) else len(text)
+            for text, prompt in zip(items.texts, items.prompts, strict=True)
+        ]
+    if isinstance(items, Texts):
+        return [len(text) for text in items.texts]
+    return [len(sequence[-1]) for sequence in items.sequences]
 
 
 def _judge_prompt(task: Task) -> JudgePrompt:

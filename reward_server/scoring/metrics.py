@@ -25,6 +25,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 
 from reward_server.scheduling import BatchObserver, BatchStats
+from reward_server.scoring.signals import QUANTILES, RewardSignals, SignalsSnapshot
 
 __all__ = [
     "CONTENT_TYPE",
@@ -189,6 +190,74 @@ class _StateCollector:
         )
 
 
+def _signal_families(snapshot: SignalsSnapshot) -> Iterator[GaugeMetricFamily]:
+    """The reward signals' gauges from one snapshot (:mod:`reward_server.scoring.signals`):
+    each over the window of the last ``--reward-window`` items of a model and tenant."""
+    by, quantile = ["model", "tenant"], ["model", "tenant", "quantile"]
+
+    def family(name: str, doc: str, labels: list[str] = by) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"{PREFIX}_reward_{name}", doc, labels=labels)
+
+    items = family("window_items", "Items in the reward window (scored, masked or failed).")
+    score = family("score", "Quantiles of the window's scores (masked items left out).", quantile)
+    mean = family("score_mean", "Mean of the window's scores.")
+    std = family("score_stddev", "Standard deviation of the window's scores.")
+    chars = family(
+        "response_chars", "Quantiles of the window's response lengths (characters).", quantile
+    )
+    chars_mean = family("response_chars_mean", "Mean response length (characters).")
+    correlation = family(
+        "length_correlation",
+        "Pearson correlation of score with response length over the window's scored items "
+        "(left out under 10 items or without variance): rising = length hacking.",
+    )
+    masked = family("masked_ratio", "Share of the window's items masked (no score).")
+    failed = family(
+        "failed_ratio", "Share of the window's items the model failed on (masked or filled)."
+    )
+    for w in snapshot.windows:
+        labels = [w.model, w.tenant]
+        items.add_metric(labels, w.items)
+        masked.add_metric(labels, w.masked_ratio)
+        failed.add_metric(labels, w.failed_ratio)
+        if w.score_quantiles is not None and w.chars_quantiles is not None:
+            for q, value, length in zip(
+                QUANTILES, w.score_quantiles, w.chars_quantiles, strict=True
+            ):
+                score.add_metric([*labels, str(q)], value)
+                chars.add_metric([*labels, str(q)], length)
+            mean.add_metric(labels, w.score_mean or 0.0)
+            std.add_metric(labels, w.score_std or 0.0)
+            chars_mean.add_metric(labels, w.chars_mean or 0.0)
+        if w.length_correlation is not None:
+            correlation.add_metric(labels, w.length_correlation)
+    agreement = family(
+        "component_agreement",
+        "Spearman rank correlation of two models' scores over the last items both scored in "
+        "one request (model < other; left out under 10 items): falling = they disagree.",
+        ["model", "other", "tenant"],
+    )
+    for a in snapshot.agreements:
+        if a.agreement is not None:
+            agreement.add_metric([a.model, a.other, a.tenant], a.agreement)
+    yield from (items, score, mean, std, chars, chars_mean, correlation, masked, failed, agreement)
+
+
+class _SignalsCollector:
+    """The reward signals' gauges, summarised from the windows at each scrape."""
+
+    def __init__(self, signals: RewardSignals) -> None:
+        self.signals = signals
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The families, without reading the windows."""
+        return list(_signal_families(SignalsSnapshot()))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The families with their values now."""
+        return _signal_families(self.signals.snapshot())
+
+
 #: The counters of items by model and reason: (name, help).
 _REASON_COUNTERS = (
     (
@@ -213,8 +282,10 @@ class Metrics:
     """The core's counters and histograms, and the collector of its gauges, in the app's
     registry; also the batcher's ``BatchObserver``."""
 
-    def __init__(self) -> None:
+    def __init__(self, reward_window: int = 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        #: The reward signals' windows (filled by the scoring pipeline).
+        self.signals = RewardSignals(reward_window)
         # Scoring (the pipeline; the items by endpoint are the HTTP layer's).
         self.tokens = self._counter("tokens", "Tokens scored (unpadded).")
         self.truncated = self._counter("truncated_items", "Items truncated.")
@@ -242,6 +313,8 @@ class Metrics:
         self._tenant_series()
         self._state = _StateCollector()
         self.registry.register(self._state)
+        if reward_window > 0:
+            self.registry.register(_SignalsCollector(self.signals))
 
     def watch(self, models: StateSource, tenants: TenantSource) -> None:
         """Read the gauges from ``models``' snapshot and ``tenants`` at every scrape."""

@@ -42,7 +42,7 @@ from reward_server.scoring.aggregate import Weighting, combine
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult
 from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.groups import Groups, current_groups, normalize_in_groups
-from reward_server.scoring.items import Items
+from reward_server.scoring.items import Items, response_chars
 from reward_server.scoring.registry import ModelRegistry
 from reward_server.scoring.scored import Scored
 from reward_server.scoring.served import ItemResult, ServedModel
@@ -135,7 +135,30 @@ class ScoringPipeline:
             models, results, selected=options.model is not None, groups=options.groups
         )
         self._count(scored)
+        self._watch(items, models, scored)
         return scored
+
+    def _watch(self, items: Items, models: Sequence[ServedModel], scored: Scored) -> None:
+        """Add the request's rewards to the reward signals' windows
+        (:mod:`~reward_server.scoring.signals`): each model's, the combined reward's when it
+        is not one model's own, and the agreement of the models scored together."""
+        signals = self.metrics.signals
+        if signals.window <= 0:
+            return
+        tenant = current_tenant.get().name
+        chars = response_chars(items)
+        for name, results in scored.results.items():
+            scores = [None if r.masked else r.score for r in results]
+            signals.record(tenant, name, scores, [r.error is not None for r in results], chars)
+        if scored.name not in scored.results:
+            # Failed: any model failed on the item (masked, or filled with its on_error).
+            failed = [
+                any(r.error is not None for r in rs)
+                for rs in zip(*scored.results.values(), strict=True)
+            ]
+            signals.record(tenant, scored.name, scored.scores, failed, chars)
+        if len(models) > 1:
+            signals.record_agreement(tenant, scored.components())
 
     def _masked(
         self, model: ServedModel, results: list[ItemResult] | None, count: int

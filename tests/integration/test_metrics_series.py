@@ -72,6 +72,37 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "counter",
         "Items a remote component failed on (on_error), by model and reason (remote_error, timeout, parse_failure, or the remote's own mask reason).",
     ),
+    "reward_server_reward_component_agreement": (
+        "gauge",
+        "Spearman rank correlation of two models' scores over the last items both scored in one request (model < other; left out under 10 items): falling = they disagree.",
+    ),
+    "reward_server_reward_failed_ratio": (
+        "gauge",
+        "Share of the window's items the model failed on (masked or filled).",
+    ),
+    "reward_server_reward_length_correlation": (
+        "gauge",
+        "Pearson correlation of score with response length over the window's scored items (left out under 10 items or without variance): rising = length hacking.",
+    ),
+    "reward_server_reward_masked_ratio": (
+        "gauge",
+        "Share of the window's items masked (no score).",
+    ),
+    "reward_server_reward_response_chars": (
+        "gauge",
+        "Quantiles of the window's response lengths (characters).",
+    ),
+    "reward_server_reward_response_chars_mean": ("gauge", "Mean response length (characters)."),
+    "reward_server_reward_score": (
+        "gauge",
+        "Quantiles of the window's scores (masked items left out).",
+    ),
+    "reward_server_reward_score_mean": ("gauge", "Mean of the window's scores."),
+    "reward_server_reward_score_stddev": ("gauge", "Standard deviation of the window's scores."),
+    "reward_server_reward_window_items": (
+        "gauge",
+        "Items in the reward window (scored, masked or failed).",
+    ),
     "reward_server_request_duration_seconds": ("histogram", "HTTP request latency by endpoint."),
     "reward_server_requests": ("counter", "HTTP requests by endpoint and status."),
     "reward_server_requests_in_progress": ("gauge", "HTTP requests being handled, by endpoint."),
@@ -182,6 +213,24 @@ SERIES: dict[str, list[str]] = {
     "reward_server_verifier_errors": ["model=boom,reason=error"],
     "reward_server_verifier_workers": ["model=boom", "model=exact"],
 }
+#: The reward signals' series after :func:`_traffic`: every model and the combined reward,
+#: for both tenants (the correlations need 10 items: none yet). Their values are checked
+#: against hand computations in test_reward_signals_server.py.
+REWARD_MODELS = ("away", "boom", "exact", "rm+exact+boom+away", "rm")
+QUANTILES = ("0.05", "0.25", "0.5", "0.75", "0.95")
+for _name in ("failed_ratio", "masked_ratio", "response_chars_mean", "score_mean"):
+    SERIES[f"reward_server_reward_{_name}"] = [
+        f"model={m},tenant={t}" for m in REWARD_MODELS for t in ("alpha", "beta")
+    ]
+SERIES["reward_server_reward_score_stddev"] = SERIES["reward_server_reward_score_mean"]
+SERIES["reward_server_reward_window_items"] = SERIES["reward_server_reward_score_mean"]
+for _name in ("response_chars", "score"):
+    SERIES[f"reward_server_reward_{_name}"] = [
+        f"model={m},quantile={q},tenant={t}"
+        for m in REWARD_MODELS
+        for q in QUANTILES
+        for t in ("alpha", "beta")
+    ]
 #: The gauges after :func:`_traffic`: (name, labels) -> value.
 GAUGES: dict[tuple[str, str], float] = {
     ("reward_server_model_queue_items", "model=away"): 0.0,
@@ -200,8 +249,9 @@ GAUGES: dict[tuple[str, str], float] = {
     ("reward_server_verifier_workers", "model=boom"): 1.0,
     ("reward_server_verifier_workers", "model=exact"): 1.0,
 }
-#: Samples in all (histograms' buckets included; counters' ``_created`` left out).
-SAMPLES = 228
+#: Samples in all (histograms' buckets included; counters' ``_created`` left out): 228 and
+#: the reward signals' 6 x 10 + 2 x 50.
+SAMPLES = 228 + 6 * 10 + 2 * 50
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -283,7 +333,7 @@ def test_a_server_exposes_every_series_it_did(server: ServerProcess) -> None:
     families, series, gauges, samples = scrape(_traffic(server.url))
     assert families == FAMILIES
     assert series == SERIES
-    assert gauges == GAUGES
+    assert {k: v for k, v in gauges.items() if "_reward_" not in k[0]} == GAUGES
     assert samples == SAMPLES
 
 
