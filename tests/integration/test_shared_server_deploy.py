@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from test_kubernetes import (
+    CRD_MODELS,
     K8S,
     KUBERNETES_VERSIONS,
     OVERLAYS,
@@ -120,10 +121,10 @@ def test_tls_component_mounts_the_certificate(overlay: str) -> None:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_shared_server_validates(version: str) -> None:
     """Every object of the example is valid for the Kubernetes API (strict), the
-    ServiceMonitor for its CRD, and the pods are locked down."""
+    ServiceMonitor and the PrometheusRule for their CRDs, and the pods are locked down."""
     docs = render(SHARED)
     for doc in docs:
-        if doc["kind"] == "ServiceMonitor":
+        if doc["kind"] in CRD_MODELS:
             validate_custom_resource(doc)
             continue
         kubernetes_validate.validate(doc, version, strict=True)
