@@ -245,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["hash-key"]:
         return hash_key_main(args[1:])
+    if args[:1] == ["top"]:  # a live view of a running server (httpx and rich only)
+        from reward_server.top import main as top_main
+
+        return top_main(args[1:])
     settings = parse_settings(args)
     _configure_logging(settings.log_level)
     tls_problem = check_tls(settings)

@@ -38,6 +38,7 @@ from reward_server.config.models_file import ModelSpec, parse_models_file
 from reward_server.config.settings import ENV_PREFIX, ServerSettings
 from reward_server.config.tenants import parse_tenants_file
 from reward_server.http.errors import ERRORS
+from reward_server.top.cli import build_parser as build_top_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -310,6 +311,8 @@ def test_a_comment_without_its_hash_is_a_syntax_error() -> None:
 
 #: Flags of ``reward-server`` in the examples that are not settings.
 CLI_ONLY_FLAGS = {"--help"}
+#: Flags of ``reward-server top``.
+TOP_FLAGS = {flag for action in build_top_parser()._actions for flag in action.option_strings}
 
 
 def _commands(code: str) -> list[str]:
@@ -326,7 +329,12 @@ def stale_names(block: Block) -> list[str]:
     stale: list[str] = []
     if block.language in ("bash", "sh", "shell"):
         for command in _commands(block.code):
-            server = re.search(r"(?:^|[\s;&|(])reward-server\s+(?!hash-key)(.*)", command)
+            top = re.search(r"(?:^|[\s;&|(])reward-server\s+top\s+(.*)", command)
+            if top:  # the live view's own flags
+                args = re.split(r"[|;&]", top.group(1))[0]
+                given = re.findall(r"(?<!\S)(--[a-z][\w-]*)", args)
+                stale += [f for f in given if f not in TOP_FLAGS]
+            server = re.search(r"(?:^|[\s;&|(])reward-server\s+(?!hash-key|top\s)(.*)", command)
             if server:
                 args = re.split(r"[|;&]", server.group(1))[0]
                 given = re.findall(r"(?<!\S)(--[a-z][\w-]*)", args)
@@ -365,6 +373,7 @@ def test_the_flags_and_keys_the_docs_name_exist() -> None:
     ("language", "code", "found"),
     [
         ("bash", "reward-server --model m --max-batch-tokenz 9 &\n", "--max-batch-tokenz"),
+        ("bash", "reward-server top http://h:8000 --intervall 5\n", "--intervall"),
         (
             "bash",
             "accelerate launch -m ppo_client train --config c.yaml \\\n  --kl_coeff 1\n",
@@ -408,7 +417,10 @@ def test_the_python_examples_import_what_exists() -> None:
 
 
 def test_flags_and_keys_that_exist_are_not_stale() -> None:
-    code = "reward-server --model m --max-batch-tokens 9 --help\nppo-client train --kl_coef 1\n"
+    code = (
+        "reward-server --model m --max-batch-tokens 9 --help\nppo-client train --kl_coef 1\n"
+        "reward-server top http://h:8000 --interval 5 --once\n"
+    )
     assert stale_names(Block("x.md", 1, "bash", code)) == []
     assert stale_names(Block("x.md", 1, "yaml", "reward_url: u\nkl_coef: 0.1\n")) == []
 
