@@ -185,7 +185,7 @@ def _rewards(rows: list[RewardRow]) -> Table:
             *(_score(v) for v in quantiles),
             _score(row.mean),
             _score(row.stddev),
-            _score(row.chars_p50),
+            NONE if row.chars_p50 is None else _count(row.chars_p50),
             _correlation(row.length_correlation),
             _share(row.masked_ratio),
             _share(row.failed_ratio),
