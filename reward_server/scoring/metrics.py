@@ -215,20 +215,19 @@ def _signal_families(snapshot: SignalsSnapshot) -> Iterator[GaugeMetricFamily]:
     failed = family(
         "failed_ratio", "Share of the window's items the model failed on (masked or filled)."
     )
-    for w in snapshot.windows:
+    for w in snapshot.recent:
         labels = [w.model, w.tenant]
         items.add_metric(labels, w.items)
         masked.add_metric(labels, w.masked_ratio)
         failed.add_metric(labels, w.failed_ratio)
-        if w.score_quantiles is not None and w.chars_quantiles is not None:
-            for q, value, length in zip(
-                QUANTILES, w.score_quantiles, w.chars_quantiles, strict=True
-            ):
+        if w.scores is not None and w.chars is not None:
+            quantiles = zip(QUANTILES, w.scores.quantiles, w.chars.quantiles, strict=True)
+            for q, value, length in quantiles:
                 score.add_metric([*labels, str(q)], value)
                 chars.add_metric([*labels, str(q)], length)
-            mean.add_metric(labels, w.score_mean or 0.0)
-            std.add_metric(labels, w.score_std or 0.0)
-            chars_mean.add_metric(labels, w.chars_mean or 0.0)
+            mean.add_metric(labels, w.scores.mean)
+            std.add_metric(labels, w.scores.std)
+            chars_mean.add_metric(labels, w.chars.mean)
         if w.length_correlation is not None:
             correlation.add_metric(labels, w.length_correlation)
     agreement = family(

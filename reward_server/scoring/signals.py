@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -34,9 +34,10 @@ __all__ = [
     "MIN_ITEMS",
     "QUANTILES",
     "AgreementSummary",
+    "Distribution",
+    "RecentSummary",
     "RewardSignals",
     "SignalsSnapshot",
-    "WindowSummary",
     "pearson",
     "spearman",
 ]
@@ -48,25 +49,36 @@ MIN_ITEMS = 10
 
 
 @dataclass(frozen=True, slots=True)
-class WindowSummary:
-    """One (model, tenant) window at a scrape."""
+class Distribution:
+    """Values' quantiles (in :data:`QUANTILES`' order), mean and population standard
+    deviation."""
+
+    quantiles: tuple[float, ...]
+    mean: float
+    std: float
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Distribution:
+        """The distribution of ``values`` (not empty)."""
+        quantiles = tuple(float(q) for q in np.quantile(values, QUANTILES))
+        return cls(quantiles, float(values.mean()), float(values.std()))
+
+
+@dataclass(frozen=True, slots=True)
+class RecentSummary:
+    """One (model, tenant)'s recent items at a scrape."""
 
     model: str
     tenant: str
-    #: Items in the window: scored, masked or failed.
+    #: Items held: scored, masked or failed.
     items: int
     #: Shares of :attr:`items` masked (no score) and failed (masked, or filled with the
     #: entry's ``on_error`` number).
     masked_ratio: float
     failed_ratio: float
-    #: Over the scored items (None when there are none): the score's quantiles (in
-    #: :data:`QUANTILES`' order), mean and population standard deviation, and the same of the
-    #: response's length in characters.
-    score_quantiles: tuple[float, ...] | None
-    score_mean: float | None
-    score_std: float | None
-    chars_quantiles: tuple[float, ...] | None
-    chars_mean: float | None
+    #: The scored items' scores and responses' lengths in characters (None: none scored).
+    scores: Distribution | None
+    chars: Distribution | None
     #: Pearson correlation of score with length (None: under :data:`MIN_ITEMS` scored items,
     #: or either does not vary).
     length_correlation: float | None
@@ -90,7 +102,7 @@ class AgreementSummary:
 class SignalsSnapshot:
     """Every window at a scrape."""
 
-    windows: tuple[WindowSummary, ...] = ()
+    recent: tuple[RecentSummary, ...] = ()
     agreements: tuple[AgreementSummary, ...] = ()
 
 
@@ -125,6 +137,32 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return pearson(_ranks(x).tolist(), _ranks(y).tolist())
 
 
+T = TypeVar("T")
+
+
+class _Recent(Generic[T]):
+    """The last ``size`` values added: a ring, the oldest overwritten."""
+
+    __slots__ = ("_next", "_values", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._values: list[T] = []
+        self._next = 0  # where the next value goes once the ring is full
+
+    def extend(self, values: Iterable[T]) -> None:
+        for value in values:
+            if len(self._values) < self.size:
+                self._values.append(value)
+            else:
+                self._values[self._next] = value
+                self._next = (self._next + 1) % self.size
+
+    def values(self) -> list[T]:
+        """Oldest first."""
+        return self._values[self._next :] + self._values[: self._next]
+
+
 @dataclass(slots=True)
 class _Item:
     score: float | None  # None: masked
@@ -132,34 +170,20 @@ class _Item:
     failed: bool
 
 
-def _summary(model: str, tenant: str, items: Sequence[_Item]) -> WindowSummary:
+def _summary(model: str, tenant: str, items: Sequence[_Item]) -> RecentSummary:
     n = len(items)
     scored = [item for item in items if item.score is not None]
-    masked = n - len(scored)
-    failed = sum(item.failed for item in items)
-    quantiles = mean = std = chars_quantiles = chars_mean = correlation = None
+    scores_d = chars_d = correlation = None
     if scored:
         scores = np.array([item.score for item in scored], dtype=np.float64)
         chars = np.array([item.chars for item in scored], dtype=np.float64)
-        quantiles = tuple(float(q) for q in np.quantile(scores, QUANTILES))
-        mean, std = float(scores.mean()), float(scores.std())
-        chars_quantiles = tuple(float(q) for q in np.quantile(chars, QUANTILES))
-        chars_mean = float(chars.mean())
+        scores_d, chars_d = Distribution.of(scores), Distribution.of(chars)
         if len(scored) >= MIN_ITEMS:
             correlation = pearson(scores.tolist(), chars.tolist())
-    return WindowSummary(
-        model=model,
-        tenant=tenant,
-        items=n,
-        masked_ratio=masked / n if n else 0.0,
-        failed_ratio=failed / n if n else 0.0,
-        score_quantiles=quantiles,
-        score_mean=mean,
-        score_std=std,
-        chars_quantiles=chars_quantiles,
-        chars_mean=chars_mean,
-        length_correlation=correlation,
-    )
+    share = 1 / n if n else 0.0
+    masked = (n - len(scored)) * share
+    failed = sum(item.failed for item in items) * share
+    return RecentSummary(model, tenant, n, masked, failed, scores_d, chars_d, correlation)
 
 
 class RewardSignals:
@@ -168,8 +192,8 @@ class RewardSignals:
 
     def __init__(self, window: int = 1000) -> None:
         self.window = window
-        self._items: dict[tuple[str, str], deque[_Item]] = {}
-        self._pairs: dict[tuple[str, str, str], deque[tuple[float, float]]] = {}
+        self._items: dict[tuple[str, str], _Recent[_Item]] = {}
+        self._pairs: dict[tuple[str, str, str], _Recent[tuple[float, float]]] = {}
         # The pipeline records on the event loop; a scrape may read from another thread.
         self._lock = threading.Lock()
 
@@ -185,11 +209,12 @@ class RewardSignals:
         if self.window <= 0:
             return
         with self._lock:
-            window = self._items.get((model, tenant))
-            if window is None:
-                window = self._items[(model, tenant)] = deque(maxlen=self.window)
-            for score, fail, n in zip(scores, failed, chars, strict=True):
-                window.append(_Item(score, n, fail))
+            recent = self._items.get((model, tenant))
+            if recent is None:
+                recent = self._items[(model, tenant)] = _Recent(self.window)
+            recent.extend(
+                _Item(score, n, fail) for score, fail, n in zip(scores, failed, chars, strict=True)
+            )
 
     def record_agreement(self, tenant: str, scores: dict[str, Sequence[float | None]]) -> None:
         """Add one request's items as several models scored them (None: masked), each pair
@@ -200,17 +225,16 @@ class RewardSignals:
             for a, b in itertools.combinations(sorted(scores), 2):
                 pairs = self._pairs.get((a, b, tenant))
                 if pairs is None:
-                    pairs = self._pairs[(a, b, tenant)] = deque(maxlen=self.window)
-                for x, y in zip(scores[a], scores[b], strict=True):
-                    if x is not None and y is not None:
-                        pairs.append((x, y))
+                    pairs = self._pairs[(a, b, tenant)] = _Recent(self.window)
+                both = zip(scores[a], scores[b], strict=True)
+                pairs.extend((x, y) for x, y in both if x is not None and y is not None)
 
     def snapshot(self) -> SignalsSnapshot:
         """Every window summarised now."""
         with self._lock:
-            items = {key: list(window) for key, window in self._items.items()}
-            pairs = {key: list(window) for key, window in self._pairs.items()}
-        windows = tuple(
+            items = {key: recent.values() for key, recent in self._items.items()}
+            pairs = {key: recent.values() for key, recent in self._pairs.items()}
+        recent = tuple(
             _summary(model, tenant, held) for (model, tenant), held in sorted(items.items())
         )
         agreements = []
@@ -220,4 +244,4 @@ class RewardSignals:
                 xs, ys = zip(*held, strict=True)
                 agreement = spearman(xs, ys)
             agreements.append(AgreementSummary(a, b, tenant, len(held), agreement))
-        return SignalsSnapshot(windows, tuple(agreements))
+        return SignalsSnapshot(recent, tuple(agreements))

@@ -72,14 +72,19 @@ class RewardRow:
 
     model: str
     tenant: str
-    window: float | None = None  # None: the server exports no reward signals for it
-    quantiles: tuple[float | None, ...] = ()
-    mean: float | None = None
-    stddev: float | None = None
-    chars_p50: float | None = None
-    length_correlation: float | None = None
-    masked_ratio: float | None = None
-    failed_ratio: float | None = None
+    window: float | None  # None: the server exports no reward signals for it
+    quantiles: tuple[float | None, ...]
+    mean: float | None
+    stddev: float | None
+    chars_p50: float | None
+    length_correlation: float | None
+    masked_ratio: float | None
+    failed_ratio: float | None
+
+    @classmethod
+    def no_data(cls, model: str) -> RewardRow:
+        """A served model the server exports no reward signals for (yet)."""
+        return cls(model, "", None, (), *[None] * 6)
 
 
 @dataclass(frozen=True)
@@ -235,7 +240,7 @@ def _rewards(now: Snapshot, served: list[str]) -> list[RewardRow]:
         )
     seen = {model for model, _ in pairs}
     order = {name: i for i, name in enumerate(served)}
-    rows += [RewardRow(model=name, tenant="") for name in served if name not in seen]
+    rows += [RewardRow.no_data(name) for name in served if name not in seen]
     rows.sort(key=lambda r: (order.get(r.model, len(order)), r.model, r.tenant))
     return rows
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -15,11 +16,8 @@ from rich.text import Text
 from reward_server.top._frame import (
     PERCENTILES,
     Agreement,
-    EndpointRow,
     Frame,
-    ModelRow,
     RewardRow,
-    TenantRow,
     model_names,
 )
 
@@ -111,53 +109,60 @@ def _totals(frame: Frame) -> Text:
     return text
 
 
-def _endpoints(rows: list[EndpointRow]) -> Table:
-    latency = [f"p{round(q * 100)}" for q in PERCENTILES]
-    table = _table(
-        "Endpoints (latency over the last interval)",
-        ["endpoint", "req/s", "items/s", "errors/s", *latency, "in flight", "requests"],
-    )
+#: A table's column: its header, and the cell of a row.
+Column = tuple[str, Callable[[Any], str]]
+
+#: How a row's field is shown (the others as they are).
+FORMATS: dict[str, Callable[[Any], str]] = {
+    "requests_s": _rate,
+    "items_s": _rate,
+    "errors_s": _rate,
+    "failed_s": _rate,
+    "masked_s": _rate,
+    "queued": _count,
+    "items": _count,
+    "requests": _count,
+    "in_progress": _count,
+    "latency": _seconds,
+    "wait_p90": _seconds,
+}
+
+
+def _columns(headers: str, fields: str) -> tuple[Column, ...]:
+    """Columns from their headers and the row fields they show, each joined by "|"; a
+    field ``name.i`` shows item ``i`` of a tuple."""
+
+    def cell(field: str) -> Callable[[Any], str]:
+        name, _, index = field.partition(".")
+        fmt = FORMATS.get(name, str)
+        if index:
+            return lambda row: fmt(getattr(row, name)[int(index)])
+        return lambda row: fmt(getattr(row, name))
+
+    names, shown = headers.split("|"), fields.split("|")
+    return tuple((header, cell(f)) for header, f in zip(names, shown, strict=True))
+
+
+_PERCENTILES = "|".join(f"p{round(q * 100)}" for q in PERCENTILES)
+_LATENCY = "|".join(f"latency.{i}" for i in range(len(PERCENTILES)))
+ENDPOINT_COLUMNS = _columns(
+    f"endpoint|req/s|items/s|errors/s|{_PERCENTILES}|in flight|requests",
+    f"endpoint|requests_s|items_s|errors_s|{_LATENCY}|in_progress|requests",
+)
+MODEL_COLUMNS = _columns(
+    "model|items/s|queued|failed/s|masked/s|items", "model|items_s|queued|failed_s|masked_s|items"
+)
+TENANT_COLUMNS = _columns(
+    "tenant|items/s|req/s|errors/s|queued|wait p90|items",
+    "tenant|items_s|requests_s|errors_s|queued|wait_p90|items",
+)
+
+
+def _listing(title: str, columns: Sequence[Column], rows: Iterable[Any]) -> Table:
+    """A table of ``rows``, a line each, with ``columns``' cells."""
+    table = _table(title, [header for header, _ in columns])
     for row in rows:
-        table.add_row(
-            row.endpoint,
-            _rate(row.requests_s),
-            _rate(row.items_s),
-            _rate(row.errors_s),
-            *(_seconds(v) for v in row.latency),
-            _count(row.in_progress),
-            _count(row.requests),
-        )
-    return table
-
-
-def _models(rows: list[ModelRow]) -> Table:
-    table = _table("Models", ["model", "items/s", "queued", "failed/s", "masked/s", "items"])
-    for row in rows:
-        table.add_row(
-            row.model,
-            _rate(row.items_s),
-            _count(row.queued),
-            _rate(row.failed_s),
-            _rate(row.masked_s),
-            _count(row.items),
-        )
-    return table
-
-
-def _tenants(rows: list[TenantRow]) -> Table:
-    table = _table(
-        "Tenants", ["tenant", "items/s", "req/s", "errors/s", "queued", "wait p90", "items"]
-    )
-    for row in rows:
-        table.add_row(
-            row.tenant,
-            _rate(row.items_s),
-            _rate(row.requests_s),
-            _rate(row.errors_s),
-            _count(row.queued),
-            _seconds(row.wait_p90),
-            _count(row.items),
-        )
+        table.add_row(*(cell(row) for _, cell in columns))
     return table
 
 
@@ -210,9 +215,15 @@ def render(frame: Frame) -> RenderableType:
         parts += [Text(""), Text(frame.problem, "bold red")]
         return Group(*parts)
     side = Table.grid(padding=(0, 4))
-    side.add_row(_models(frame.models), _tenants(frame.tenants))
+    side.add_row(
+        _listing("Models", MODEL_COLUMNS, frame.models),
+        _listing("Tenants", TENANT_COLUMNS, frame.tenants),
+    )
+    endpoints = _listing(
+        "Endpoints (latency over the last interval)", ENDPOINT_COLUMNS, frame.endpoints
+    )
     gap = Text("")
-    parts += [_totals(frame), gap, _endpoints(frame.endpoints), gap, side, gap]
+    parts += [_totals(frame), gap, endpoints, gap, side, gap]
     parts.append(_rewards(frame.rewards))
     if frame.agreements:
         parts.append(_agreements(frame.agreements))

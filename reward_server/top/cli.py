@@ -12,6 +12,7 @@ import ssl
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -88,31 +89,29 @@ def _reason(exc: httpx.HTTPError) -> str:
     return text.split("] ", 1)[-1] if text.startswith("[Errno") else text
 
 
+@dataclass
 class Poller:
     """Asks the server for /info (until it answered) and /metrics; makes the frames."""
 
-    def __init__(
-        self,
-        url: str,
-        key: str | None,
-        interval: float,
-        verify: Any = True,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.url = url
-        self.key = key
-        self.interval = interval
+    url: str
+    key: str | None
+    interval: float
+    verify: Any = True
+    transport: httpx.BaseTransport | None = None
+    #: /info's answer once it came (None: not yet).
+    info: dict[str, Any] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
         headers = {"User-Agent": f"reward-server-top/{__version__}"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
         self.http = httpx.Client(
-            base_url=url,
+            base_url=self.url,
             headers=headers,
-            verify=verify,
-            timeout=max(5.0, interval),
-            transport=transport,
+            verify=self.verify,
+            timeout=max(5.0, self.interval),
+            transport=self.transport,
         )
-        self.info: dict[str, Any] | None = None
 
     def close(self) -> None:
         self.http.close()

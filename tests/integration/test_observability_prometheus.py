@@ -208,6 +208,9 @@ def prometheus(
         def scraped() -> bool:
             assert proc.poll() is None, (folder / "prometheus.log").read_text()[-3000:]
             try:
+                # 503 "Service Unavailable" (not JSON) until its storage is open.
+                if httpx.get(f"{url}/-/ready", timeout=10).status_code != 200:
+                    return False
                 answer = query(url, 'count_over_time(up{job="reward-server"}[1m]) >= 5')
             except httpx.TransportError:
                 return False

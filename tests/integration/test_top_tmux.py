@@ -45,7 +45,13 @@ class Terminal:
     def __init__(self) -> None:
         assert TMUX is not None, "tmux is not installed (apt-get install tmux)"
         self.socket = f"reward-top-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("TMUX", "REWARD_"))}
+        # COLUMNS and LINES left out too: rich prefers them to the pane's size, and a CI job
+        # may export COLUMNS=80 (the pane is 160 wide).
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("TMUX", "REWARD_")) and k not in ("COLUMNS", "LINES")
+        }
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run(

@@ -48,16 +48,21 @@ def test_a_window_keeps_the_last_items_and_reports_correlations_from_ten() -> No
     signals.record("t", "m", [100.0] * 5, [False] * 5, [1] * 5)  # pushed out below
     scores = [float(i) for i in range(12)]
     signals.record("t", "m", scores, [False] * 12, [10 * i for i in range(12)])
-    (window,) = signals.snapshot().windows
-    assert (window.model, window.tenant, window.items) == ("m", "t", 12)
-    assert window.score_mean == pytest.approx(5.5)
-    assert window.length_correlation == pytest.approx(1.0)
-    assert window.score_quantiles is not None and window.score_quantiles[2] == pytest.approx(5.5)
+    (recent,) = signals.snapshot().recent
+    assert (recent.model, recent.tenant, recent.items) == ("m", "t", 12)
+    assert recent.scores is not None and recent.scores.mean == pytest.approx(5.5)
+    assert recent.length_correlation == pytest.approx(1.0)
+    assert recent.scores.quantiles[2] == pytest.approx(5.5)
+    # Pushed past the ring's end again: still the last 12, whatever their order.
+    signals.record("t", "m", [50.0, 60.0], [False] * 2, [0, 0])
+    (recent,) = signals.snapshot().recent
+    assert recent.items == 12 and recent.scores is not None
+    assert recent.scores.mean == pytest.approx((sum(range(2, 12)) + 110) / 12)
 
     few = RewardSignals(window=100)
     few.record("t", "m", scores[: MIN_ITEMS - 1], [False] * 9, list(range(9)))
-    (window,) = few.snapshot().windows
-    assert window.items == MIN_ITEMS - 1 and window.length_correlation is None
+    (recent,) = few.snapshot().recent
+    assert recent.items == MIN_ITEMS - 1 and recent.length_correlation is None
 
 
 def test_masked_and_failed_shares() -> None:
@@ -66,10 +71,11 @@ def test_masked_and_failed_shares() -> None:
     scores = [None, None, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0]
     failed = [True, True, True, False, False, False, False, False]
     signals.record("t", "m", scores, failed, [1, 2, 3, 4, 5, 6, 7, 8])
-    (window,) = signals.snapshot().windows
-    assert window.masked_ratio == pytest.approx(2 / 8)
-    assert window.failed_ratio == pytest.approx(3 / 8)
-    assert window.chars_mean == pytest.approx((3 + 4 + 5 + 6 + 7 + 8) / 6)  # scored items only
+    (recent,) = signals.snapshot().recent
+    assert recent.masked_ratio == pytest.approx(2 / 8)
+    assert recent.failed_ratio == pytest.approx(3 / 8)
+    assert recent.chars is not None
+    assert recent.chars.mean == pytest.approx((3 + 4 + 5 + 6 + 7 + 8) / 6)  # scored items only
 
 
 def test_agreement_reads_items_both_models_scored() -> None:
