@@ -6,7 +6,7 @@ integers, print their sum: stdin/stdout, the shape of APPS or CodeContests). Eac
 built once (compiled languages) and run on each of its tests; every output is checked.
 
 - **sandboxed**: ``reward_server.sandbox`` as the code verifier uses it: one session per item
-  (a bwrap sandbox with a warm runner, the build, then each test a fork of the runner), the
+  (a bwrap sandbox with a warm runner, the build, then each test started by the runner), the
   tests of an item at once, ``workers`` = the machine's cores;
 - **bare**: the limit, no isolation at all: the same build command in a temporary folder
   (on ``/dev/shm``, a tmpfs like the sandbox's),

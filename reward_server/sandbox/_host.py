@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Sequence
 
 from reward_server.sandbox._languages import SANDBOX_PATH
 
@@ -160,10 +161,13 @@ def bwrap_argv(
     binds: list[str],
     root_bytes: int,
     files: list[tuple[int, str]],
+    tools: Sequence[tuple[int, str]] = (),
 ) -> list[str]:
     """bwrap's arguments for one item, up to the command: every namespace new, toolchains
     read-only, one bounded tmpfs at :data:`SANDBOX_ROOT` holding the program's files (from
-    the descriptors ``files``: ``(fd, relative path)``), the rest of the tree read-only."""
+    the descriptors ``files``: ``(fd, path relative to prog/)``) and the sandbox's own
+    executables (``tools``: ``(fd, name)``, beside ``prog/``), the rest of the tree
+    read-only."""
     argv = [
         bwrap,
         "--unshare-all",  # user, PID, network, IPC, UTS, mount and cgroup namespaces
@@ -215,6 +219,8 @@ def bwrap_argv(
                 made.add(folder)
                 argv += ["--dir", f"{root}/prog/{folder}"]
         argv += ["--perms", "0644", "--file", str(fd), f"{root}/prog/{rel}"]
+    for fd, name in tools:
+        argv += ["--perms", "0555", "--file", str(fd), f"{root}/{name}"]
     # Last: the root and /dev read-only (bwrap's own tmpfs there would be writable and
     # unbounded otherwise).
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", root]

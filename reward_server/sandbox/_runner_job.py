@@ -1,5 +1,6 @@
 """The forked side of the sandbox's runner (``_runner.py``): one job, from the fork to
-the program.
+the program (an executable goes through the native launcher instead where there is one,
+``_launch.c``, which does the same steps).
 
 The sandbox's interpreter gets this text followed by ``_runner.py``'s as one ``-c`` source
 (standard library only, Python 3.8+). A job (build, syntax check, run) is a fork of the

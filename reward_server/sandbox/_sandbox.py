@@ -19,6 +19,7 @@ from reward_server.sandbox._host import (
     tool_binds,
 )
 from reward_server.sandbox._languages import language
+from reward_server.sandbox._launcher import build_launcher
 from reward_server.sandbox._session import Session, compile_runner
 from reward_server.sandbox._types import CompileResult, Limits, RunResult, SandboxUnavailable
 
@@ -38,7 +39,10 @@ class Sandbox:
     the machine's cores); ``python``: the interpreter of the runner and of Python programs
     (default: the server's own if the sandbox user can run it, else ``/usr/bin/python3``);
     ``uid``: the user bwrap runs as when the server is root (default
-    :data:`~reward_server.sandbox.SANDBOX_UID`).
+    :data:`~reward_server.sandbox.SANDBOX_UID`); ``launcher``: start executables (compiled
+    programs, compilers, node, java) through a small native launcher built at construction
+    with the host's C compiler (see ``_launch.c``), which costs a fraction of a fork of the
+    runner per run; False, or no compiler, forks the runner for them (same isolation).
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class Sandbox:
         workers: int | None = None,
         python: str | None = None,
         uid: int | None = None,
+        launcher: bool = True,
     ) -> None:
         if mode not in ("bwrap", "none"):
             raise ValueError(f"sandbox mode must be 'bwrap' or 'none', got {mode!r}")
@@ -70,6 +75,7 @@ class Sandbox:
         self.bwrap: str | None = None
         self._binds = tool_binds([self.python])
         self._runner_code = compile_runner(self.python)
+        self._launcher = build_launcher() if launcher else None
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
         self._slots = weakref.WeakKeyDictionary()
         if mode == "bwrap":
@@ -89,11 +95,12 @@ class Sandbox:
                 raise SandboxUnavailable(reason)
             who = f"uid {self.uid}" if self.uid is not None else "this user"
             logger.info(
-                "sandbox: bwrap %s as %s, Python %s, %d workers",
+                "sandbox: bwrap %s as %s, Python %s, %d workers, %s",
                 path,
                 who,
                 self.python,
                 self.workers,
+                "native launcher" if self._launcher is not None else "no native launcher",
             )
 
     # -- checks -----------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """One item's sandbox: bwrap (or, in mode none, a plain process) with a warm runner in it;
-the program built once, each test a fork of the runner."""
+the program built once, then each test started by the runner (a fork of it for Python, the
+native launcher for an executable)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from reward_server.sandbox._channel import Channel, RunnerGone, runner_config
 from reward_server.sandbox._host import SANDBOX_ENV, SANDBOX_ROOT, bwrap_argv, drop_privileges
 from reward_server.sandbox._languages import Language, language
+from reward_server.sandbox._launcher import LAUNCHER_NAME
 from reward_server.sandbox._types import CompileResult, Limits, RunResult
 from reward_server.sandbox._verdicts import build_error, build_result, run_error, run_result
 
@@ -126,30 +128,13 @@ class Session:
         """Start the sandbox and its runner; None when ready, else what went wrong."""
         sandbox = self.sandbox
         self._channel = channel = Channel()
+        launcher = sandbox._launcher
         memfds: list[int] = []
         try:
             if sandbox.mode == "bwrap":
-                assert sandbox.bwrap is not None
-                placed = []
-                for rel, content in self.files.items():
-                    fd = os.memfd_create(f"sandbox-{posixpath.basename(rel)}")
-                    memfds.append(fd)
-                    _write_all(fd, content)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    placed.append((fd, rel))
-                files_bytes = sum(len(c) for c in self.files.values())
-                argv = bwrap_argv(
-                    sandbox.bwrap,
-                    binds=sandbox._binds,
-                    root_bytes=self.limits.workdir_mb * _MB + files_bytes + 16 * _MB,
-                    files=placed,
-                )
+                argv = self._bwrap_argv(memfds)
             else:
-                self._host_dir = self._root = tempfile.mkdtemp(prefix="sandbox-none-")
-                for rel, content in self.files.items():
-                    path = Path(self._host_dir, "prog", rel)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(content)
+                self._fill_host_folder()
                 argv = []
             config = {
                 "mode": sandbox.mode,
@@ -159,6 +144,7 @@ class Session:
                 "inodes": max(1024, self.limits.workdir_mb * INODES_PER_MB),
                 "env": SANDBOX_ENV,
                 "files": sorted(self.files),
+                "launcher": None if launcher is None else f"{self._root}/{LAUNCHER_NAME}",
             }
             code = sandbox._runner_code
             if code is not None:
@@ -178,6 +164,45 @@ class Session:
         finally:
             for fd in memfds:
                 os.close(fd)
+
+    def _bwrap_argv(self, memfds: list[int]) -> list[str]:
+        """bwrap's command line for this item: its files and the launcher come in memfds
+        (appended to ``memfds``, which the caller closes once bwrap started)."""
+        sandbox = self.sandbox
+        assert sandbox.bwrap is not None
+
+        def memfd(name: str, content: bytes) -> int:
+            fd = os.memfd_create(f"sandbox-{posixpath.basename(name)}")
+            memfds.append(fd)
+            _write_all(fd, content)
+            os.lseek(fd, 0, os.SEEK_SET)
+            return fd
+
+        placed = [(memfd(rel, content), rel) for rel, content in self.files.items()]
+        files_bytes = sum(len(c) for c in self.files.values())
+        tools = []
+        if sandbox._launcher is not None:
+            tools.append((memfd(LAUNCHER_NAME, sandbox._launcher), LAUNCHER_NAME))
+            files_bytes += len(sandbox._launcher)
+        return bwrap_argv(
+            sandbox.bwrap,
+            binds=sandbox._binds,
+            root_bytes=self.limits.workdir_mb * _MB + files_bytes + 16 * _MB,
+            files=placed,
+            tools=tools,
+        )
+
+    def _fill_host_folder(self) -> None:
+        """Mode none: the item's folder on the host, with its files and the launcher."""
+        self._host_dir = self._root = tempfile.mkdtemp(prefix="sandbox-none-")
+        for rel, content in self.files.items():
+            path = Path(self._host_dir, "prog", rel)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+        if self.sandbox._launcher is not None:
+            tool = Path(self._host_dir, LAUNCHER_NAME)
+            tool.write_bytes(self.sandbox._launcher)
+            tool.chmod(0o555)
 
     # -- jobs -------------------------------------------------------------------------
     def _values(self, limits: Limits) -> dict[str, str]:

@@ -69,6 +69,25 @@ def isolated(
 ) -> Iterator[Sandbox]:
     """The sandbox, once a probe program in it saw its own PID, network, mount and user
     namespaces, none of the host's files and no way to the host's port."""
+    _check_isolated(sandbox, listener, host_files)
+    yield sandbox
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["launcher", "forked"])
+def isolated_exec(
+    request: pytest.FixtureRequest,
+    sandbox: Sandbox,
+    listener: socket.socket,
+    host_files: dict[str, Path],
+) -> Sandbox:
+    """An isolated sandbox that starts executables through the native launcher (the
+    default), or one that forks its runner for them (``launcher=False``)."""
+    chosen = sandbox if request.param else Sandbox(workers=2, launcher=False)
+    _check_isolated(chosen, listener, host_files)
+    return chosen
+
+
+def _check_isolated(sandbox: Sandbox, listener: socket.socket, host_files: dict[str, Path]) -> None:
     port = listener.getsockname()[1]
     probe = f"""
         import json, os, socket
@@ -97,7 +116,6 @@ def isolated(
     assert seen["connect"] != "connected"
     if os.geteuid() == 0:
         assert seen["uid"] != 0
-    yield sandbox
 
 
 def _run(
@@ -479,3 +497,87 @@ def test_the_runner_and_other_items_are_out_of_reach(isolated: Sandbox) -> None:
     assert read.status == "ok" and "READ" not in read.stdout, read.stdout
     assert read.stdout.splitlines()[-1].split()[1] == "-1"  # ptrace refused
     _still_works(isolated)
+
+
+# What a compiled program sees of its run: a bounded fork bomb, a new user namespace, then
+# its session, parent, descriptors, status and limits as /proc shows them.
+EXEC_VIEW = """
+    #define _GNU_SOURCE
+    #include <dirent.h>
+    #include <errno.h>
+    #include <sched.h>
+    #include <signal.h>
+    #include <stdio.h>
+    #include <string.h>
+    #include <unistd.h>
+    static void copy(const char *path, const char *const keys[]) {
+        char line[256];
+        FILE *f = fopen(path, "r");
+        while (f && fgets(line, sizeof line, f))
+            for (int i = 0; keys[i]; i++)
+                if (strncmp(line, keys[i], strlen(keys[i])) == 0) fputs(line, stdout);
+        if (f) fclose(f);
+    }
+    int main(void) {
+        pid_t kids[1000];
+        int made = 0, err = 0;
+        for (; made < 1000; made++) {
+            pid_t pid = fork();
+            if (pid == 0) { sleep(3); _exit(0); }
+            if (pid < 0) { err = errno; break; }
+            kids[made] = pid;
+        }
+        for (int i = 0; i < made; i++) kill(kids[i], SIGKILL);
+        printf("fork %d %d\\n", made, err);
+        printf("unshare %d\\n", unshare(CLONE_NEWUSER));
+        printf("session %d ppid %d\\n", getsid(0) == getpid(), getppid());
+        int fds = 0;
+        DIR *dir = opendir("/proc/self/fd");
+        for (struct dirent *e; (e = readdir(dir)) != NULL;) fds += e->d_name[0] != '.';
+        closedir(dir);
+        printf("fds %d\\n", fds - 1);  /* the listing's own descriptor left out */
+        char cwd[256];
+        printf("cwd %s\\n", getcwd(cwd, sizeof cwd));
+        const char *const status[] = {"NoNewPrivs", "CapEff", "SigIgn", "SigBlk", 0};
+        copy("/proc/self/status", status);
+        const char *const limits[] = {
+            "Max cpu time", "Max file size", "Max processes", "Max open files",
+            "Max address space", "Max core file size", 0};
+        copy("/proc/self/limits", limits);
+        return 0;
+    }
+"""
+
+
+def test_executables_start_isolated_and_limited(isolated_exec: Sandbox) -> None:
+    """Through the launcher or a fork of the runner, a compiled program starts in a session
+    of its own under the runner, with only its three pipes, default signals, no privileges,
+    no new namespaces, a process count of its own run, and every limit of its Limits."""
+    limits = Limits(
+        run_timeout_s=30.0, cpu_s=2.5, memory_mb=256, processes=32, file_size_mb=8, open_files=40
+    )
+    result = _run(isolated_exec, EXEC_VIEW, limits=limits, language="c", name="main.c")
+    assert result.status == "ok", result
+    lines = result.stdout.splitlines()
+    made, err = map(int, lines[0].split()[1:])
+    assert err == errno.EAGAIN and made < limits.processes, lines[0]
+    assert lines[1:4] == ["unshare -1", "session 1 ppid 1", "fds 3"], lines
+    assert lines[4].startswith("cwd /sandbox/work/"), lines[4]
+    status = dict(line.split(":", 1) for line in lines[5:9])
+    assert {k: v.strip() for k, v in status.items()} == {
+        "NoNewPrivs": "1",
+        "CapEff": "0000000000000000",
+        "SigIgn": "0000000000000000",
+        "SigBlk": "0000000000000000",
+    }
+    seen = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in lines[9:]}
+    mb = str(1 << 20)
+    assert seen == {
+        "Max cpu time": ["3", "4"],  # whole seconds, SIGKILL one after SIGXCPU
+        "Max file size": [str(8 << 20)] * 2,
+        "Max processes": ["32", "32"],
+        "Max open files": ["40", "40"],
+        "Max address space": [str(256 * int(mb))] * 2,
+        "Max core file size": ["0", "0"],
+    }
+    _still_works(isolated_exec)
