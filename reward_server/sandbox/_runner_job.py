@@ -90,14 +90,16 @@ def child(runner, msg, fds, cwd, err_w):
     try:
         _isolate(runner, msg, fds, cwd, err_w)
         kind = msg["kind"]
+        default_signals()
         if kind == "exec":
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD):
-                signal.signal(sig, signal.SIG_DFL)
             env = dict(runner.env)
             env.update(msg.get("env") or {})
             os.execvpe(msg["argv"][0], msg["argv"], env)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # What Python's own start sets: SIGINT raises KeyboardInterrupt, SIGPIPE and SIGXFSZ
+        # are ignored (a write fails with an error instead).
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         if runner.bwrap:
             _drop_capabilities()
         os.environ.clear()
@@ -118,6 +120,19 @@ def child(runner, msg, fds, cwd, err_w):
         except OSError:
             pass
     os._exit(code)
+
+
+def default_signals():
+    """Every signal's action back to the default, whatever the runner inherited from the
+    server's start (``nohup`` ignores SIGHUP) or set itself (SIGINT ignored, SIGCHLD
+    handled): an exec keeps ignored signals. glibc keeps 32 and 33 for its threads and
+    refuses them here; the native launcher resets those too."""
+    for sig in range(1, signal.NSIG):
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:  # noqa: SIM105 (no contextlib: see the imports)
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
 
 
 def _isolate(runner, msg, fds, cwd, err_w):

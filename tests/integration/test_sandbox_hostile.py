@@ -563,13 +563,13 @@ def test_executables_start_isolated_and_limited(isolated_exec: Sandbox) -> None:
     assert err == errno.EAGAIN and made < limits.processes, lines[0]
     assert lines[1:4] == ["unshare -1", "session 1 ppid 1", "fds 3"], lines
     assert lines[4].startswith("cwd /sandbox/work/"), lines[4]
-    status = dict(line.split(":", 1) for line in lines[5:9])
-    assert {k: v.strip() for k, v in status.items()} == {
-        "NoNewPrivs": "1",
-        "CapEff": "0000000000000000",
-        "SigIgn": "0000000000000000",
-        "SigBlk": "0000000000000000",
-    }
+    status = {k: v.strip() for k, v in (line.split(":", 1) for line in lines[5:9])}
+    # No signal ignored or blocked, however the server was started (nohup ignores SIGHUP);
+    # glibc's own two (32, 33) are its threads' business, and only the launcher resets them.
+    reserved = 3 << 31
+    ignored = int(status.pop("SigIgn"), 16)
+    assert ignored == 0 if isolated_exec._launcher is not None else ignored & ~reserved == 0
+    assert status == {"NoNewPrivs": "1", "CapEff": "0" * 16, "SigBlk": "0" * 16}
     seen = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in lines[9:]}
     mb = str(1 << 20)
     assert seen == {

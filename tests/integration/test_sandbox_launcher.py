@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +41,12 @@ def _launch(launcher: str, args: list[str], stdin: bytes = b"") -> tuple[int, by
         (os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate((in_r, out_w, out_w, rep_w))
     ]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    pid = os.posix_spawn(launcher, [launcher, *args], env, file_actions=actions)
+    # Started with SIGHUP ignored (as under nohup): the launcher must undo what it inherits.
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        pid = os.posix_spawn(launcher, [launcher, *args], env, file_actions=actions)
+    finally:
+        signal.signal(signal.SIGHUP, before)
     for fd in (in_r, out_w, rep_w, extra_w):
         os.close(fd)
     os.write(in_w, stdin)
@@ -68,13 +74,18 @@ def _args(cwd: str, *program: str, nofile: int = 50, cpu: str = "2") -> list[str
 
 
 def test_runs_the_program_with_its_limits_and_only_its_pipes(launcher: str, tmp_path: Path) -> None:
-    script = 'read -r line; echo "$line"; pwd; ls /proc/self/fd | wc -l; cat /proc/self/limits'
+    script = (
+        'read -r line; echo "$line"; pwd; ls /proc/self/fd | wc -l; grep SigIgn /proc/self/status;'
+        " cat /proc/self/limits"
+    )
     code, stdout, report = _launch(launcher, _args(str(tmp_path), "sh", "-c", script), b"hi\n")
     assert (code, report) == (0, b"")  # EOF with no report: the program ran
     lines = stdout.decode().splitlines()
     # ls sees 0-2 and its own listing's descriptor: the report pipe and the extra are gone.
     assert lines[:3] == ["hi", str(tmp_path), "4"]
-    limits = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in lines[4:]}
+    # No signal ignored: not SIGHUP (nohup), nor the two glibc's posix_spawn ignores (32, 33).
+    assert lines[3].split() == ["SigIgn:", "0" * 16]
+    limits = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in lines[5:]}
     assert limits["Max cpu time"] == ["2", "3"]
     assert limits["Max address space"] == [str(1 << 30)] * 2
     assert limits["Max file size"] == [str(1 << 20)] * 2
