@@ -147,9 +147,10 @@ class ScoringPipeline:
             return
         tenant = current_tenant.get().name
         chars = response_chars(items)
+        components = scored.components()
         for name, results in scored.results.items():
-            scores = [None if r.masked else r.score for r in results]
-            signals.record(tenant, name, scores, [r.error is not None for r in results], chars)
+            failed = [r.error is not None for r in results]
+            signals.record(tenant, name, components[name], failed, chars)
         if scored.name not in scored.results:
             # Failed: any model failed on the item (masked, or filled with its on_error).
             failed = [
@@ -158,7 +159,7 @@ class ScoringPipeline:
             ]
             signals.record(tenant, scored.name, scored.scores, failed, chars)
         if len(models) > 1:
-            signals.record_agreement(tenant, scored.components())
+            signals.record_agreement(tenant, components)
 
     def _masked(
         self, model: ServedModel, results: list[ItemResult] | None, count: int

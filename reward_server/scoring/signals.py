@@ -106,7 +106,7 @@ class SignalsSnapshot:
     agreements: tuple[AgreementSummary, ...] = ()
 
 
-def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float | None:
     """The Pearson correlation of ``x`` and ``y``; None when either is constant."""
     a = np.asarray(x, dtype=np.float64)
     b = np.asarray(y, dtype=np.float64)
@@ -134,7 +134,7 @@ def _ranks(values: Sequence[float]) -> np.ndarray:
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Spearman's rank correlation of ``x`` and ``y`` (Pearson's of their tie-averaged
     ranks); None when either is constant."""
-    return pearson(_ranks(x).tolist(), _ranks(y).tolist())
+    return pearson(_ranks(x), _ranks(y))
 
 
 T = TypeVar("T")
@@ -179,7 +179,7 @@ def _summary(model: str, tenant: str, items: Sequence[_Item]) -> RecentSummary:
         chars = np.array([item.chars for item in scored], dtype=np.float64)
         scores_d, chars_d = Distribution.of(scores), Distribution.of(chars)
         if len(scored) >= MIN_ITEMS:
-            correlation = pearson(scores.tolist(), chars.tolist())
+            correlation = pearson(scores, chars)
     share = 1 / n if n else 0.0
     masked = (n - len(scored)) * share
     failed = sum(item.failed for item in items) * share

@@ -12,7 +12,6 @@ can); without it the promtool tests skip, unless ``REWARD_SERVER_TEST_PROMETHEUS
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,13 +19,19 @@ from typing import Any
 
 import pytest
 import yaml
+from observability_parts import (
+    ALERTS,
+    DASHBOARD,
+    OBSERVABILITY,
+    ROOT,
+    alert_rules,
+    alert_threshold,
+)
 from server_proc import require_counterpart
 
-ROOT = Path(__file__).resolve().parents[2]
-OBSERVABILITY = ROOT / "deploy" / "observability"
-ALERTS = OBSERVABILITY / "alerts.yml"
+from reward_server.top._render import AGREEMENT_ALERT, LENGTH_CORRELATION_ALERT
+
 ALERT_TESTS = OBSERVABILITY / "alerts.test.yml"
-DASHBOARD = OBSERVABILITY / "grafana" / "reward-server.json"
 PROMETHEUS_RULE = ROOT / "deploy/kubernetes/components/servicemonitor/prometheusrule.yaml"
 #: The alerts the issue asks for (server down, 5xx, p99 latency, 429, verifier failures,
 #: keys-file reloads, length correlation, component disagreement), and not-ready.
@@ -70,11 +75,6 @@ def run_promtool(promtool: str, *args: str, cwd: Path = OBSERVABILITY) -> str:
     )
     assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
     return result.stdout + result.stderr
-
-
-def alert_rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
-    return [rule for group in groups for rule in group["rules"]]
 
 
 def dashboard() -> dict[str, Any]:
@@ -243,14 +243,6 @@ def test_dashboard_has_the_rows_of_the_issue() -> None:
             assert f"reward_server_{name}" in text[row], f"{row} shows no {name}"
 
 
-def _threshold(alert: str, metric: str) -> float:
-    """The number ``metric`` is compared with in ``alert``'s expression."""
-    (rule,) = [r for r in alert_rules() if r["alert"] == alert]
-    found = re.search(rf"{metric}\s*[<>]=?\s*([0-9.]+)", rule["expr"])
-    assert found, f"{alert} compares no {metric}"
-    return float(found.group(1))
-
-
 @pytest.mark.parametrize(
     ("title", "alert", "metric"),
     [
@@ -263,4 +255,18 @@ def test_reward_panels_draw_the_alert_thresholds(title: str, alert: str, metric:
     defaults = panel["fieldConfig"]["defaults"]
     assert defaults["custom"]["thresholdsStyle"]["mode"] == "line"
     steps = [s["value"] for s in defaults["thresholds"]["steps"] if s["value"] is not None]
-    assert steps == [_threshold(alert, metric)]
+    assert steps == [alert_threshold(alert, metric)]
+
+
+@pytest.mark.parametrize(
+    ("shown", "alert", "metric"),
+    [
+        (LENGTH_CORRELATION_ALERT, "RewardLengthCorrelationHigh", "length_correlation"),
+        (AGREEMENT_ALERT, "RewardComponentDisagreement", "component_agreement"),
+    ],
+)
+def test_the_terminal_view_marks_the_alert_thresholds(
+    shown: float, alert: str, metric: str
+) -> None:
+    """``reward-server top`` shows a figure in red past the alert's own threshold."""
+    assert shown == alert_threshold(alert, metric)

@@ -27,8 +27,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from observability_parts import ALERTS, DASHBOARD, alert_rules, composite_server
 from prometheus_client.parser import text_string_to_metric_families
-from server_proc import ServerProcess, free_port, require_counterpart, running_server, wait_until
+from server_proc import ServerProcess, free_port, require_counterpart, wait_until
 from test_tenants import KEY_A, KEY_B, WRONG, bearer, keys_yaml
 
 PROMETHEUS = shutil.which("prometheus")
@@ -36,10 +37,6 @@ require_counterpart(
     PROMETHEUS is not None, "REWARD_SERVER_TEST_PROMETHEUS", "prometheus (Debian's package)"
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-OBSERVABILITY = ROOT / "deploy" / "observability"
-ALERTS = OBSERVABILITY / "alerts.yml"
-DASHBOARD = OBSERVABILITY / "grafana" / "reward-server.json"
 #: What Grafana puts in place of the dashboard's variables: every value of a label.
 VARIABLES = {"job": ".*", "instance": ".*", "tenant": ".*", "model": ".*"}
 RATE_INTERVAL = "15s"
@@ -85,8 +82,7 @@ def variable_queries() -> list[str]:
 
 
 def alert_exprs() -> list[tuple[str, str]]:
-    groups = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
-    return [(rule["alert"], rule["expr"]) for group in groups for rule in group["rules"]]
+    return [(rule["alert"], rule["expr"]) for rule in alert_rules()]
 
 
 def exported_names(metrics_text: str) -> set[str]:
@@ -112,16 +108,8 @@ def exported_names(metrics_text: str) -> set[str]:
 @pytest.fixture(scope="module")
 def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("observability")
-    models = {
-        "models": [
-            {"name": "rm", "model": str(gpt2_rm)},
-            {"name": "check", "kind": "verifier", "verifier": "exact", "workers": 1},
-        ]
-    }
-    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
-    (folder / "keys.yaml").write_text(keys_yaml(("alpha", KEY_A), ("beta", KEY_B)))
-    args = ("--models", str(folder / "models.yaml"), "--api-keys", str(folder / "keys.yaml"))
-    with running_server(None, *args, timeout=300) as srv:
+    keys = keys_yaml(("alpha", KEY_A), ("beta", KEY_B))
+    with composite_server(gpt2_rm, folder, keys, verifier="check") as srv:
         yield srv
 
 

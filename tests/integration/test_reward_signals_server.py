@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,21 +21,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from observability_parts import alert_threshold
 from server_proc import ServerProcess, metric, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS = ROOT / "tests" / "verifier_functions.py"
-ALERTS = ROOT / "deploy" / "observability" / "alerts.yml"
 WINDOW = 40
-
-
-def alert_threshold(alert: str, series: str) -> float:
-    """The number ``series`` is compared with in ``alert``'s expression in the shipped rules."""
-    groups = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
-    (expr,) = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == alert]
-    found = re.search(rf"{series}[^<>]*[<>]=?\s*([0-9.]+)", expr)
-    assert found, f"no threshold for {series} in {alert}: {expr}"
-    return float(found.group(1))
 
 
 @pytest.fixture(scope="module")

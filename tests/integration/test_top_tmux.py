@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from server_proc import REWARD_SERVER, ServerProcess, free_port, running_server, wait_until
+from observability_parts import composite_server
+from server_proc import REWARD_SERVER, ServerProcess, free_port, wait_until
 from test_tenants import KEY_A, KEY_B, WRONG, bearer, keys_yaml
 
 TMUX = shutil.which("tmux")
@@ -109,17 +109,8 @@ def terminal() -> Iterator[Terminal]:
 @pytest.fixture(scope="module")
 def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A composite of a reward model and a verifier, with two tenants' keys."""
-    folder = tmp_path_factory.mktemp("top")
-    models = {
-        "models": [
-            {"name": "rm", "model": str(gpt2_rm)},
-            {"name": "exact", "kind": "verifier", "verifier": "exact", "workers": 1},
-        ]
-    }
-    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
-    (folder / "keys.yaml").write_text(keys_yaml(("alpha", KEY_A), ("beta", KEY_B)))
-    args = ("--models", str(folder / "models.yaml"), "--api-keys", str(folder / "keys.yaml"))
-    with running_server(None, *args, timeout=300) as srv:
+    keys = keys_yaml(("alpha", KEY_A), ("beta", KEY_B))
+    with composite_server(gpt2_rm, tmp_path_factory.mktemp("top"), keys) as srv:
         yield srv
 
 

@@ -56,20 +56,33 @@ def test_counter_increase_takes_a_reset_as_a_restart_from_zero() -> None:
     assert increase(7.0, None) == 7.0
 
 
-BEFORE = """\
+def _traffic(
+    ok: int, limited: int, polls: int, items: int, buckets: tuple[int, ...], seconds: int
+) -> str:
+    """One scrape's request counts (/score's 200s and 429s, /metrics's polls), items and
+    /score's latency histogram (cumulative counts at 0.1, 0.5 and 1 s, none slower; their
+    sum of ``seconds``)."""
+    b01, b05, b1 = buckets
+    return f"""\
 # TYPE reward_server_requests counter
-reward_server_requests_total{endpoint="/score",status="200"} 100
-reward_server_requests_total{endpoint="/score",status="429"} 2
-reward_server_requests_total{endpoint="/metrics",status="200"} 50
+reward_server_requests_total{{endpoint="/score",status="200"}} {ok}
+reward_server_requests_total{{endpoint="/score",status="429"}} {limited}
+reward_server_requests_total{{endpoint="/metrics",status="200"}} {polls}
 # TYPE reward_server_items counter
-reward_server_items_total{endpoint="/score"} 400
+reward_server_items_total{{endpoint="/score"}} {items}
 # TYPE reward_server_request_duration_seconds histogram
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="0.1"} 60
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="0.5"} 90
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="1.0"} 102
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="+Inf"} 102
-reward_server_request_duration_seconds_count{endpoint="/score"} 102
-reward_server_request_duration_seconds_sum{endpoint="/score"} 20
+reward_server_request_duration_seconds_bucket{{endpoint="/score",le="0.1"}} {b01}
+reward_server_request_duration_seconds_bucket{{endpoint="/score",le="0.5"}} {b05}
+reward_server_request_duration_seconds_bucket{{endpoint="/score",le="1.0"}} {b1}
+reward_server_request_duration_seconds_bucket{{endpoint="/score",le="+Inf"}} {b1}
+reward_server_request_duration_seconds_count{{endpoint="/score"}} {b1}
+reward_server_request_duration_seconds_sum{{endpoint="/score"}} {seconds}
+"""
+
+
+BEFORE = (
+    _traffic(100, 2, 50, 400, (60, 90, 102), 20)
+    + """\
 # TYPE reward_server_tenant_items counter
 reward_server_tenant_items_total{tenant="alpha"} 300
 reward_server_tenant_items_total{tenant="beta"} 100
@@ -77,21 +90,11 @@ reward_server_tenant_items_total{tenant="beta"} 100
 reward_server_model_items_total{model="rm"} 400
 reward_server_model_items_total{model="exact"} 400
 """
+)
 
-NOW = """\
-# TYPE reward_server_requests counter
-reward_server_requests_total{endpoint="/score",status="200"} 116
-reward_server_requests_total{endpoint="/score",status="429"} 6
-reward_server_requests_total{endpoint="/metrics",status="200"} 51
-# TYPE reward_server_items counter
-reward_server_items_total{endpoint="/score"} 480
-# TYPE reward_server_request_duration_seconds histogram
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="0.1"} 65
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="0.5"} 105
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="1.0"} 122
-reward_server_request_duration_seconds_bucket{endpoint="/score",le="+Inf"} 122
-reward_server_request_duration_seconds_count{endpoint="/score"} 122
-reward_server_request_duration_seconds_sum{endpoint="/score"} 25
+NOW = (
+    _traffic(116, 6, 51, 480, (65, 105, 122), 25)
+    + """\
 # TYPE reward_server_requests_in_progress gauge
 reward_server_requests_in_progress{endpoint="/score"} 3
 reward_server_requests_in_progress{endpoint="/metrics"} 1
@@ -131,6 +134,7 @@ reward_server_reward_masked_ratio{model="rm",tenant="alpha"} 0.05
 # TYPE reward_server_reward_component_agreement gauge
 reward_server_reward_component_agreement{model="exact",other="rm",tenant="alpha"} 0.1
 """
+)
 
 
 def _pair() -> tuple[Snapshot, Snapshot]:

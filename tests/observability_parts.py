@@ -1,0 +1,51 @@
+"""What the observability tests share: the shipped alert rules' thresholds, and the server
+they watch (a reward model and an exact-match verifier scored together, two tenants)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reward_server.launcher import ServerProcess, running_server
+
+ROOT = Path(__file__).resolve().parents[1]
+OBSERVABILITY = ROOT / "deploy" / "observability"
+ALERTS = OBSERVABILITY / "alerts.yml"
+DASHBOARD = OBSERVABILITY / "grafana" / "reward-server.json"
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def alert_threshold(alert: str, series: str) -> float:
+    """The number ``series`` is compared with in ``alert``'s expression in the shipped rules."""
+    (expr,) = [r["expr"] for r in alert_rules() if r.get("alert") == alert]
+    found = re.search(rf"{series}[^<>]*[<>]=?\s*([0-9.]+)", expr)
+    assert found, f"no threshold for {series} in {alert}: {expr}"
+    return float(found.group(1))
+
+
+@contextmanager
+def composite_server(
+    reward_model: Path, folder: Path, keys_yaml: str, verifier: str = "exact"
+) -> Iterator[ServerProcess]:
+    """A real server scoring with ``rm`` (the model at ``reward_model``) and an exact-match
+    verifier named ``verifier`` together, behind the tenants' keys file ``keys_yaml``."""
+    models = {
+        "models": [
+            {"name": "rm", "model": str(reward_model)},
+            {"name": verifier, "kind": "verifier", "verifier": "exact", "workers": 1},
+        ]
+    }
+    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
+    (folder / "keys.yaml").write_text(keys_yaml, encoding="utf-8")
+    args = ("--models", str(folder / "models.yaml"), "--api-keys", str(folder / "keys.yaml"))
+    with running_server(None, *args, timeout=300) as srv:
+        yield srv
