@@ -21,7 +21,6 @@ import _sitebuiltins
 import _socket as socket
 import builtins
 import marshal
-import math
 import os
 import select
 import sys
@@ -40,6 +39,7 @@ if __name__ != "__main__":  # imported by the server's checks; in the sandbox, d
         PR_SET_DUMPABLE,
         PR_SET_PDEATHSIG,
         child,
+        cpu_seconds,
         mount,
         own_user_namespace,
         prctl,
@@ -215,8 +215,9 @@ class Runner:
         # Python path, explicitly) closes it, so EOF with no data means the program ran.
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         spawn = msg["kind"] == "exec" and self.launcher
+        cwd = tdir or self.prog
         try:
-            pid = self.spawn(msg, fds, tdir or self.prog, err_w) if spawn else os.fork()
+            pid = self.spawn(msg, fds, cwd, err_w) if spawn else os.fork()
         except OSError as exc:
             os.close(err_r)
             os.close(err_w)
@@ -224,7 +225,7 @@ class Runner:
             self.send({"op": "done", "id": msg["id"], "error": f"{what}: {exc}"})
             return False
         if pid == 0:
-            child(self, msg, fds, tdir or self.prog, err_w)  # never returns
+            child(self, msg, fds, cwd, err_w)  # never returns
         for fd in (*fds, err_w):
             os.close(fd)
         self.jobs[pid] = Job(msg, pid, tdir, err_r)
@@ -239,7 +240,7 @@ class Runner:
             self.launcher,
             "u" if self.bwrap else "p",
             cwd,
-            str(max(1, math.ceil(float(lim["cpu_s"])))),
+            str(cpu_seconds(lim)),
             *(str(int(lim[k])) for k in ("as_bytes", "fsize_bytes", "nofile", "stack_bytes")),
             str(int(lim.get("nproc") or 0)),
             "--",

@@ -160,6 +160,11 @@ def _isolate(runner, msg, fds, cwd, err_w):
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
+def cpu_seconds(lim):
+    """RLIMIT_CPU's whole seconds for a job's limits (at least one)."""
+    return max(1, math.ceil(float(lim["cpu_s"])))
+
+
 def set_limits(lim):
     def limit(which, value):
         value = int(value)
@@ -168,7 +173,7 @@ def set_limits(lim):
             value = min(value, hard)
         resource.setrlimit(which, (value, value))
 
-    cpu = max(1, math.ceil(float(lim["cpu_s"])))
+    cpu = cpu_seconds(lim)
     # SIGXCPU at the limit, SIGKILL a second later if the program ignores it.
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     limit(resource.RLIMIT_AS, lim["as_bytes"])
