@@ -19,6 +19,11 @@ import pytest
 # imported: imported here, before any test, so that a unit test importing it is not refused.
 with contextlib.suppress(ImportError):
     import urllib3.util.connection  # noqa: F401
+# matplotlib builds its font list on first use and runs fc-list for it where fontconfig is
+# installed; on a fresh machine that first use would be a unit test's (the charts'): the
+# list is built here, before any test, and cached for the next runs.
+with contextlib.suppress(ImportError):
+    import matplotlib.font_manager  # noqa: F401
 
 #: Audit events of a new process or a listening socket.
 REFUSED = frozenset(
