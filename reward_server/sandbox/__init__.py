@@ -10,10 +10,10 @@
 The pieces::
 
     Sandbox ---- one per server: the bwrap binary, the sandbox user, `workers` slots
-      └ Session ---- one per item: one bwrap sandbox, a warm runner inside (PID 1)
+      └ Session ---- one per item: one bwrap sandbox, a runner inside (PID 1): a warm
+          │          Python interpreter for Python, the native runner for executables
           ├ compile_result     built once (Python: a syntax check)
-          └ run(stdin) ------- one test: a fork of the runner (Python), or an
-                               executable through the native launcher -> RunResult
+          └ run(stdin) ------- one test: a fork of the runner -> RunResult
 
 What one item's sandbox guarantees (``mode="bwrap"``), each with a hostile test in
 ``tests/integration/test_sandbox_hostile.py``:

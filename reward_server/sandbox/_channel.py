@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,47 @@ def runner_config(config: dict[str, Any]) -> str:
     return marshal.dumps(config, MARSHAL_VERSION).hex()
 
 
+def python_message(msg: dict[str, Any]) -> bytes:
+    """A message to the Python runner (``_runner.py``)."""
+    return marshal.dumps(msg, MARSHAL_VERSION)
+
+
+#: The limits of a job, in the order the native runner reads them.
+_NATIVE_LIMITS = ("cpu_s", "as_bytes", "fsize_bytes", "nofile", "stack_bytes", "nproc")
+
+
+def native_message(msg: dict[str, Any]) -> bytes:
+    """A message to the native runner (``_serve.c``): its fields separated by NUL bytes.
+    It runs executables only (``kind`` exec)."""
+    op = msg["op"]
+    head = [op, str(int(msg["id"]))]
+    if op != "job":
+        return _nul_fields(head)
+    if msg["kind"] != "exec":
+        raise ValueError(f"the native runner runs executables, not {msg['kind']!r} jobs")
+    lim = msg["limits"]
+    env = [f"{key}={value}" for key, value in (msg.get("env") or {}).items()]
+    return _nul_fields(
+        [
+            *head,
+            "prog" if msg["cwd"] == "prog" else "test",
+            "1" if msg.get("seal") else "0",
+            repr(float(lim["timeout_s"])),
+            repr(float(lim["cpu_s"])),  # the runner rounds it up to whole seconds
+            *(str(int(lim.get(key) or 0)) for key in _NATIVE_LIMITS[1:]),
+            str(len(env)),
+            *env,
+            *msg["argv"],
+        ]
+    )
+
+
+def _nul_fields(fields: list[str]) -> bytes:
+    if any("\0" in field for field in fields):
+        raise ValueError("a NUL byte in a field of a message to the native runner")
+    return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
+
+
 class RunnerGone(Exception):
     """The runner is gone or stuck: the item's remaining work cannot run."""
 
@@ -65,7 +107,8 @@ class JobOutcome:
 class Channel:
     """One runner process and the socket to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, encode: Callable[[dict[str, Any]], bytes] = python_message) -> None:
+        self._encode = encode
         self._sock, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock.setblocking(False)
         self.proc: asyncio.subprocess.Process | None = None
@@ -186,7 +229,7 @@ class Channel:
 
     # -- messages and jobs ------------------------------------------------------------
     async def _send(self, msg: dict[str, Any], fds: list[int]) -> None:
-        data = marshal.dumps(msg, MARSHAL_VERSION)
+        data = self._encode(msg)
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + BACKSTOP_S
@@ -212,7 +255,7 @@ class Channel:
         """Best effort, for a kill on the way out of a cancelled job."""
         if not self._closed:
             with contextlib.suppress(OSError):
-                self._sock.send(marshal.dumps(msg, MARSHAL_VERSION))
+                self._sock.send(self._encode(msg))
 
     async def control(self, msg: dict[str, Any]) -> dict[str, Any]:
         """A message without pipes, and the runner's answer."""

@@ -1,18 +1,16 @@
 /*
- * The sandbox's native launcher: how the runner (_runner.py) starts a program that is an
- * executable (a compiled program, a compiler, node, java), in place of a fork of itself.
+ * How the native runner (_serve.c, the same executable: `launch serve ...`) starts one run
+ * of a program that is an executable (a compiled program, a compiler, node, java): in a fork
+ * of itself, start_program() isolates, limits and execs it.
  *
- * Why: forking the runner copies a Python interpreter's page tables and then takes a
- * copy-on-write fault for every page Python touches before the exec; that costs more than a
- * short C test's whole run. The runner posix_spawn()s this launcher instead (glibc does a
- * vfork: nothing is copied), and the launcher does what the forked runner did, then execs
- * the program:
- *
- *   launch MODE CWD CPU_S AS_BYTES FSIZE_BYTES NOFILE STACK_BYTES NPROC -- PROGRAM ARGS...
+ * Why native: forking a Python runner copies an interpreter's page tables and then takes a
+ * copy-on-write fault for every page Python touches before the exec, and starting one costs
+ * several milliseconds per item; both are more than a short C test's whole run. A fork of
+ * this small static program costs little.
  *
  * MODE "u" (bwrap): a user namespace of the run's own (RLIMIT_NPROC counts per user
  * namespace, so each run has its own count), in which no further namespace may be made.
- * MODE "p" (no sandbox): the kernel kills the run when the runner dies. NPROC 0: no limit.
+ * MODE "p" (no sandbox): the kernel kills the run when its parent dies. NPROC 0: no limit.
  *
  * Descriptors: 0-2 are the run's pipes, 3 is where a failure before the program starts is
  * written (close-on-exec: EOF with no data means the program runs); every other descriptor
@@ -20,6 +18,8 @@
  * group is killed as one); the rlimits; no_new_privs. Standard C and Linux calls only.
  */
 #define _GNU_SOURCE
+#include "_launch.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -29,14 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define REPORT_FD 3
-#define ARGS 9 /* MODE .. NPROC, then "--" */
-
-static void fail(const char *what) {
+static _Noreturn void fail(const char *what) {
   char msg[512];
   int n = snprintf(msg, sizeof msg, "%s: %s", what, strerror(errno));
   if (n > 0) {
@@ -47,23 +43,43 @@ static void fail(const char *what) {
   _exit(127);
 }
 
-static void write_file(const char *path, const char *text) {
+int put_file(const char *path, const char *text) {
   int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) fail(path);
+  if (fd < 0) return -1;
   size_t len = strlen(text);
-  if (write(fd, text, len) != (ssize_t)len) fail(path);
+  ssize_t written = write(fd, text, len);
+  int saved = errno;
   close(fd);
+  if (written == (ssize_t)len) return 0;
+  errno = written < 0 ? saved : EIO;
+  return -1;
 }
 
-static rlim_t number(const char *text, const char *what) {
+int parse_number(const char *text, rlim_t *out) {
   char *end;
   errno = 0;
   unsigned long long value = strtoull(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0') {
+  if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
     errno = EINVAL;
-    fail(what);
+    return -1;
   }
-  return (rlim_t)value;
+  *out = (rlim_t)value;
+  return 0;
+}
+
+int own_user_namespace(int extra, const char **what) {
+  char map[64];
+  unsigned uid = (unsigned)getuid(), gid = (unsigned)getgid();
+  *what = "unshare";
+  if (unshare(CLONE_NEWUSER | extra) != 0) return -1;
+  *what = "/proc/self/setgroups";
+  if (put_file(*what, "deny") != 0) return -1;
+  *what = "/proc/self/uid_map";
+  snprintf(map, sizeof map, "%u %u 1", uid, uid);
+  if (put_file(*what, map) != 0) return -1;
+  *what = "/proc/self/gid_map";
+  snprintf(map, sizeof map, "%u %u 1", gid, gid);
+  return put_file(*what, map);
 }
 
 /* soft/hard, never above the hard limit the runner already has (only root could raise it). */
@@ -74,18 +90,6 @@ static void limit(int which, rlim_t soft, rlim_t hard, const char *what) {
   if (soft > hard) soft = hard;
   struct rlimit lim = {soft, hard};
   if (setrlimit(which, &lim) != 0) fail(what);
-}
-
-static void own_user_namespace(void) {
-  char map[64];
-  unsigned uid = (unsigned)getuid(), gid = (unsigned)getgid();
-  if (unshare(CLONE_NEWUSER) != 0) fail("unshare");
-  write_file("/proc/self/setgroups", "deny");
-  snprintf(map, sizeof map, "%u %u 1", uid, uid);
-  write_file("/proc/self/uid_map", map);
-  snprintf(map, sizeof map, "%u %u 1", gid, gid);
-  write_file("/proc/self/gid_map", map);
-  write_file("/proc/sys/user/max_user_namespaces", "0");
 }
 
 /* Every descriptor above REPORT_FD closed (close_range, else one by one from /proc). */
@@ -107,20 +111,17 @@ static void close_others(void) {
 }
 
 /* Every signal's action back to the default: an exec keeps ignored ones, and the runner
- * ignores SIGINT, Python SIGPIPE and SIGXFSZ, and glibc's posix_spawn the two signals of its
- * own threads (32, 33), which its signal() refuses to touch: hence the system call. A zeroed
- * kernel sigaction is SIG_DFL with no flags and an empty mask, whatever its layout. */
+ * ignores SIGINT and SIGPIPE and inherits whatever the server's start ignored (nohup:
+ * SIGHUP; a posix_spawn of glibc: the two signals of its own threads, 32 and 33, which its
+ * signal() refuses to touch: hence the system call). A zeroed kernel sigaction is SIG_DFL
+ * with no flags and an empty mask, whatever its layout. */
 static void default_signals(void) {
   unsigned long action[8] = {0};
   for (int sig = 1; sig < NSIG; sig++)
     syscall(SYS_rt_sigaction, sig, action, NULL, 8); /* the kernel sigset: 64 bits */
 }
 
-int main(int argc, char **argv) {
-  if (argc < ARGS + 2 || strcmp(argv[ARGS], "--") != 0) {
-    errno = EINVAL;
-    fail("launch: MODE CWD CPU_S AS FSIZE NOFILE STACK NPROC -- PROGRAM ARGS...");
-  }
+void start_program(const struct run *run) {
   if (fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC) != 0) _exit(127); /* nowhere to say why */
   close_others();
   default_signals();
@@ -128,25 +129,34 @@ int main(int argc, char **argv) {
   sigemptyset(&none);
   if (sigprocmask(SIG_SETMASK, &none, NULL) != 0) fail("sigprocmask");
   if (setsid() < 0) fail("setsid");
-  const char *mode = argv[1];
-  if (strchr(mode, 'u') != NULL) own_user_namespace();
-  if (strchr(mode, 'p') != NULL && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+  if (strchr(run->mode, 'u') != NULL) {
+    /* Writing our own uid_map needs /proc/self to be ours: a fork of the native runner is
+     * not dumpable. Only for these steps: exec sets the program's own. */
+    const char *what;
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) fail("prctl DUMPABLE");
+    if (own_user_namespace(0, &what) != 0) fail(what);
+    if (put_file("/proc/sys/user/max_user_namespaces", "0") != 0)
+      fail("/proc/sys/user/max_user_namespaces");
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("prctl DUMPABLE");
+  }
+  if (strchr(run->mode, 'p') != NULL && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
     fail("prctl PDEATHSIG");
-  if (chdir(argv[2]) != 0) fail(argv[2]);
-  rlim_t cpu = number(argv[3], "cpu");
-  if (cpu < 1) cpu = 1;
+  if (chdir(run->cwd) != 0) fail(run->cwd);
+  rlim_t cpu = run->cpu < 1 ? 1 : run->cpu;
   limit(RLIMIT_CPU, cpu, cpu + 1, "RLIMIT_CPU"); /* SIGXCPU, then SIGKILL a second later */
-  rlim_t as = number(argv[4], "as"), fsize = number(argv[5], "fsize");
-  rlim_t nofile = number(argv[6], "nofile"), stack = number(argv[7], "stack");
-  rlim_t nproc = number(argv[8], "nproc");
-  limit(RLIMIT_AS, as, as, "RLIMIT_AS");
-  limit(RLIMIT_FSIZE, fsize, fsize, "RLIMIT_FSIZE");
-  limit(RLIMIT_NOFILE, nofile, nofile, "RLIMIT_NOFILE");
-  limit(RLIMIT_STACK, stack, stack, "RLIMIT_STACK");
+  limit(RLIMIT_AS, run->as, run->as, "RLIMIT_AS");
+  limit(RLIMIT_FSIZE, run->fsize, run->fsize, "RLIMIT_FSIZE");
+  limit(RLIMIT_NOFILE, run->nofile, run->nofile, "RLIMIT_NOFILE");
+  limit(RLIMIT_STACK, run->stack, run->stack, "RLIMIT_STACK");
   limit(RLIMIT_CORE, 0, 0, "RLIMIT_CORE");
-  if (nproc > 0) limit(RLIMIT_NPROC, nproc, nproc, "RLIMIT_NPROC");
+  if (run->nproc > 0) limit(RLIMIT_NPROC, run->nproc, run->nproc, "RLIMIT_NPROC");
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("prctl NO_NEW_PRIVS");
-  execvp(argv[ARGS + 1], argv + ARGS + 1);
-  fail(argv[ARGS + 1]);
-  return 127;
+  execvp(run->argv[0], run->argv);
+  fail(run->argv[0]);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "serve") == 0) return serve(argc - 1, argv + 1);
+  fprintf(stderr, "usage: launch serve MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE...\n");
+  return 2;
 }

@@ -1,8 +1,8 @@
-"""The native launcher (``_launch.c``), built once per process with the host's C compiler.
-
-The runner starts executables through it (see the C file for why and what it does); without
-a compiler, or when the build fails, the runner forks itself for them as it does for
-Python's runs: the same isolation, a few milliseconds more per run.
+"""The sandbox's native executable (``_launch.c`` and ``_serve.c``), built once per process
+with the host's C compiler: the runner of items whose programs are executables, and the
+launcher of each of their runs (see the C files for why and what they do). Without a
+compiler, or when the build fails, the Python runner serves those items too and forks itself
+for each run: the same isolation, milliseconds more per item and per run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from reward_server.sandbox._languages import SANDBOX_PATH
 
 logger = logging.getLogger(__name__)
 
-LAUNCHER_SOURCE = Path(__file__).with_name("_launch.c")
+LAUNCHER_SOURCES = tuple(Path(__file__).with_name(name) for name in ("_launch.c", "_serve.c"))
 #: Where the launcher lies inside an item's sandbox (beside ``prog`` and ``work``).
 LAUNCHER_NAME = "launch"
 _COMPILERS = ("cc", "gcc", "clang")
@@ -35,7 +35,7 @@ def find_compiler() -> str | None:
 
 @functools.cache
 def build_launcher(compiler: str | None = None) -> bytes | None:
-    """The launcher's executable, or None (then the runner forks for every run).
+    """The native executable, or None (then the Python runner forks for every run).
 
     Linked statically when the C library allows it: a static binary skips the dynamic
     loader at every run, which is a measurable share of a short test's start. It is copied
@@ -46,8 +46,8 @@ def build_launcher(compiler: str | None = None) -> bytes | None:
         # Info, not a warning: an image without compilers (Python programs only, which never
         # use the launcher) is a normal set-up.
         logger.info(
-            "sandbox: no C compiler (%s) on the host: executables start from a fork of "
-            "the runner (slower per test)",
+            "sandbox: no C compiler (%s) on the host: executables run under the Python "
+            "runner, from a fork of it (slower per item and per test)",
             "/".join(_COMPILERS),
         )
         return None
@@ -55,7 +55,7 @@ def build_launcher(compiler: str | None = None) -> bytes | None:
     with tempfile.TemporaryDirectory(prefix="sandbox-launcher-") as folder:
         out = Path(folder, LAUNCHER_NAME)
         for link in (["-static"], []):
-            argv = [cc, "-O2", "-s", *link, "-o", str(out), str(LAUNCHER_SOURCE)]
+            argv = [cc, "-O2", "-s", *link, "-o", str(out), *map(str, LAUNCHER_SOURCES)]
             try:
                 subprocess.run(argv, capture_output=True, timeout=120, check=True)
                 return out.read_bytes()
@@ -64,8 +64,8 @@ def build_launcher(compiler: str | None = None) -> bytes | None:
             except (OSError, subprocess.SubprocessError) as exc:
                 failure = str(exc)
     logger.warning(
-        "sandbox: could not build the native launcher with %s (%s): executables start from "
-        "a fork of the runner (slower per test)",
+        "sandbox: could not build the native runner with %s (%s): executables run under "
+        "the Python runner, from a fork of it (slower per item and per test)",
         cc,
         failure,
     )

@@ -1,6 +1,7 @@
-"""The runner inside one item's sandbox: builds the program once, then starts each run: a
-fork of itself for Python (the warm path), the native launcher (``_launch.c``, by
-posix_spawn) for an executable, or a fork when the sandbox has no launcher.
+"""The Python runner inside one item's sandbox: builds the program once, then starts each run
+as a fork of itself: for Python the warm path (the code compiled once, run in the fork); for
+an executable only where the native runner (``_serve.c``, which does this module's job for
+executables without an interpreter's start) could not be built.
 
 Not imported by the server: the sandbox's interpreter gets ``_runner_job.py``'s text then
 this one's as ``python3 -I -S -c SOURCE CONFIG``. In ``bwrap`` mode it is PID 1 of the
@@ -39,7 +40,6 @@ if __name__ != "__main__":  # imported by the server's checks; in the sandbox, d
         PR_SET_DUMPABLE,
         PR_SET_PDEATHSIG,
         child,
-        cpu_seconds,
         mount,
         own_user_namespace,
         prctl,
@@ -120,7 +120,6 @@ class Runner:
         self.counter = 0
         self.env = dict(cfg["env"])
         self.files = list(cfg["files"])
-        self.launcher = cfg.get("launcher")  # the native launcher's path, or None
 
     # -- setup ------------------------------------------------------------------------
     def setup(self):
@@ -214,15 +213,13 @@ class Runner:
         # The child reports a failure before the program starts on this pipe; exec (or the
         # Python path, explicitly) closes it, so EOF with no data means the program ran.
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        spawn = msg["kind"] == "exec" and self.launcher
         cwd = tdir or self.prog
         try:
-            pid = self.spawn(msg, fds, cwd, err_w) if spawn else os.fork()
+            pid = os.fork()
         except OSError as exc:
             os.close(err_r)
             os.close(err_w)
-            what = "spawn" if spawn else "fork"
-            self.send({"op": "done", "id": msg["id"], "error": f"{what}: {exc}"})
+            self.send({"op": "done", "id": msg["id"], "error": f"fork: {exc}"})
             return False
         if pid == 0:
             child(self, msg, fds, cwd, err_w)  # never returns
@@ -230,31 +227,6 @@ class Runner:
             os.close(fd)
         self.jobs[pid] = Job(msg, pid, tdir, err_r)
         return True
-
-    def spawn(self, msg, fds, cwd, err_w):
-        """Start an executable through the native launcher (``_launch.c``): posix_spawn is a
-        vfork, so nothing of the runner is copied, and the launcher isolates, limits and
-        execs as ``child`` would. Its pid."""
-        lim = msg["limits"]
-        argv = [
-            self.launcher,
-            "u" if self.bwrap else "p",
-            cwd,
-            str(cpu_seconds(lim)),
-            *(str(int(lim[k])) for k in ("as_bytes", "fsize_bytes", "nofile", "stack_bytes")),
-            str(int(lim.get("nproc") or 0)),
-            "--",
-            *msg["argv"],
-        ]
-        env = dict(self.env)
-        env.update(msg.get("env") or {})
-        # The job's pipes as 0-2, the failure pipe as 3. Every source is above 2 (0-2 are
-        # the runner's own), so no action overwrites a later one's source; the failure pipe
-        # is made inheritable in case it is 3 itself (the runner is single-threaded: no other
-        # child starts before it is closed).
-        os.set_inheritable(err_w, True)
-        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate((*fds, err_w))]
-        return os.posix_spawn(self.launcher, argv, env, file_actions=actions)
 
     def make_test_dir(self, tdir):
         """A fresh directory holding links to the program's files (read-only)."""

@@ -1,6 +1,6 @@
-"""The forked side of the sandbox's runner (``_runner.py``): one job, from the fork to
-the program (an executable goes through the native launcher instead where there is one,
-``_launch.c``, which does the same steps).
+"""The forked side of the Python runner (``_runner.py``): one job, from the fork to the
+program (the native runner's jobs do the same steps in C: ``start_program`` in
+``_launch.c``).
 
 The sandbox's interpreter gets this text followed by ``_runner.py``'s as one ``-c`` source
 (standard library only, Python 3.8+). A job (build, syntax check, run) is a fork of the
@@ -126,7 +126,7 @@ def default_signals():
     """Every signal's action back to the default, whatever the runner inherited from the
     server's start (``nohup`` ignores SIGHUP) or set itself (SIGINT ignored, SIGCHLD
     handled): an exec keeps ignored signals. glibc keeps 32 and 33 for its threads and
-    refuses them here; the native launcher resets those too."""
+    refuses them here; the native runner resets those too."""
     for sig in range(1, signal.NSIG):
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
             try:  # noqa: SIM105 (no contextlib: see the imports)

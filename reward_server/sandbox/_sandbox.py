@@ -39,10 +39,11 @@ class Sandbox:
     the machine's cores); ``python``: the interpreter of the runner and of Python programs
     (default: the server's own if the sandbox user can run it, else ``/usr/bin/python3``);
     ``uid``: the user bwrap runs as when the server is root (default
-    :data:`~reward_server.sandbox.SANDBOX_UID`); ``launcher``: start executables (compiled
-    programs, compilers, node, java) through a small native launcher built at construction
-    with the host's C compiler (see ``_launch.c``), which costs a fraction of a fork of the
-    runner per run; False, or no compiler, forks the runner for them (same isolation).
+    :data:`~reward_server.sandbox.SANDBOX_UID`); ``launcher``: run items whose programs are
+    executables (compiled programs, compilers, node, java) under a small native runner built
+    at construction with the host's C compiler (``_launch.c``, ``_serve.c``), which starts
+    in a fraction of a Python runner's time and forks for each run; False, or no compiler,
+    runs them under the Python runner (same isolation).
     """
 
     def __init__(
@@ -100,7 +101,7 @@ class Sandbox:
                 who,
                 self.python,
                 self.workers,
-                "native launcher" if self._launcher is not None else "no native launcher",
+                "native runner" if self._launcher is not None else "no native runner",
             )
 
     # -- checks -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""One item's sandbox: bwrap (or, in mode none, a plain process) with a warm runner in it;
-the program built once, then each test started by the runner (a fork of it for Python, the
-native launcher for an executable)."""
+"""One item's sandbox: bwrap (or, in mode none, a plain process) with a runner in it, the
+program built once, then each test started by the runner: for Python a fork of the warm
+Python runner (``_runner.py``), for an executable a fork of the native runner
+(``_serve.c``), or of the Python runner where no native one could be built."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from reward_server.sandbox._channel import Channel, RunnerGone, runner_config
+from reward_server.sandbox._channel import (
+    Channel,
+    RunnerGone,
+    native_message,
+    python_message,
+    runner_config,
+)
 from reward_server.sandbox._host import SANDBOX_ENV, SANDBOX_ROOT, bwrap_argv, drop_privileges
 from reward_server.sandbox._languages import Language, language
 from reward_server.sandbox._launcher import LAUNCHER_NAME
@@ -127,35 +134,33 @@ class Session:
     async def _start(self) -> str | None:
         """Start the sandbox and its runner; None when ready, else what went wrong."""
         sandbox = self.sandbox
-        self._channel = channel = Channel()
-        launcher = sandbox._launcher
+        # Executables are served by the native runner (_serve.c) where there is one: no
+        # interpreter to start per item. Python programs need the warm Python runner.
+        native = sandbox._launcher is not None and not self.language.warm
+        self._channel = channel = Channel(native_message if native else python_message)
         memfds: list[int] = []
         try:
             if sandbox.mode == "bwrap":
-                argv = self._bwrap_argv(memfds)
+                argv = self._bwrap_argv(memfds, native)
             else:
-                self._fill_host_folder()
+                self._fill_host_folder(native)
                 argv = []
-            config = {
-                "mode": sandbox.mode,
-                "root": self._root,
-                "control_fd": channel.runner_fd,
-                "workdir_bytes": self.limits.workdir_mb * _MB,
-                "inodes": max(1024, self.limits.workdir_mb * INODES_PER_MB),
-                "env": SANDBOX_ENV,
-                "files": sorted(self.files),
-                "launcher": None if launcher is None else f"{self._root}/{LAUNCHER_NAME}",
-            }
-            code = sandbox._runner_code
-            if code is not None:
-                fd = os.memfd_create("sandbox-runner")
-                memfds.append(fd)
-                _write_all(fd, code)
-                config["code_fd"] = fd
-                boot = _BOOT.format(fd=fd, size=len(code))
+            workdir_bytes = self.limits.workdir_mb * _MB
+            inodes = max(1024, self.limits.workdir_mb * INODES_PER_MB)
+            if native:
+                argv += [
+                    f"{self._root}/{LAUNCHER_NAME}",
+                    "serve",
+                    sandbox.mode,
+                    self._root,
+                    str(channel.runner_fd),
+                    str(workdir_bytes),
+                    str(inodes),
+                    "--",
+                    *sorted(self.files),
+                ]
             else:
-                boot = RUNNER_SOURCE
-            argv += [sandbox.python, "-I", "-S", "-c", boot, runner_config(config)]
+                argv += self._python_runner(memfds, workdir_bytes, inodes)
             user: dict[str, Any] = {}
             if sandbox.mode == "bwrap" and sandbox.uid not in (None, os.geteuid()):
                 prefix, user = drop_privileges(sandbox.uid)
@@ -165,9 +170,35 @@ class Session:
             for fd in memfds:
                 os.close(fd)
 
-    def _bwrap_argv(self, memfds: list[int]) -> list[str]:
-        """bwrap's command line for this item: its files and the launcher come in memfds
-        (appended to ``memfds``, which the caller closes once bwrap started)."""
+    def _python_runner(self, memfds: list[int], workdir_bytes: int, inodes: int) -> list[str]:
+        """The Python runner's command line (its bytecode in a memfd, appended to
+        ``memfds``)."""
+        sandbox = self.sandbox
+        assert self._channel is not None
+        config = {
+            "mode": sandbox.mode,
+            "root": self._root,
+            "control_fd": self._channel.runner_fd,
+            "workdir_bytes": workdir_bytes,
+            "inodes": inodes,
+            "env": SANDBOX_ENV,
+            "files": sorted(self.files),
+        }
+        code = sandbox._runner_code
+        if code is not None:
+            fd = os.memfd_create("sandbox-runner")
+            memfds.append(fd)
+            _write_all(fd, code)
+            config["code_fd"] = fd
+            boot = _BOOT.format(fd=fd, size=len(code))
+        else:
+            boot = RUNNER_SOURCE
+        return [sandbox.python, "-I", "-S", "-c", boot, runner_config(config)]
+
+    def _bwrap_argv(self, memfds: list[int], native: bool) -> list[str]:
+        """bwrap's command line for this item: its files and (``native``) the native
+        runner come in memfds (appended to ``memfds``, which the caller closes once bwrap
+        started)."""
         sandbox = self.sandbox
         assert sandbox.bwrap is not None
 
@@ -181,7 +212,7 @@ class Session:
         placed = [(memfd(rel, content), rel) for rel, content in self.files.items()]
         files_bytes = sum(len(c) for c in self.files.values())
         tools = []
-        if sandbox._launcher is not None:
+        if native and sandbox._launcher is not None:
             tools.append((memfd(LAUNCHER_NAME, sandbox._launcher), LAUNCHER_NAME))
             files_bytes += len(sandbox._launcher)
         return bwrap_argv(
@@ -192,14 +223,15 @@ class Session:
             tools=tools,
         )
 
-    def _fill_host_folder(self) -> None:
-        """Mode none: the item's folder on the host, with its files and the launcher."""
+    def _fill_host_folder(self, native: bool) -> None:
+        """Mode none: the item's folder on the host, with its files and (``native``) the
+        native runner."""
         self._host_dir = self._root = tempfile.mkdtemp(prefix="sandbox-none-")
         for rel, content in self.files.items():
             path = Path(self._host_dir, "prog", rel)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
-        if self.sandbox._launcher is not None:
+        if native and self.sandbox._launcher is not None:
             tool = Path(self._host_dir, LAUNCHER_NAME)
             tool.write_bytes(self.sandbox._launcher)
             tool.chmod(0o555)

@@ -73,17 +73,39 @@ def isolated(
     yield sandbox
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["launcher", "forked"])
+@pytest.fixture(scope="module", params=[True, False], ids=["native", "python-runner"])
 def isolated_exec(
     request: pytest.FixtureRequest,
     sandbox: Sandbox,
     listener: socket.socket,
     host_files: dict[str, Path],
 ) -> Sandbox:
-    """An isolated sandbox that starts executables through the native launcher (the
-    default), or one that forks its runner for them (``launcher=False``)."""
+    """An isolated sandbox whose executables run under the native runner (the default), or
+    one whose Python runner forks for them (``launcher=False``)."""
     chosen = sandbox if request.param else Sandbox(workers=2, launcher=False)
     _check_isolated(chosen, listener, host_files)
+    # And a compiled program, under the runner that executables get, in namespaces of its
+    # own with that runner as its parent.
+    probe = """
+        #include <stdio.h>
+        #include <unistd.h>
+        int main(void) {
+            const char *names[] = {"pid", "net", "mnt", "user", 0};
+            for (int i = 0; names[i]; i++) {
+                char path[64], target[128] = {0};
+                snprintf(path, sizeof path, "/proc/self/ns/%s", names[i]);
+                readlink(path, target, sizeof target - 1);
+                printf("%s\\n", target);
+            }
+            printf("%d\\n", (int)getppid());
+        }
+    """
+    result = _run(chosen, probe, language="c", name="main.c")
+    assert result.status == "ok", result
+    *seen, ppid = result.stdout.splitlines()
+    host = [os.readlink(f"/proc/self/ns/{ns}") for ns in ("pid", "net", "mnt", "user")]
+    assert all(ns and ns != mine for ns, mine in zip(seen, host, strict=True)), seen
+    assert ppid == "1"
     return chosen
 
 
@@ -550,7 +572,7 @@ EXEC_VIEW = """
 
 
 def test_executables_start_isolated_and_limited(isolated_exec: Sandbox) -> None:
-    """Through the launcher or a fork of the runner, a compiled program starts in a session
+    """Under the native runner or a fork of the Python one, a compiled program starts in a session
     of its own under the runner, with only its three pipes, default signals, no privileges,
     no new namespaces, a process count of its own run, and every limit of its Limits."""
     limits = Limits(
@@ -565,7 +587,7 @@ def test_executables_start_isolated_and_limited(isolated_exec: Sandbox) -> None:
     assert lines[4].startswith("cwd /sandbox/work/"), lines[4]
     status = {k: v.strip() for k, v in (line.split(":", 1) for line in lines[5:9])}
     # No signal ignored or blocked, however the server was started (nohup ignores SIGHUP);
-    # glibc's own two (32, 33) are its threads' business, and only the launcher resets them.
+    # glibc's own two (32, 33) are its threads' business; only the native runner resets them.
     reserved = 3 << 31
     ignored = int(status.pop("SigIgn"), 16)
     assert ignored == 0 if isolated_exec._launcher is not None else ignored & ~reserved == 0
@@ -580,4 +602,99 @@ def test_executables_start_isolated_and_limited(isolated_exec: Sandbox) -> None:
         "Max address space": [str(256 * int(mb))] * 2,
         "Max core file size": ["0", "0"],
     }
+    _still_works(isolated_exec)
+
+
+# A compiled program against its runner (PID 1 of the item's sandbox): what it can see of
+# PID 1, a double-forked daemon, and kill(-1, SIGKILL), chosen by its input.
+HOSTILE_EXEC = r"""
+    #define _GNU_SOURCE
+    #include <errno.h>
+    #include <fcntl.h>
+    #include <signal.h>
+    #include <stdio.h>
+    #include <string.h>
+    #include <sys/ptrace.h>
+    #include <sys/wait.h>
+    #include <unistd.h>
+    int main(void) {
+        char what[16] = "";
+        if (scanf("%15s", what) != 1) return 2;
+        if (strcmp(what, "probe") == 0) {
+            char cmd[256] = {0};
+            int fd = open("/proc/1/cmdline", O_RDONLY);
+            ssize_t n = fd < 0 ? -1 : read(fd, cmd, sizeof cmd - 1);
+            for (ssize_t i = 0; i < n; i++) if (cmd[i] == 0) cmd[i] = ' ';
+            printf("init %s\n", cmd);
+            const char *paths[] = {"/proc/1/mem", "/proc/1/environ", "/proc/1/maps", 0};
+            for (int i = 0; paths[i]; i++) {
+                char buf[16];
+                int f = open(paths[i], O_RDONLY);
+                printf("%s %s\n", paths[i], f >= 0 && read(f, buf, sizeof buf) > 0 ? "READ" : "no");
+            }
+            errno = 0;
+            long traced = ptrace(PTRACE_ATTACH, 1, 0, 0);
+            printf("ptrace %ld %d\n", traced, errno);
+        } else if (strcmp(what, "daemon") == 0) {
+            if (fork() == 0) {
+                setsid();
+                if (fork() == 0) { close(0); close(1); close(2); sleep(5); _exit(0); }
+                _exit(0);
+            }
+            wait(NULL);
+            printf("parent done\n");
+        } else if (strcmp(what, "kill") == 0) {
+            usleep(200000);
+            kill(-1, SIGKILL);
+            printf("still here\n");
+        }
+        return 0;
+    }
+"""
+SLEEPER_EXEC = (
+    '#include <stdio.h>\n#include <unistd.h>\nint main(void) { sleep(2); puts("fine"); }\n'
+)
+
+
+def test_hostile_executables_leave_their_runner_alone(isolated_exec: Sandbox) -> None:
+    """Against the native runner (or the Python one, forked): PID 1 cannot be read or
+    traced, a daemon that leaves its run dies with it, and kill(-1, SIGKILL) reaches
+    neither the runner, nor another item running at the same time, nor the host."""
+    marker = subprocess.Popen(["sleep", "60"])  # a host process kill(-1) must not reach
+
+    async def side_by_side() -> tuple[list[RunResult], list[str], RunResult]:
+        async def hostile() -> tuple[list[RunResult], list[str]]:
+            async with isolated_exec.session("c", {"main.c": textwrap.dedent(HOSTILE_EXEC)}, LIMITS) as item:  # fmt: skip
+                assert item.compile_result.ok, item.compile_result
+                results = [await item.run("probe"), await item.run("daemon")]
+                outer = item.pid
+                assert outer is not None
+                left = _wait_for(lambda: _tree(outer), lambda tree: len(tree) <= 2)
+                results += [await item.run("kill"), await item.run("daemon")]
+                return results, left
+
+        async def neighbour() -> RunResult:
+            async with isolated_exec.session("c", {"main.c": SLEEPER_EXEC}, LIMITS) as item:
+                return await item.run("")
+
+        (results, left), other = await asyncio.gather(hostile(), neighbour())
+        return results, left, other
+
+    try:
+        (probe, daemon, killer, again), left, other = asyncio.run(side_by_side())
+        assert marker.poll() is None
+    finally:
+        marker.kill()
+        marker.wait()
+    assert all(r.status == "ok" for r in (probe, daemon, killer, again, other))
+    lines = probe.stdout.splitlines()
+    native = isolated_exec._launcher is not None
+    runner = "/sandbox/launch serve bwrap /sandbox" if native else f"{isolated_exec.python} -I"
+    assert lines[0].startswith(f"init {runner}"), lines[0]
+    assert lines[1:4] == [f"/proc/1/{name} no" for name in ("mem", "environ", "maps")]
+    assert lines[4].split()[1] == "-1", lines[4]  # ptrace refused
+    assert len(left) == 2, f"left inside the sandbox after the daemon's run: {left}"
+    outputs = [r.stdout for r in (daemon, killer, again)]
+    assert outputs == ["parent done\n", "still here\n", "parent done\n"], outputs
+    assert other.stdout == "fine\n"
     _still_works(isolated_exec)
