@@ -326,7 +326,6 @@ static _Noreturn void job_child(const int fds[3], int err_w, struct run *run, ch
   start_program(run);
 }
 
-
 /* Start a job from its message; whether it took the descriptors. */
 static int start_job(char **f, int n, const int fds[3], int nfds) {
   long id = strtol(f[1], NULL, 10);
@@ -334,7 +333,7 @@ static int start_job(char **f, int n, const int fds[3], int nfds) {
   double timeout_s, cpu_s;
   /* job ID CWD SEAL TIMEOUT CPU AS FSIZE NOFILE STACK NPROC NENV ENV... ARGV... */
   if (n < 13 || sscanf(f[4], "%lf", &timeout_s) != 1 || sscanf(f[5], "%lf", &cpu_s) != 1 ||
-      !(cpu_s >= 0 && cpu_s < 1e9) || parse_number(f[11], &nenv) != 0 ||
+      !(cpu_s >= 0 && cpu_s < 1e9) || parse_number(f[11], &nenv) != 0 || nenv > (rlim_t)n ||
       (rlim_t)n < 13 + nenv) {
     reply(id, "bad job message");
     return 0;
@@ -367,6 +366,7 @@ static int start_job(char **f, int n, const int fds[3], int nfds) {
     test_dir(cwd, sizeof cwd, test);
     if (make_test_dir(cwd) != 0) {
       replyf(id, "work dir: %s", strerror(errno));
+      remove_tree(AT_FDCWD, cwd, 0);
       return 0;
     }
   } else {
@@ -375,6 +375,7 @@ static int start_job(char **f, int n, const int fds[3], int nfds) {
   int err[2];
   if (pipe2(err, O_CLOEXEC) != 0) {
     replyf(id, "pipe: %s", strerror(errno));
+    if (test) remove_tree(AT_FDCWD, cwd, 0);
     return 0;
   }
   struct run run = {
@@ -395,6 +396,7 @@ static int start_job(char **f, int n, const int fds[3], int nfds) {
   if (pid < 0) {
     close(err[0]);
     replyf(id, "fork: %s", strerror(saved));
+    if (test) remove_tree(AT_FDCWD, cwd, 0);
     return 0;
   }
   for (int i = 0; i < 3; i++) close(fds[i]);

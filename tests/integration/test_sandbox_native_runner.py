@@ -228,6 +228,9 @@ def test_bad_messages_get_an_answer_and_the_runner_goes_on(runner: Runner) -> No
     fields[7] = b"-5"  # a negative file size
     runner.send(b"\0".join(fields))
     assert runner.read() == {"op": "done", "id": 76, "error": "bad job message: limits"}
+    fields[7], fields[11] = b"0", str(2**64 - 1).encode()  # more environment than fields
+    runner.send(b"\0".join(fields))
+    assert runner.read() == {"op": "done", "id": 76, "error": "bad job message"}
     msg = {"op": "job", "id": 78, "kind": "exec", "cwd": "test", "argv": ["true"]}
     runner.send(native_message({**msg, "limits": LIMITS, "env": {}}))  # no pipes
     assert runner.read() == {"op": "done", "id": 78, "error": "expected 3 pipes"}
