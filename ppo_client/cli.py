@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 
 __all__ = ["build_parser", "main", "run", "train_config"]
 
+#: The last trainer of this process, kept until the process ends (see exit_now): freeing it
+#: would tear down torch.distributed's gloo group, whose destructor joins the group's worker
+#: threads, and one may wait forever on a peer rank that already exited (seen: a two-rank
+#: CPU run that had finished and saved everything hung there for an hour).
+_last_trainer: list[object] = []
+
 logger = logging.getLogger("ppo_client.cli")
 
 
@@ -113,6 +119,7 @@ def _train(args: argparse.Namespace, rest: Sequence[str]) -> int:
         from ppo_client.trainer import PPOTrainer
 
         trainer = PPOTrainer(config)
+        _last_trainer[:] = [trainer]
         trainer.train()
     except ConfigError as exc:
         print(f"ppo-client train: {exc}", file=sys.stderr)
@@ -242,8 +249,10 @@ def exit_now(code: int) -> NoReturn:
     The interpreter's own exit could hold a finished or stopped trainer for a long time after
     its last line: it joins every non-daemon thread (one may still be inside a reward request,
     up to ``reward_timeout`` against a hanging server) and then garbage-collects the millions
-    of objects that torch and transformers create (tens of seconds on a loaded machine). Exit handlers still run (they flush trackers and logs), then the process ends
-    without the joins and the teardown: every file the run writes is closed by then.
+    of objects that torch and transformers create (tens of seconds on a loaded machine), the
+    distributed process group among them (see ``_last_trainer``). Exit handlers still run
+    (they flush trackers and logs), then the process ends without the joins and the
+    teardown: every file the run writes is closed by then.
     """
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):  # too late to stop anything: ignore
