@@ -53,8 +53,8 @@ def python_message(msg: dict[str, Any]) -> bytes:
     return marshal.dumps(msg, MARSHAL_VERSION)
 
 
-#: The limits of a job, in the order the native runner reads them.
-_NATIVE_LIMITS = ("cpu_s", "as_bytes", "fsize_bytes", "nofile", "stack_bytes", "nproc")
+#: A job's whole-number limits, in the order the native runner reads them after its CPU time.
+_NATIVE_LIMITS = ("as_bytes", "fsize_bytes", "nofile", "stack_bytes", "nproc")
 
 
 def native_message(msg: dict[str, Any]) -> bytes:
@@ -75,7 +75,7 @@ def native_message(msg: dict[str, Any]) -> bytes:
             "1" if msg.get("seal") else "0",
             repr(float(lim["timeout_s"])),
             repr(float(lim["cpu_s"])),  # the runner rounds it up to whole seconds
-            *(str(int(lim.get(key) or 0)) for key in _NATIVE_LIMITS[1:]),
+            *(str(int(lim.get(key) or 0)) for key in _NATIVE_LIMITS),
             str(len(env)),
             *env,
             *msg["argv"],
