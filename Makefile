@@ -14,6 +14,8 @@ STAMP := $(VENV)/.installed
 # that day); run make test with the new lock before committing it. `make setup LOCK=` installs
 # without it (e.g. with TORCH=torch VLLM_EXTRA=vllm on a GPU machine, whose builds differ).
 LOCK ?= constraints.txt
+# The installer of everything but torch (see the $(STAMP) rule).
+UV ?= uv==0.13.9
 LOCK_VENV := .venv-lock
 PIP_LOCK := $(if $(LOCK),-c $(LOCK))
 # What make setup removes after installing (see the $(STAMP) rule), so the lock leaves it out.
@@ -62,11 +64,15 @@ prometheus:
 # imports either, but transformers imports scikit-learn (and with it scipy and pandas)
 # whenever it is installed, about 1 s more for every process that loads a model (each
 # server and trainer the demo and the tests start), so they go too.
+# torch comes from pip (pip's configuration may name where the CPU build lies); the rest from
+# uv's pip interface, with the same lock: the same packages as pip installs, in 15 s against
+# pip's 2 min on the 2-core machine. uv reads no pip configuration: behind a mirror, set
+# UV_DEFAULT_INDEX (or UV_INDEX_URL) as well.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(PIP_LOCK) "$(TORCH)"
-	$(BIN)/python -m pip install -q $(PIP_LOCK) -e ".[dev,all,$(VLLM_EXTRA)]"
+	$(BIN)/python -m pip install -q $(PIP_LOCK) "$(TORCH)" "$(UV)"
+	$(BIN)/uv pip install -q --python $(BIN)/python $(PIP_LOCK) -e ".[dev,all,$(VLLM_EXTRA)]"
 	$(BIN)/python -m pip uninstall -q -y $(UNUSED)
 	touch $(STAMP)
 
