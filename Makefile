@@ -72,7 +72,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(PIP_LOCK) "$(TORCH)" "$(UV)"
-	$(BIN)/uv pip install -q --python $(BIN)/python $(PIP_LOCK) -e ".[dev,all,$(VLLM_EXTRA)]"
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(PIP_LOCK) -e ".[dev,all,$(VLLM_EXTRA)]"
 	$(BIN)/python -m pip uninstall -q -y $(UNUSED)
 	touch $(STAMP)
 
