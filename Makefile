@@ -64,10 +64,12 @@ prometheus:
 # imports either, but transformers imports scikit-learn (and with it scipy and pandas)
 # whenever it is installed, about 1 s more for every process that loads a model (each
 # server and trainer the demo and the tests start), so they go too.
-# torch comes from pip (pip's configuration may name where the CPU build lies); the rest from
-# uv's pip interface, with the same lock: the same packages as pip installs, in 15 s against
-# pip's 2 min on the 2-core machine. uv reads no pip configuration: behind a mirror, set
-# UV_DEFAULT_INDEX (or UV_INDEX_URL) as well.
+# torch comes from pip, whose configuration may say where the CPU build lies; the rest from uv's
+# pip interface with the same lock (the same packages as pip, installed several times faster).
+# uv reads no pip configuration: behind a mirror, set UV_DEFAULT_INDEX as well.
+# --compile-bytecode: pip writes the .pyc files at install and uv does not; where
+# PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile torch, transformers and
+# vLLM from source at each import.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
