@@ -11,6 +11,10 @@ Programs that probe for a secret print what they found; their label's expected o
 what a sandboxed program must see (``denied``, ``refused``, ``clean``), so a leak is a
 ``wrong_answer``. ``kill(-1, SIGKILL)`` runs only after a probe has shown the program's PID
 namespace to be the sandbox's (its PID 1 the sandbox's runner, a handful of processes).
+
+Two code entries: ``code``, with a short deadline, runs the programs whose verdict is
+``timeout``; ``patient``, with a long one, runs the rest, so that a busy machine never
+turns their verdict into a timeout.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from reward_server.sandbox import Sandbox
 KEY = "hostile-test-key"
 SECRET = "s3cr3t-" + hashlib.sha256(b"hostile").hexdigest()[:16]
 TEST_TIMEOUT_S = 2.0
+#: The ``patient`` entry's deadline (the module's docstring says why there are two).
+PATIENT_TIMEOUT_S = 60.0
 #: Growth of the server's resident memory over the whole module that counts as flat.
 RSS_BOUND = 64 << 20
 
@@ -75,7 +81,9 @@ def server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "memory_mb": 256,
         "output_bytes": 65536,
     }
-    models = {"models": [{"name": "rm", "model": str(bert_rm), "weight": 0.0}, code]}
+    patient = {**code, "name": "patient", "test_timeout_s": PATIENT_TIMEOUT_S, "weight": 0.0}
+    rm = {"name": "rm", "model": str(bert_rm), "weight": 0.0}
+    models = {"models": [rm, code, patient]}
     (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
     trusted = ssl.create_default_context(cafile=str(pki.ca))
     env = {"HOSTILE_TEST_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
@@ -97,8 +105,8 @@ def server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield Server(proc, client, paths)
 
 
-def _code(server: Server, responses: list[str], labels: list[object]) -> dict:
-    body = {"texts": responses, "labels": labels, "model": "code"}
+def _code(server: Server, responses: list[str], labels: list[object], model: str = "code") -> dict:
+    body = {"texts": responses, "labels": labels, "model": model}
     answer = server.client.post("/score", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     return answer.json()  # type: ignore[no-any-return]
@@ -123,12 +131,12 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-def _scored_with_health(server: Server, response: str, label: object) -> dict:
+def _scored_with_health(server: Server, response: str, label: object, model: str) -> dict:
     """The hostile item's answer; meanwhile /health is asked again and again, each time with
     a client timeout of 1 s, and must answer 200 every time."""
     result: dict[str, dict] = {}
     thread = threading.Thread(
-        target=lambda: result.update(answer=_code(server, [response], [label]))
+        target=lambda: result.update(answer=_code(server, [response], [label], model))
     )
     thread.start()
     asked = 0
@@ -154,23 +162,24 @@ def test_baseline(server: Server) -> None:
     server.baseline_rss = psutil.Process(server.proc.proc.pid).memory_info().rss
 
 
-def assert_sandboxed(server: Server) -> None:
-    """A program sees its own PID namespace: PID 1 is the sandbox's runner, and only a few
-    processes exist. Only then may a program send kill(-1, SIGKILL)."""
+def assert_sandboxed(server: Server, model: str) -> None:
+    """A program of ``model`` sees its own PID namespace: PID 1 is the sandbox's runner, and
+    only a few processes exist. Only then may a program send kill(-1, SIGKILL)."""
     info = server.client.get("/info", timeout=30).json()
-    assert [m["sandbox"] for m in info["models"] if m["name"] == "code"] == ["bwrap"]
+    assert [m["sandbox"] for m in info["models"] if m["name"] == model] == ["bwrap"]
     probe = (
         "import os\n"
         "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
         "init = open('/proc/1/cmdline', 'rb').read().split(b'\\0')\n"
         "print('isolated' if len(pids) < 10 and b'-I' in init else 'exposed')\n"
     )
-    answer = _code(server, [f"```python\n{probe}```"], [_ok("isolated")])
-    assert answer["tests"]["code"] == [["passed"]]
+    answer = _code(server, [f"```python\n{probe}```"], [_ok("isolated")], model)
+    assert answer["tests"][model] == [["passed"]]
 
 
-def test_the_sandbox_is_in_place(server: Server) -> None:
-    assert_sandboxed(server)
+@pytest.mark.parametrize("model", ["code", "patient"])
+def test_the_sandbox_is_in_place(server: Server, model: str) -> None:
+    assert_sandboxed(server, model)
 
 
 HOSTILE: dict[str, tuple[str, object, str]] = {
@@ -282,11 +291,12 @@ CASE_NAMES = [
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_hostile_program(server: Server, name: str) -> None:
     program, label, verdict = _cases(server)[name]
+    model = "code" if verdict == "timeout" else "patient"
     if name == "kill_everything":
-        assert_sandboxed(server)  # never on the host's processes
+        assert_sandboxed(server, model)  # never on the host's processes
     before = _snapshot(server.paths["outside"])
-    answer = _scored_with_health(server, f"```python\n{program}```", label)
-    assert answer["tests"]["code"] == [[verdict]], answer
+    answer = _scored_with_health(server, f"```python\n{program}```", label, model)
+    assert answer["tests"][model] == [[verdict]], answer
     # A normal item right after it scores right.
     assert _code(server, [NORMAL[0]], [NORMAL[1]])["scores"] == [1.0]
     # Nothing the program started is left.
