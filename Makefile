@@ -132,21 +132,25 @@ format: setup
 # checks it).
 # All three folders of tests/ (unit, integration, e2e: docs/development.md says which test
 # goes where).
-# -n 2 --dist loadfile: two pytest workers (most tests wait on servers they start), each
-# taking whole test files, so a module's shared server and fixtures stay in one process.
-# Then the tests marked exclusive alone: tests/e2e/test_vllm_engine.py (its tensor-parallel
-# vLLM workers once failed to start beside the other worker's tests) and
+# -n 3 --dist loadfile: three pytest workers, each taking whole test files, so a module's
+# shared server and fixtures stay in one process; --no-loadscope-reorder hands the files out
+# in tests/conftest.py's order (longest first) instead of by their number of tests. Most
+# tests wait on the servers and trainers they start: with one torch thread per process
+# (OMP_NUM_THREADS=1) three workers keep two cores busy where two workers with a thread per
+# core left them idle part of the time and fought over them the rest.
+# Then the tests marked exclusive, two files at a time, after the others:
+# tests/e2e/test_vllm_engine.py (its tensor-parallel vLLM workers bind their threads to the
+# CPUs, and once failed to start beside the other workers' servers) beside
 # tests/e2e/test_vllm_rollout.py, the two-process run with rollout_engine: vllm in
 # tests/e2e/test_ppo_accelerate.py and the rollout part of tests/e2e/test_bench.py (an
-# in-process vLLM engine takes over its process's threads). About 18 min on the 2-core
-# machine (13 + 5).
+# in-process vLLM engine takes over its process's threads); these keep the default threads.
 # --durations: the slowest tests in the log.
 test: setup lint
-	$(TEST_GATES) $(BIN)/python -m pytest -n 2 --dist loadfile -m "not soak and not exclusive" \
-		--durations=25
-	$(TEST_GATES) $(BIN)/python -m pytest -m "exclusive and not soak" --durations=10 \
-		tests/e2e/test_vllm_engine.py tests/e2e/test_vllm_rollout.py \
-		tests/e2e/test_ppo_accelerate.py tests/e2e/test_bench.py
+	$(TEST_GATES) OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 \
+		--dist loadfile --no-loadscope-reorder -m "not soak and not exclusive" --durations=25
+	$(TEST_GATES) $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder \
+		-m "exclusive and not soak" --durations=10 tests/e2e/test_vllm_engine.py \
+		tests/e2e/test_vllm_rollout.py tests/e2e/test_ppo_accelerate.py tests/e2e/test_bench.py
 
 # The unit tests alone (tests/unit: no server, no subprocess, no socket, tiny models at most),
 # in well under a minute: what to run while editing. No lint, no counterpart gates (none of

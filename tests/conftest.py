@@ -11,6 +11,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A vLLM engine a test starts takes 1 GiB for its KV cache instead of vLLM's share of the
+# machine's memory (several GiB, touched at start-up): the tests' engines need little, and
+# those of several pytest workers then fit in memory together.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from collections.abc import Callable, Iterator
 
@@ -19,24 +23,34 @@ from filelock import FileLock
 
 import tiny_models
 
-#: The modules that take longest (a minute or more in make test's log: trained models, the
-#: demo, vLLM servers), started first so that make test's two workers do not end with one of
-#: them still running a long module alone. xdist's loadfile hands whole modules out in
-#: collection order, two at a time per worker, so odd places tend to go to one worker and
-#: even places to the other: the vLLM modules take the odd places (one vLLM server at a time,
-#: beside the other worker's non-vLLM modules), and test_judge_generate, which trains the
-#: judge test_vllm_judge also serves, comes before it.
+#: The modules that take longest (half a minute or more in make test's log: trained models,
+#: the demo, vLLM servers), started first so that make test's workers do not end with one of
+#: them still running a long module alone: xdist's loadfile (with --no-loadscope-reorder)
+#: hands whole modules out in collection order, one at a time, to whichever worker is free.
+#: test_judge_generate trains the judge test_vllm_judge also serves, so it comes just before.
 LONGEST_FIRST = (
     "test_judge_generate.py",
-    "test_demo.py",
     "test_vllm_judge.py",
-    "test_long_runs.py",
-    "test_remote_component_vllm.py",
+    "test_demo.py",
     "test_bench.py",
-    "test_vllm_server.py",
     "test_reliability_faults.py",
+    "test_vllm_pairwise.py",
     "test_ray_serve.py",
+    "test_masks_server.py",
+    "test_ppo_train_masks.py",
+    "test_long_runs.py",
+    "test_vllm_server.py",
+    "test_tenants_server.py",
+    "test_reliability_load.py",
+    "test_examples.py",
+    "test_trl_grpo.py",
+    "test_score_cache_server.py",
     "test_ctrl_c.py",
+    "test_reliability_hostile.py",
+    "test_docs.py",
+    "test_reliability_schemathesis.py",
+    "test_grpo_verifier.py",
+    "test_remote_component_vllm.py",
     "test_client_sockets.py",
 )
 
