@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import ssl
@@ -94,8 +95,37 @@ def _handle_now(signum: int, handler: Any) -> None:
         signal.raise_signal(signum)  # the default action: the process ends
 
 
+#: Linux's range of ports for the local end of outgoing connections.
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port free_port hands out: above the ports Ray gives its workers (10002-19999).
+LOWEST_PORT = 20000
+
+
+def _ports_below_ephemeral() -> range:
+    """The ports from LOWEST_PORT up to the ephemeral range (none where it is unknown)."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(LOWEST_PORT, low)
+
+
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
+    """A loopback TCP port that was free a moment ago, below the ephemeral range.
+
+    A port the kernel hands out (``bind`` to port 0) lies in the ephemeral range, where any
+    outgoing connection may take it as its local port while no server listens there: a
+    client retrying a stopped server can then connect to itself, and the server restarted
+    on that port fails with "address already in use". So pick one below the range, and fall
+    back to the kernel's choice where there is no such port."""
+    candidates = _ports_below_ephemeral()
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -25,6 +25,7 @@ from reward_client import (
     RewardClient,
     RewardServerError,
 )
+from reward_server.launcher import EPHEMERAL_RANGE, LOWEST_PORT, free_port
 from tiny_models import make_corpus
 
 
@@ -133,3 +134,18 @@ def score_once(mode: str, url: str, texts: list[str], **kwargs: Any) -> list[flo
             return await client.score(texts=texts)
 
     return asyncio.run(main())
+
+
+def test_free_ports_lie_below_the_ephemeral_range() -> None:
+    """The servers' ports (tests, demo, benchmarks) are never ones an outgoing connection can
+    take as its local end: a client retrying a killed server's port could otherwise connect
+    to itself and keep the restarted server from binding it."""
+    low = int(EPHEMERAL_RANGE.read_text(encoding="ascii").split()[0])
+    if low <= LOWEST_PORT:
+        pytest.skip(f"no ports between {LOWEST_PORT} and the ephemeral range ({low})")
+    ports = {free_port() for _ in range(20)}
+    assert all(LOWEST_PORT <= port < low for port in ports), sorted(ports)
+    assert len(ports) > 1  # picked at random, not one port for every server
+    for port in ports:  # each one free: a server can bind it
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
