@@ -99,6 +99,10 @@ def _handle_now(signum: int, handler: Any) -> None:
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: The lowest port free_port hands out: above the ports Ray gives its workers (10002-19999).
 LOWEST_PORT = 20000
+#: free_port's own source of chance, seeded by the system: the process-wide ``random`` is
+#: seeded alike in every process that calls ``random.seed(42)`` (``transformers.set_seed``
+#: does), and two such processes would then pick the same port.
+_PORT_CHOICE = random.SystemRandom()
 
 
 def _ports_below_ephemeral() -> range:
@@ -119,7 +123,7 @@ def free_port() -> int:
     on that port fails with "address already in use". So pick one below the range, and fall
     back to the kernel's choice where there is no such port."""
     candidates = _ports_below_ephemeral()
-    for port in random.sample(candidates, min(64, len(candidates))):
+    for port in _PORT_CHOICE.sample(candidates, min(64, len(candidates))):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))

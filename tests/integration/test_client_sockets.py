@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
 import socket
 import threading
@@ -146,6 +147,13 @@ def test_free_ports_lie_below_the_ephemeral_range() -> None:
     ports = {free_port() for _ in range(20)}
     assert all(LOWEST_PORT <= port < low for port in ports), sorted(ports)
     assert len(ports) > 1  # picked at random, not one port for every server
+    # Processes that seed the process-wide random alike (transformers.set_seed) still get
+    # different ports.
+    seeded = set()
+    for _ in range(5):
+        random.seed(42)
+        seeded.add(free_port())
+    assert len(seeded) > 1, seeded
     for port in ports:  # each one free: a server can bind it
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))
