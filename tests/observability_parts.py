@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from reward_server.launcher import ServerProcess, running_server
+from server_proc import ServerProcess, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 OBSERVABILITY = ROOT / "deploy" / "observability"

@@ -1,27 +1,29 @@
-"""Run the real ``reward-server`` console script in a subprocess for end-to-end tests.
+"""Run the real ``reward-server`` in a subprocess for end-to-end tests.
 
 The implementation lives in :mod:`reward_server.launcher` (the demo and the benchmarks use
-it too); this module keeps the tests' import path short, and reads what a running server
-counted from its /metrics.
+it too); this module keeps the tests' import path short, starts the servers from the
+launcher's warm process (``warm=True``: the suite starts over a hundred servers, each of
+which would import torch and transformers anew), and reads what a running server counted
+from its /metrics. A test of the console script itself runs ``REWARD_SERVER`` or passes
+``warm=False``; a server whose environment changes more than its ``REWARD_SERVER_*``
+settings starts cold anyway.
 """
 
+import contextlib
 import json
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reward_server.launcher import (
-    REWARD_SERVER,
-    ServerProcess,
-    free_port,
-    running_server,
-    start_server,
-)
+from reward_server import launcher
+from reward_server.launcher import REWARD_SERVER, ServerProcess, free_port
 
 __all__ = [
     "REWARD_SERVER",
@@ -35,6 +37,20 @@ __all__ = [
     "start_server",
     "wait_until",
 ]
+
+
+def start_server(
+    model_path: str | Path | None, *args: str, warm: bool = True, **kwargs: Any
+) -> ServerProcess:
+    """:func:`reward_server.launcher.start_server`, warm unless told otherwise."""
+    return launcher.start_server(model_path, *args, warm=warm, **kwargs)
+
+
+def running_server(
+    model_path: str | Path | None, *args: str, warm: bool = True, **kwargs: Any
+) -> contextlib.AbstractContextManager[ServerProcess]:
+    """:func:`reward_server.launcher.running_server`, warm unless told otherwise."""
+    return launcher.running_server(model_path, *args, warm=warm, **kwargs)
 
 
 def metric(url: str, name: str, **labels: str) -> float:
