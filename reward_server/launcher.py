@@ -150,29 +150,40 @@ class WarmProcess:
     """A server forked by the warm launcher: what ``subprocess.Popen`` offers for it.
 
     The launcher, not this process, is its parent: it sends the return code on ``reply``
-    once the server has exited.
+    once the server has exited. Where the launcher ends first (killed), the server lives on
+    and is watched by its pid; its return code is then unknown: ``LOST_RETURNCODE``.
     """
 
+    #: The return code of a server whose launcher ended before it did.
+    LOST_RETURNCODE = 255
+
     def __init__(self, reply: socket.socket, pid: int, args: list[str]) -> None:
-        self.reply = reply
+        self.reply: socket.socket | None = reply
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
 
     def _collect(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: for ever) for the return code."""
+        """Wait up to ``timeout`` seconds (None: for ever) for the exit; whether it came."""
         if self.returncode is not None:
             return True
-        ready, _, _ = select.select([self.reply], [], [], timeout)
-        if not ready:
-            return False
-        data = self.reply.recv(4096)
-        self.reply.close()
-        if data:
-            self.returncode = int(json.loads(data)["returncode"])
-        else:  # the launcher ended first (it ends when its caller does): the code is lost
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.reply is not None:
+            ready, _, _ = select.select([self.reply], [], [], timeout)
+            if not ready:
+                return False
+            data = self.reply.recv(4096)
+            self.reply.close()
+            self.reply = None
+            if data:
+                self.returncode = int(json.loads(data)["returncode"])
+                return True
             logger.warning("warm launcher gone before server %d exited", self.pid)
-            self.returncode = -int(signal.SIGKILL)
+        while _alive(self.pid):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        self.returncode = self.LOST_RETURNCODE
         return True
 
     def poll(self) -> int | None:
@@ -194,6 +205,22 @@ class WarmProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs: a zombie (an orphan whose new parent does not reap
+    it, as a container's first process may not) counts as ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc here
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 #: The variables a warm server's environment may change (prefixes): the server's settings,
@@ -382,11 +409,13 @@ def start_server(
         cmd[1:1] = ["--model", str(model_path)]
     launcher = _warm_launcher(full_env) if warm else None
     with log_path.open("wb") as log_file:
+        proc: subprocess.Popen[bytes] | WarmProcess | None = None
         if launcher is not None:
-            proc: subprocess.Popen[bytes] | WarmProcess = launcher.start(
-                cmd, full_env, log_file.fileno()
-            )
-        else:
+            try:
+                proc = launcher.start(cmd, full_env, log_file.fileno())
+            except (OSError, RuntimeError):  # the launcher has gone: a cold start still works
+                logger.warning("warm launcher failed; starting reward-server cold", exc_info=True)
+        if proc is None:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     return ServerProcess(proc, port, log_path, tls=_serves_tls(args, full_env), verify=verify)
 

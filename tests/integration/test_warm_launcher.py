@@ -89,3 +89,25 @@ def test_the_launcher_ends_with_its_caller(bert_rm: Path, tmp_path: Path) -> Non
     launcher = int(done.stdout.split()[-1])
     with contextlib.suppress(psutil.NoSuchProcess):  # gone already
         psutil.Process(launcher).wait(timeout=30)  # psutil.TimeoutExpired if it lives on
+
+
+def test_a_killed_launcher_loses_no_server(bert_rm: Path) -> None:
+    """Its servers run on and still stop; the next warm start gets a new launcher."""
+    with running_server(bert_rm, warm=True) as orphan:
+        launcher = psutil.Process(psutil.Process(orphan.proc.pid).ppid())
+        launcher.kill()
+        launcher.wait(timeout=30)
+        assert scores(orphan.url).status_code == 200  # the server serves on
+        with running_server(bert_rm, warm=True) as after:
+            assert isinstance(after.proc, WarmProcess)
+            assert psutil.Process(after.proc.pid).ppid() != launcher.pid
+    assert orphan.proc.returncode == WarmProcess.LOST_RETURNCODE  # stopped, code unknown
+    assert ended(orphan.proc.pid)
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie that its new parent has not reaped yet."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
