@@ -434,3 +434,19 @@ def test_rollout_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_pat
 
     update_block(markdown, "rollout", render(figures), "Rollouts")  # replaced, not added
     assert markdown.read_text(encoding="utf-8").count("<!-- bench:rollout:begin -->") == 1
+
+
+def test_startup_part_times_cold_and_warm_starts(
+    bert_rm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.common import server_env
+    from bench.startup import render, run_startup_bench
+
+    for name, value in server_env(1).items():  # the bench sets them: put them back after
+        monkeypatch.setenv(name, value)
+    figures = run_startup_bench(bert_rm, starts=1, threads=1)  # raises if a start was not warm
+    for kind in ("cold", "warm"):
+        for key in ("ready_s", "cpu_s"):
+            assert figures[kind][key]["n"] == 1 and figures[kind][key]["median"] > 0
+    assert figures["cold/warm ready_s"] > 0 and figures["first_warm"]["ready_s"] > 0
+    assert "| warm |" in render(figures)
