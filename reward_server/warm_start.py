@@ -28,6 +28,7 @@ import select
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,12 @@ def _become_server(
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    return [str(arg) for arg in request["argv"]]
+    argv = [str(arg) for arg in request["argv"]]
+    # Its name in ps, top and pkill: the console script's (its command line stays this
+    # launcher's, which Python cannot change).
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(Path(argv[0]).name[:15], encoding="utf-8")
+    return argv
 
 
 def serve(control: socket.socket) -> list[str] | None:

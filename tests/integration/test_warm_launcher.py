@@ -42,6 +42,9 @@ def test_warm_servers_come_from_one_launcher_not_the_caller(bert_rm: Path) -> No
         assert len(parents) == 1 and os.getpid() not in parents
         launcher = psutil.Process(parents.pop())
         assert "reward_server.warm_start" in launcher.cmdline()
+        # named as the console script in ps, top and pkill; the launcher is not
+        assert {psutil.Process(s.proc.pid).name() for s in (one, two)} == {"reward-server"}
+        assert launcher.name() != "reward-server"
 
 
 def test_return_codes_are_the_console_scripts(bert_rm: Path) -> None:
