@@ -84,6 +84,8 @@ CHUNKS_PER_WORKER = 4
 MAX_CHUNK = 32
 #: The longest reason a failed item's log line carries.
 _LOG_CHARS = 300
+#: Seconds to wait for another thread to record the exit code of a worker it collected.
+REAP_WAIT_S = 1.0
 
 #: Positions and tasks of one chunk, and the verdicts coming back (by position).
 _Items = list[tuple[int, Task]]
@@ -567,8 +569,23 @@ class _Slot:
             process.join(STOP_WAIT_S)
         if process.is_alive():
             process.kill()
-        process.join()
-        exitcode = process.exitcode
         conn.close()
+        return _reap(process)
+
+
+def _reap(process: BaseProcess) -> int | None:
+    """Wait for a stopped worker and release it: its exit code (None: not known).
+
+    Every Process.start() in the interpreter collects all of multiprocessing's exited
+    children, so another thread may collect this one first; join() then returns before that
+    thread records the exit code, and close() would raise ValueError. So wait a moment for
+    the record; if none comes (a waitpid(-1) elsewhere), leave it to the garbage collector.
+    """
+    process.join()
+    give_up = time.monotonic() + REAP_WAIT_S
+    while process.exitcode is None and time.monotonic() < give_up:
+        time.sleep(0.001)
+    exitcode = process.exitcode
+    if exitcode is not None:
         process.close()
-        return exitcode
+    return exitcode

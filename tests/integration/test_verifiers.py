@@ -19,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -582,6 +584,33 @@ def test_a_dead_worker_not_yet_reapable_gets_no_item() -> None:
         assert pool.live_workers == 1  # replaced before the verdicts came back
     finally:
         pool.close()
+
+
+def test_workers_collected_by_another_thread_still_give_their_verdicts(
+    pool_factory: Any,
+) -> None:
+    # Every Process.start() in the server (another slot replacing its worker, another pool)
+    # first collects every exited child of the interpreter, so it can take a worker that its
+    # own slot is collecting at that moment. A server in a busy CI run once failed a whole
+    # request there (ValueError from Process.close()). A thread doing that collection all
+    # the time makes the window common: each round has two workers exit at once.
+    pool = pool_factory(VerifierOptions("python", function=FUNCTIONS, workers=2, timeout_s=5.0))
+    stop = threading.Event()
+
+    def collect() -> None:
+        while not stop.is_set():
+            multiprocessing.active_children()
+
+    collector = threading.Thread(target=collect, daemon=True)
+    collector.start()
+    try:
+        tasks = [Task(None, "x", "exit"), Task(None, "y", "exit"), Task(None, "abc", None)]
+        for _ in range(20):
+            assert [v.error for v in verify_all(pool, tasks)] == ["crash", "crash", None]
+    finally:
+        stop.set()
+        collector.join()
+    assert pool.live_workers == 2
 
 
 def test_close_leaves_no_child_process(pool_factory: Any) -> None:
