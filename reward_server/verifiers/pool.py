@@ -251,6 +251,8 @@ class VerifierPool:
         for job in jobs:
             self._jobs.put(job)
         waiting = [asyncio.wrap_future(job.future) for job in jobs]
+        for future in waiting:  # the first failure is raised; the others need no log line
+            future.add_done_callback(_seen)
         results: list[_Verdicts] = []
         try:
             await asyncio.wait(waiting, timeout=remaining(deadline))
@@ -274,6 +276,12 @@ class VerifierPool:
 
     def _deadline_verdict(self) -> Verdict:
         return Verdict(self.options.on_error, {}, "deadline")
+
+
+def _seen(future: asyncio.Future[_Verdicts]) -> None:
+    """Mark a chunk's failure as read (asyncio logs one nobody read when it is collected)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def outcome_verdict(name: str, position: int, outcome: Outcome, on_error: float) -> Verdict:
