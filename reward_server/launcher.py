@@ -238,7 +238,6 @@ class WarmLauncher:
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.lock = threading.Lock()
         self.owner = os.getpid()
         with theirs:
             self.proc = subprocess.Popen(
@@ -263,7 +262,7 @@ class WarmLauncher:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
         fds = array.array("i", [theirs.fileno(), log_fd])
-        with theirs, self.lock:
+        with theirs:  # one SEQPACKET record: sent whole, never interleaved with another's
             self.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         # The launcher answers at once, after its imports on the first request.
         ready, _, _ = select.select([mine], [], [], 300)

@@ -68,11 +68,6 @@ def _send(sock: socket.socket, message: dict[str, int]) -> None:
         sock.send(json.dumps(message).encode())
 
 
-def _returncode(status: int) -> int:
-    """A wait status as ``subprocess.Popen.returncode`` has it (minus the signal number)."""
-    return os.waitstatus_to_exitcode(status)
-
-
 def _reap(replies: dict[int, socket.socket]) -> None:
     """Collect every exited server and tell its caller the return code."""
     while replies:
@@ -84,7 +79,8 @@ def _reap(replies: dict[int, socket.socket]) -> None:
             return
         reply = replies.pop(pid, None)
         if reply is not None:
-            _send(reply, {"returncode": _returncode(status)})
+            # As subprocess.Popen.returncode has it: minus the signal number for a signal.
+            _send(reply, {"returncode": os.waitstatus_to_exitcode(status)})
             reply.close()
 
 

@@ -153,7 +153,7 @@ def test_the_view_shows_live_figures_and_quits_on_q(
         wait_until(lambda: load.sent > 0, 60, "the first scored request")
         terminal.start("live", server.url, "--api-key", KEY_A)
         terminal.wait_for("live", r"items/s [1-9]|items/s 0\.[1-9]")
-        # A model's rate needs a second scrape after its first items: the frame that has it
+        # A model's rate needs a second scrape after its first items: read the frame with it.
         first = terminal.wait_for("live", r"(?m)^\s*rm\s+[1-9][\d.,]*\s")
         assert "model rm+exact (rm, exact)" in first and server.url in first
         assert _number(ITEMS_S.search(first)[1]) > 0  # type: ignore[index]
