@@ -25,12 +25,16 @@ from reward_client.errors import RewardClientError
 from reward_client.flows import Core
 from reward_client.groups import check_groups
 from reward_client.inputs import (
+    CallOptions,
+    Conversation,
     Prompt,
     ScoreInputs,
+    Tool,
     columns,
     item_count,
     pair_columns,
     request_fields,
+    tools_field,
 )
 from reward_client.results import ScoreResult
 from reward_client.wire.openai_chat import CHAT_PATH
@@ -73,6 +77,7 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
         # The inputs are checked now, before the call is started or awaited.
         fields = request_fields(inputs.get("model"), inputs.get("components"), inputs.get("cache"))
         cols, truncate = columns(inputs), inputs.get("truncate")
+        fields.update(tools_field(inputs.get("tools"), cols))
         groups = _groups(inputs.get("groups"), cols)
         seconds = inputs.get("deadline")
         self._deadline(seconds)  # a bad deadline fails here too
@@ -89,6 +94,21 @@ class _Face(Core, Generic[ResultT, ScoresT, InfoT]):
     def score(self, **inputs: Unpack[ScoreInputs]) -> ScoresT:
         """Scores for one input form (texts, query/response pairs or conversations), with
         one label per item when ``labels`` is given; None for an item the server masked."""
+        return self._run(scores(self._score_inputs(inputs)))
+
+    def score_conversations(
+        self,
+        conversations: Sequence[Conversation],
+        tools: Sequence[Tool] | None = None,
+        **options: Unpack[CallOptions],
+    ) -> ScoresT:
+        """Scores of chat conversations (None for an item the server masked): each a list of
+        OpenAI chat messages (tool calls, tool results and ``reasoning_content`` included)
+        or ``{"messages": [...], "tools": [...]}`` with tools of its own; ``tools`` (OpenAI
+        function specs) for every conversation without; ``options`` as in
+        :class:`~reward_client.inputs.CallOptions`. The same as ``score(conversations=...,
+        tools=...)``; ``score_detailed`` takes the same arguments for the details."""
+        inputs = ScoreInputs(conversations=conversations, tools=tools, **options)
         return self._run(scores(self._score_inputs(inputs)))
 
     def score_pairs_detailed(

@@ -5,6 +5,15 @@ A call names one input form; :func:`columns` (keyword form, :class:`ScoreInputs`
 plain JSON-ready lists keyed by the ``/score`` field they fill: ``texts``, ``queries`` and
 ``responses``, or ``conversations``; then ``labels`` (one per item) when given. How those
 columns become requests is the wire format's business (:mod:`reward_client.wire`).
+
+Messages are OpenAI chat messages, carried as given (numpy values made plain): ``role``,
+``content`` (a string, null, or a list of content parts), an assistant's ``tool_calls``
+(``{"id", "type": "function", "function": {"name", "arguments"}}``, the arguments a JSON
+string or an object), a tool result's ``tool_call_id`` and ``name``, ``reasoning_content``
+and any other key, which the server hands to the reward model's chat template. A
+conversation is a list of messages or an object ``{"messages": [...], "tools": [...]}``
+whose ``tools`` (OpenAI function specs) are that item's own; a call's ``tools``
+(:func:`tools_field`) apply to every item without its own.
 """
 
 from __future__ import annotations
@@ -13,28 +22,36 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, TypedDict
 
 __all__ = [
+    "CallOptions",
     "Conversation",
     "Message",
     "Prompt",
     "ScoreInputs",
+    "Tool",
     "columns",
     "item_count",
     "pair_columns",
     "plain_value",
     "request_fields",
+    "tools_field",
 ]
 
 Message: TypeAlias = Mapping[str, Any]
-Conversation: TypeAlias = Sequence[Message]
-Prompt: TypeAlias = str | Conversation
+#: An OpenAI function spec: ``{"type": "function", "function": {"name", "description",
+#: "parameters"}}``.
+Tool: TypeAlias = Mapping[str, Any]
+#: A list of messages, or ``{"messages": [...], "tools": [...]}`` (the item's own tools).
+Conversation: TypeAlias = Sequence[Message] | Mapping[str, Any]
+Prompt: TypeAlias = str | Sequence[Message]
+
+#: The keys of a conversation given as an object.
+CONVERSATION_KEYS = ("messages", "tools")
 
 
-class ScoreInputs(TypedDict, total=False):
-    """The keyword arguments of ``score`` and ``score_detailed``.
+class CallOptions(TypedDict, total=False):
+    """The keyword arguments of a scoring call besides its inputs (those of
+    ``score_conversations``); :class:`ScoreInputs` has them too.
 
-    Exactly one input form: ``texts`` (scored as given), ``queries`` with ``responses``
-    (joined by the server as the reward model expects) or ``conversations`` (lists of
-    ``{"role", "content"}`` messages, rendered with the reward model's chat template).
     ``truncate``: whether the server may cut texts over its limit (None: its default).
     ``model``: score with this one model of a composite server; ``components``: ask for
     the per-model breakdown even from a one-model server (remote-reward protocol only).
@@ -51,10 +68,6 @@ class ScoreInputs(TypedDict, total=False):
     never split across requests (remote-reward protocol only; :mod:`reward_client.groups`).
     """
 
-    texts: Sequence[str] | None
-    queries: Sequence[str] | None
-    responses: Sequence[str] | None
-    conversations: Sequence[Conversation] | None
     truncate: bool | None
     model: str | None
     components: bool | None
@@ -62,6 +75,28 @@ class ScoreInputs(TypedDict, total=False):
     cache: bool | None
     deadline: float | None
     groups: Sequence[Sequence[int]] | None
+
+
+class ScoreInputs(CallOptions, total=False):
+    """The keyword arguments of ``score`` and ``score_detailed``: one input form and the
+    options of :class:`CallOptions`.
+
+    Exactly one input form: ``texts`` (scored as given), ``queries`` with ``responses``
+    (joined by the server as the reward model expects) or ``conversations`` (lists of chat
+    messages, or ``{"messages", "tools"}`` objects, rendered with the reward model's chat
+    template; module docstring). ``tools``: OpenAI function specs for every pair or
+    conversation without tools of its own (remote-reward protocol only).
+    """
+
+    texts: Sequence[str] | None
+    queries: Sequence[str] | None
+    responses: Sequence[str] | None
+    conversations: Sequence[Conversation] | None
+    tools: Sequence[Tool] | None
+
+
+#: Every keyword :class:`ScoreInputs` takes.
+_KEYS = ScoreInputs.__required_keys__ | ScoreInputs.__optional_keys__
 
 
 def _to_str_list(name: str, values: Sequence[str]) -> list[str]:
@@ -75,21 +110,76 @@ def _to_str_list(name: str, values: Sequence[str]) -> list[str]:
     return out
 
 
-def _to_conversations(conversations: Sequence[Conversation]) -> list[list[dict[str, Any]]]:
-    """Plain JSON-ready copies of the conversations."""
-    out: list[list[dict[str, Any]]] = []
-    for i, conversation in enumerate(conversations):
-        if isinstance(conversation, (str, Mapping)):
-            raise TypeError(f"conversations[{i}] must be a list of messages")
-        messages = []
-        for message in conversation:
-            if not isinstance(message, Mapping):
-                raise TypeError(
-                    f"conversations[{i}] holds a {type(message).__name__}, not a message"
-                )
-            messages.append(dict(message))
-        out.append(messages)
+def _is_list(value: object) -> bool:
+    """A sequence that is not a string or a mapping (numpy arrays count: verl's columns)."""
+    if isinstance(value, (str, bytes, Mapping)):
+        return False
+    return isinstance(value, Sequence) or hasattr(value, "tolist")
+
+
+def _to_messages(where: str, messages: object) -> list[dict[str, Any]]:
+    """Plain JSON-ready copies of a conversation's messages, every key kept."""
+    if not _is_list(messages):
+        raise TypeError(f"{where} must be a list of messages, not {type(messages).__name__}")
+    out = []
+    for j, message in enumerate(plain_value(messages)):
+        if not isinstance(message, Mapping):
+            raise TypeError(f"{where}[{j}] is a {type(message).__name__}, not a message")
+        if not isinstance(message.get("role"), str):
+            raise TypeError(f"{where}[{j}] has no 'role' (a str)")
+        out.append(dict(message))
     return out
+
+
+def _to_tools(where: str, tools: object) -> list[dict[str, Any]]:
+    """A plain copy of a list of tool specs (OpenAI function specs)."""
+    if not _is_list(tools):
+        raise TypeError(f"{where} must be a list of tool specs, not {type(tools).__name__}")
+    out = []
+    for j, tool in enumerate(plain_value(tools)):
+        if not isinstance(tool, Mapping):
+            raise TypeError(
+                f"{where}[{j}] is a {type(tool).__name__}, not a tool spec "
+                '({"type": "function", "function": {"name", "parameters", ...}})'
+            )
+        out.append(dict(tool))
+    return out
+
+
+def _to_conversation(where: str, conversation: object) -> list[dict[str, Any]] | dict[str, Any]:
+    """A plain copy of one conversation: a list of messages, or an object with its messages
+    and (when not None) its tools."""
+    if not isinstance(conversation, Mapping):
+        return _to_messages(where, conversation)
+    unknown = sorted(set(conversation) - set(CONVERSATION_KEYS))
+    if unknown or "messages" not in conversation:
+        raise TypeError(
+            f"{where} must be a list of messages or an object with 'messages' and optional "
+            f"'tools' (got keys {sorted(conversation)})"
+        )
+    out: dict[str, Any] = {"messages": _to_messages(f"{where}.messages", conversation["messages"])}
+    if conversation.get("tools") is not None:
+        out["tools"] = _to_tools(f"{where}.tools", conversation["tools"])
+    return out
+
+
+def _to_conversations(conversations: Sequence[Conversation]) -> list[Any]:
+    """Plain JSON-ready copies of the conversations."""
+    if not _is_list(conversations):
+        raise TypeError("conversations must be a list of conversations")
+    return [_to_conversation(f"conversations[{i}]", c) for i, c in enumerate(conversations)]
+
+
+def tools_field(tools: object, cols: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """The request-level ``tools`` field (``{}`` when None), checked: a list of tool specs,
+    for pairs or conversations (a text is scored as given: no tools reach it)."""
+    if tools is None:
+        return {}
+    if "texts" in cols:
+        raise ValueError(
+            "tools= needs conversations or queries/responses (a text is scored as given)"
+        )
+    return {"tools": _to_tools("tools", tools)}
 
 
 def plain_value(value: Any) -> Any:
@@ -130,7 +220,7 @@ def columns(inputs: ScoreInputs) -> dict[str, list[Any]]:
 
 def _form_columns(inputs: ScoreInputs) -> dict[str, list[Any]]:
     """The columns of the one input form given."""
-    unknown = sorted(set(inputs) - set(ScoreInputs.__annotations__))
+    unknown = sorted(set(inputs) - _KEYS)
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
     texts, conversations = inputs.get("texts"), inputs.get("conversations")

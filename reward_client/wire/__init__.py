@@ -9,13 +9,15 @@ openrlhf       ``/get_reward``  texts; pairs joined as query + response; no conv
 vllm           ``/classify``    texts as ``input``; pairs and conversations as ``messages``,
                                 one conversation per request (vLLM renders its template),
                                 with ``add_special_tokens`` as :class:`VllmSpecials` says
-                                (:mod:`.vllm`)
+                                (:mod:`.vllm`); no tools
 tei            ``/predict``     texts as ``[text]``, pairs as ``[text, text_pair]``; no
                                 conversations (:mod:`.tei`)
 =============  ===============  ==========================================================
 
 Labels (one reference per item) go as ``labels`` to remote-reward and openrlhf; vLLM and
-TEI have no field for them, so a call with labels is refused there (:func:`check`).
+TEI have no field for them, so a call with labels is refused there (:func:`check`). Tools
+(a call's ``tools``, a conversation's own) go to remote-reward only; messages go to vLLM as
+they are (tool calls included: its chat template renders them).
 Raw logits always: ``use_activation: false`` (and ``activation: false``) for vLLM,
 ``raw_scores: true`` for TEI. Where a protocol does not report tokens or truncation per
 item, the result says 0 tokens and not truncated; only remote-reward has a breakdown.
@@ -85,6 +87,13 @@ def check(
         raise ValueError(
             f"protocol {protocol!r} cannot take {', '.join(own)}= "
             "(only this project's server, protocol remote-reward)"
+        )
+    if protocol != "remote-reward" and any(
+        isinstance(c, Mapping) and "tools" in c for c in columns.get("conversations", ())
+    ):
+        raise ValueError(
+            f"protocol {protocol!r} cannot take a conversation's tools (only this project's "
+            "server, protocol remote-reward)"
         )
     if "labels" in columns and protocol not in LABELLED:
         raise ValueError(

@@ -1,8 +1,10 @@
 """This project's server (protocol ``remote-reward``): ``POST /score`` bodies and answers.
 
 A body holds one input column as given (``texts``, ``queries`` and ``responses``, or
-``conversations``) and its ``labels`` when given, then ``truncate`` and this server's own
-fields (``model``, ``components``). An answer holds ``scores``, ``tokens`` and ``truncated`` per item and,
+``conversations``: lists of OpenAI chat messages or ``{"messages", "tools"}`` objects, tool
+calls, tool results and ``reasoning_content`` as they are) and its ``labels`` when given,
+then ``truncate`` and this server's own fields (``model``, ``components``, ``cache``, the
+call's ``tools``). An answer holds ``scores``, ``tokens`` and ``truncated`` per item and,
 from a composite server, the breakdown (:data:`~reward_client.results.BREAKDOWN`), each
 checked for shape and finiteness here. A ``null`` score is a masked item; ``masked``, sent
 when some item is, gives the reason of each (or null for a scored item); a component and

@@ -11,7 +11,7 @@ one-item request.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +68,8 @@ def vllm_specials(empty: object, chat: object) -> VllmSpecials:
 def _conversations(columns: dict[str, list[Any]]) -> list[list[dict[str, Any]]] | None:
     """Pairs as user/assistant conversations, or the conversations given (None for texts)."""
     if "conversations" in columns:
-        return list(columns["conversations"])
+        # A {"messages", "tools"} object without tools (check() refuses tools): its messages.
+        return [c["messages"] if isinstance(c, Mapping) else c for c in columns["conversations"]]
     if "queries" in columns:
         return [
             [{"role": "user", "content": q}, {"role": "assistant", "content": r}]
