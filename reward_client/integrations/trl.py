@@ -14,6 +14,13 @@ chat template and the policy's template never reaches it. ``label_key`` names th
 column (one of those keyword arguments) sent as the items' labels, for the server's
 verifiers and judges.
 
+Tools: with ``GRPOTrainer(tools=[...])`` (TRL 1.16) a completion is the agent's trajectory,
+a list of messages: assistant turns with ``tool_calls`` (arguments as objects), ``tool``
+results and the final answer, sent whole after the prompt's messages, every key kept
+(:mod:`~reward_client.integrations.messages`). TRL passes reward functions no tools: give
+``RemoteReward`` the trainer's list (``tools=``), sent as specs with every request
+(:func:`~reward_client.integrations.tools.tool_specs`; protocol ``remote-reward``).
+
 A completion the server masked (its reward could not be computed: a verifier that timed
 out or crashed, a judge answer that did not parse, the call's deadline...) gets None, which
 TRL (1.16) takes from a reward function: it turns None into NaN, and a completion for which
@@ -33,9 +40,12 @@ server's pairwise judges and ``normalize: group`` models see the completions of 
 together. A group split between processes is scored as two groups, one per process; keep
 ``per_device_train_batch_size * steps_per_generation`` a multiple of ``num_generations``
 to keep groups whole. The same prompt drawn twice in a row makes one larger group (its
-completions all answer that prompt).
+completions all answer that prompt). A batch where some completion holds several messages
+(tool calls and results) goes without groups, with one warning: the server takes an item's
+messages before its last as the prompt its group shares, which an agent's turns differ in.
 
-TRL itself is never imported here: the module needs only the reward client.
+TRL itself is never imported here: the module needs only the reward client (and
+transformers, imported when ``tools=`` holds a callable).
 """
 
 from __future__ import annotations
@@ -52,8 +62,10 @@ import httpx
 from reward_client.client import AsyncRewardClient, RewardClient
 from reward_client.errors import RewardClientError
 from reward_client.groups import cut, runs
+from reward_client.inputs import Tool
 from reward_client.integrations.masks import report_masked
-from reward_client.integrations.messages import completion_text, messages
+from reward_client.integrations.messages import prompt_completion_inputs, several_messages
+from reward_client.integrations.tools import tool_specs
 from reward_client.results import ScoreResult
 
 __all__ = ["RemoteReward", "RewardComponent"]
@@ -79,6 +91,9 @@ class RemoteReward:
     ``groups``: send each run of consecutive completions of one prompt as a group (module
     docstring); None (the default) turns it on for protocol ``remote-reward``, the only
     one with groups, False turns it off.
+    ``tools``: the tools given to ``GRPOTrainer(tools=...)`` (callables, or OpenAI function
+    specs), sent with every request so that the reward model's template sees the tools
+    the policy was offered (protocol ``remote-reward``; module docstring).
     Other keyword arguments (``timeout``, ``retry``, ``max_client_batch``,
     ``max_concurrency``, ``on_retry``, ``deadline``: seconds a reward call may take in all,
     ...; see :class:`~reward_client.ClientOptions`) go to
@@ -98,10 +113,15 @@ class RemoteReward:
         model: str | None = None,
         label_key: str | None = None,
         groups: bool | None = None,
+        tools: Sequence[Callable[..., Any] | Tool] | None = None,
         **client_kwargs: Any,
     ) -> None:
-        if groups and protocol not in ("remote-reward", "auto"):
-            raise ValueError(f"groups=True needs protocol remote-reward, not {protocol!r}")
+        for given, what in ((groups, "groups=True"), (tools, "tools=")):
+            if given and protocol not in ("remote-reward", "auto"):
+                raise ValueError(f"{what} needs protocol remote-reward, not {protocol!r}")
+        #: The tools' OpenAI function specs, sent with every request (None: no tools).
+        self.tools = tool_specs(tools) if tools else None
+        self._warned_turns = False
         #: Whether completions of one prompt go to the server as a group.
         self.groups = protocol == "remote-reward" if groups is None else groups
         self._client_args: dict[str, Any] = {
@@ -163,7 +183,7 @@ class RemoteReward:
     ) -> ScoreResult:
         """Scores with token counts, truncation flags and (``components=True``) the
         per-model breakdown for TRL-style prompts and completions (and their labels)."""
-        inputs = _score_inputs(prompts, completions)
+        inputs = prompt_completion_inputs(prompts, completions)
         if not inputs:
             return ScoreResult([], [], [])
         return await self.client.score_detailed(
@@ -172,13 +192,26 @@ class RemoteReward:
             model=self.model,
             components=components,
             labels=labels,
-            groups=(await self._groups(prompts)) if self.groups else None,
+            groups=(await self._groups(prompts, completions)) if self.groups else None,
+            tools=self.tools,
         )
 
-    async def _groups(self, prompts: Sequence[object]) -> list[list[int]] | None:
+    async def _groups(
+        self, prompts: Sequence[object], completions: Sequence[object]
+    ) -> list[list[int]] | None:
         """The runs of one prompt, each cut to fit a request (a warning when one is cut:
         the same prompt many times in a row, or ``num_generations`` over the server's
-        ``max_client_batch``); None when there are none."""
+        ``max_client_batch``); None when there are none, or when a completion holds several
+        messages (module docstring)."""
+        if several_messages(completions):
+            if not self._warned_turns:
+                self._warned_turns = True
+                logger.warning(
+                    "%s: completions of several messages (tool calls, results) go without "
+                    "groups: the server's group shares the messages before an item's last",
+                    self.__name__,
+                )
+            return None
         groups = runs(list(prompts))
         if not groups:
             return None
@@ -281,25 +314,6 @@ def _log_result(
         )
 
 
-def _score_inputs(prompts: Sequence[object], completions: Sequence[object]) -> dict[str, Any]:
-    """The client's input form for TRL-style prompts and completions ({} for none)."""
-    if len(prompts) != len(completions):
-        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
-    if not prompts:
-        return {}
-    # TRL decides per batch from the first prompt whether data is conversational.
-    if isinstance(prompts[0], str):
-        return {
-            "queries": [str(p) for p in prompts],
-            "responses": [completion_text(c) for c in completions],
-        }
-    conversations = [
-        messages(p, "user") + messages(c, "assistant")
-        for p, c in zip(prompts, completions, strict=True)
-    ]
-    return {"conversations": conversations}
-
-
 class _SharedRequest:
     """One ``components: true`` request per batch, shared by the component functions.
 
@@ -321,7 +335,7 @@ class _SharedRequest:
     ) -> ScoreResult:
         """The breakdown of this batch (``kwargs``: TRL's, holding the labels), requested
         once."""
-        inputs = _score_inputs(prompts, completions)
+        inputs = prompt_completion_inputs(prompts, completions)
         labels = self.reward.labels(kwargs)
         # The batch's inputs are its key, per event loop (a task belongs to its loop).
         batch = json.dumps([inputs, labels], sort_keys=True, default=repr)

@@ -15,6 +15,19 @@ from reward_client import RewardServerError
 from reward_client.integrations.trl import RemoteReward
 
 URL = "http://rm:8000"
+#: An OpenAI function spec, as RemoteReward(tools=...) sends it.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city."}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def fake_score(item: Any) -> float:
@@ -101,31 +114,36 @@ def test_conversational_prompts_are_sent_as_conversations() -> None:
     assert scores == [fake_score(c) for c in expected]
 
 
-def test_message_content_is_reduced_to_text() -> None:
+def test_messages_keep_tool_calls_results_and_thinking() -> None:
+    """An agent's completion (GRPOTrainer(tools=...)) goes whole: tool calls, tool results,
+    thinking and any other key; text parts are joined; the trainer's tools go as specs."""
     recorder = Recorder()
-    reward = make_reward(recorder, truncate=False)
-    prompts = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]]
+    reward = make_reward(recorder, truncate=False, tools=[WEATHER])
+    prompts = [[{"role": "user", "content": [{"type": "text", "text": "Hi"}, "!"]}]]
+    call = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
     completions = [
         [
-            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
-            {"role": "tool", "name": "f", "content": "42"},
-            {"role": "assistant", "content": "It is 42.", "thinking": "hmm"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "name": "weather", "tool_call_id": "c1", "content": "18C"},
+            {"role": "assistant", "content": "It is 18C.", "reasoning_content": "hmm", "x": 1},
         ]
     ]
     asyncio.run(reward(prompts=prompts, completions=completions))
     assert recorder.bodies == [
         {
-            "conversations": [
-                [
-                    {"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": ""},
-                    {"role": "tool", "content": "42"},
-                    {"role": "assistant", "content": "It is 42."},
-                ]
-            ],
+            "conversations": [[{"role": "user", "content": "Hi!"}, *completions[0]]],
             "truncate": False,
+            "tools": [WEATHER],
         }
     ]
+
+
+def test_a_content_part_that_is_not_text_is_an_error_that_says_so() -> None:
+    reward = make_reward(Recorder())
+    prompts = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]]
+    completions = [[{"role": "assistant", "content": "Hello"}]]
+    with pytest.raises(ValueError, match=r"content\[0\] is a content part of type 'image'"):
+        asyncio.run(reward(prompts=prompts, completions=completions))
 
 
 def test_name_is_readable_for_trl() -> None:
@@ -298,3 +316,47 @@ def test_a_run_longer_than_a_request_is_cut_with_a_warning(
         "remote_reward: 5 completions of one prompt in a row, more than a request holds (3, "
         "max_client_batch): scored as groups of at most 3"
     ]
+
+
+def weather(city: str) -> str:
+    """The weather in a city.
+
+    Args:
+        city: The city.
+    """
+    return f"18C in {city}"
+
+
+def test_tools_given_as_functions_go_as_their_json_schemas() -> None:
+    # TRL's tools are Python functions; the reward model sees the schemas the policy saw.
+    from transformers.utils import get_json_schema
+
+    schema = get_json_schema(weather)  # what apply_chat_template(tools=[weather]) renders
+    assert schema["function"]["parameters"] == WEATHER["function"]["parameters"]
+    assert make_reward(Recorder(), tools=[weather]).tools == [schema]
+    assert make_reward(Recorder(), tools=[WEATHER, weather]).tools == [WEATHER, schema]
+    assert make_reward(Recorder()).tools is None
+    with pytest.raises(ValueError, match="tools= needs protocol remote-reward"):
+        make_reward(Recorder(), protocol="vllm", tools=[weather])
+    with pytest.raises(TypeError, match=r"tools\[0\] is a int"):
+        make_reward(Recorder(), tools=[3])
+
+
+def test_agent_turns_go_without_groups_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # The server's group shares the messages before an item's last: an agent's turns differ.
+    prompt = [{"role": "user", "content": "Weather in Oslo?"}]
+    call = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    turns = [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "weather", "content": "18C"},
+        {"role": "assistant", "content": "18C."},
+    ]
+    completions = [turns, [{"role": "assistant", "content": "No idea."}]]
+    recorder = Recorder()
+    reward = make_reward(recorder, tools=[weather])
+    with caplog.at_level("WARNING", logger="reward_client.integrations.trl"):
+        for _ in range(2):
+            asyncio.run(reward(prompts=[prompt] * 2, completions=completions))
+    assert [list(body) for body in recorder.bodies] == [["conversations", "tools"]] * 2
+    assert recorder.bodies[0]["conversations"] == [prompt + turns, prompt + completions[1]]
+    assert len(caplog.messages) == 1 and "without groups" in caplog.messages[0]
