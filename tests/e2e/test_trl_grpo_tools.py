@@ -1,0 +1,245 @@
+"""TRL's ``GRPOTrainer(tools=...)`` rewarded by ``RemoteReward(tools=...)`` against a real
+server whose reward model's chat template renders tools, tool calls and tool results: the
+completions that reach the reward function are agent trajectories (a tool call, its result,
+an answer), they reach the server whole with the tools' JSON schemas, and the reward TRL
+logs for each step equals the server's score of those trajectories (issue 48, acceptance 5).
+
+The policy is a tiny GPT-2 whose tokenizer carries Qwen2.5's chat template, one of those
+TRL's ``add_response_schema`` knows, so TRL parses tool calls from what it generates. An
+untrained policy never writes a valid tool call by chance, so the run's generation config
+biases its logits (``sequence_bias``, applied by transformers' own ``generate`` inside the
+trainer): after the prompt it writes a call of ``get_weather`` for the prompt's city, and
+after the tool's result an answer. Each of those is one token of the tokenizer (added as a
+whole, as the cities and the tool's results are), so the bias needs no more context than the
+token before it. Everything else is TRL's own: parsing the call, running the tool,
+appending its result, generating again, and calling the reward function.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from datasets import Dataset
+from server_proc import ServerProcess, running_server
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from trl import GRPOConfig, GRPOTrainer
+from trl.chat_template_utils import qwen2_5_chat_template
+
+import tiny_models
+from reward_client import RewardClient
+from reward_client.integrations.trl import RemoteReward
+
+#: The reward model's template: the tools' schemas, each call as ``<call>name(arguments)</call>``,
+#: tool results under their own role.
+REWARD_TEMPLATE = (
+    "{%- if tools %}<|system|>\n{% for tool in tools %}{{ tool.function.name }}: "
+    "{{ tool.function.parameters | tojson }}\n{% endfor %}</s>\n{% endif %}"
+    "{%- for m in messages %}<|{{ m.role }}|>\n"
+    "{%- if m.tool_calls %}{% for c in m.tool_calls %}<call>{{ c.function.name }}"
+    "({{ c.function.arguments | tojson }})</call>{% endfor %}{% endif %}"
+    "{{ m.content or '' }}</s>\n{% endfor %}"
+)
+#: The tool's answer per city; each city, call, result and answer is one policy token.
+WEATHER = {"Paris": "sunny, 18C", "London": "rain, 9C"}
+PROMPTS = ["What is the weather in Paris", "Is it cold in London", "Weather in London"]
+PROMPTS.append("Do I need a coat in Paris")
+REWARD_KEY = "rewards/remote_reward/mean"
+
+
+def get_weather(city: str) -> str:
+    """The weather in a city.
+
+    Args:
+        city: The city's name.
+    """
+    return WEATHER[city]
+
+
+def call_text(city: str) -> str:
+    """A call of get_weather as Qwen2.5 writes one."""
+    arguments = json.dumps({"city": city})
+    return f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>'
+
+
+def answer_text(city: str) -> str:
+    return f"In {city} it is {WEATHER[city]}."
+
+
+def save_policy(path: Path) -> Path:
+    """A tiny GPT-2 policy whose tokenizer has Qwen2.5's chat template and tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    corpus = tiny_models.make_corpus(200, seed=3) + [qwen2_5_chat_template] * 3
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=600,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        model_max_length=4096,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens(
+        [
+            "</tool_response>",
+            *WEATHER,
+            *WEATHER.values(),
+            *map(call_text, WEATHER),
+            *map(answer_text, WEATHER),
+        ]
+    )
+    tokenizer.chat_template = qwen2_5_chat_template
+    # Qwen2.5's prompt with a tool's schema is over 400 tokens of this tokenizer.
+    model = tiny_models.gpt2_causal_lm(tokenizer, n_positions=1024)
+    return tiny_models.save(path, model, tokenizer)
+
+
+def agent_bias(path: Path) -> list[list[Any]]:
+    """``sequence_bias`` for generate: a call after a prompt naming a city, an answer after
+    the tool's result, the end of the turn after either."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    turn = "<|im_end|>\n<|im_start|>assistant\n"
+    bias: list[list[Any]] = []
+    for city, result in WEATHER.items():
+        call, answer = ids(call_text(city)) + ids(answer_text(city))
+        bias.append([[*ids(city + turn), call], 30.0])
+        bias.append([[*ids(f"{result}\n</tool_response>{turn}"), answer], 30.0])
+        bias += [[[call, tokenizer.eos_token_id], 30.0], [[answer, tokenizer.eos_token_id], 30.0]]
+    return bias
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A real server with a tiny Llama reward model whose template renders tool use."""
+    path = tmp_path_factory.mktemp("tool_rm")
+    tiny_models.save_llama_reward_model(path, chat_template=REWARD_TEMPLATE)
+    with running_server(path) as server:
+        yield server
+
+
+class Capture:
+    """Every /score request body and answer RemoteReward exchanges, in order."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def on_response(self, response: httpx.Response) -> None:
+        await response.aread()
+        if response.request.url.path == "/score":
+            assert response.status_code == 200, response.text
+            self.exchanges.append((json.loads(response.request.content), response.json()))
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
+
+
+@pytest.mark.timeout(600)
+def test_grpo_with_tools_rewards_equal_server_scores_of_the_trajectories(
+    tool_server: ServerProcess, tmp_path: Path, one_torch_thread: None
+) -> None:
+    policy = save_policy(tmp_path / "policy")
+    capture = Capture()
+    reward = RemoteReward(tool_server.url, http_client=capture.client(), tools=[get_weather])
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=64,
+        max_tool_calling_iterations=2,
+        generation_kwargs={"sequence_bias": agent_bias(policy)},
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(policy),
+        reward_funcs=[reward],
+        args=config,
+        train_dataset=Dataset.from_dict(
+            {"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]}
+        ),
+        processing_class=AutoTokenizer.from_pretrained(policy),
+        tools=[get_weather],
+    )
+    trainer.train()
+
+    # One request per step, each with the tools' schemas and four whole trajectories.
+    steps = [h for h in trainer.state.log_history if REWARD_KEY in h]
+    assert [h["step"] for h in steps] == [1, 2] and len(capture.exchanges) == 2
+    for logged, (body, answer) in zip(steps, capture.exchanges, strict=True):
+        assert list(body) == ["conversations", "tools"]  # agent turns go without groups
+        assert body["tools"] == reward.tools
+        assert body["tools"][0]["function"]["name"] == "get_weather"
+        for conversation in body["conversations"]:
+            check_trajectory(conversation)
+        assert answer["truncated"] == [False] * 4
+        assert logged[REWARD_KEY] == pytest.approx(sum(answer["scores"]) / 4, abs=1e-5)
+        assert logged["tools/call_frequency"] == 1.0
+        assert logged["tools/failure_frequency"] == 0.0
+
+    # The last step's trajectories, scored afresh through the client, give TRL's rewards.
+    last = capture.exchanges[-1][0]["conversations"]
+    expected = [
+        [*prompt, *completion]
+        for prompt, completion in zip(
+            trainer._logs["prompt"], trainer._logs["completion"], strict=True
+        )
+    ]
+    assert last == expected
+    with RewardClient(tool_server.url) as client:
+        rescored = client.score_conversations(expected, tools=reward.tools)
+        # The call's argument reaches the reward model: another city scores differently.
+        other = [swap_city(c) for c in expected]
+        assert all(
+            a != pytest.approx(b, abs=1e-6)
+            for a, b in zip(
+                rescored, client.score_conversations(other, tools=reward.tools), strict=True
+            )
+        )
+    assert list(trainer._logs["rewards"]["remote_reward"]) == pytest.approx(rescored, abs=1e-5)
+
+
+def check_trajectory(conversation: list[dict[str, Any]]) -> None:
+    """A prompt naming a city, a call of get_weather for it, the tool's result, an answer."""
+    user, call, result, answer = conversation
+    city = next(c for c in WEATHER if c in user["content"])
+    assert user["role"] == "user"
+    assert call["role"] == "assistant"
+    assert call["tool_calls"] == [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+    ]
+    assert result == {"role": "tool", "name": "get_weather", "content": WEATHER[city]}
+    assert answer == {"role": "assistant", "content": answer_text(city)}
+
+
+def swap_city(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trajectory with the call's argument (only) naming the other city."""
+    out = json.loads(json.dumps(conversation))
+    arguments = out[1]["tool_calls"][0]["function"]["arguments"]
+    arguments["city"] = next(c for c in WEATHER if c != arguments["city"])
+    return out
