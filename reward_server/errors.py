@@ -9,6 +9,7 @@ built-in exception it is a kind of, so callers may catch either::
     ├── ModelLoadError            (RuntimeError)  a model, tokenizer or adapter did not load
     ├── PolicyTemplateLoadError   (RuntimeError)  the policy's chat template cannot be learned
     ├── ChatTemplateError         (ValueError)    no chat template, or it fails to render
+    ├── UnrenderableError         (ValueError)    a template cannot show tool calls, tools ...
     ├── PolicyTemplateError       (ValueError)    a text is not in the policy's template
     ├── TextTooLongError          (ValueError)    over max_length with truncation off
     ├── ResponseNotFoundError     (ValueError)    a process model finds no response to split
@@ -60,6 +61,7 @@ __all__ = [
     "TooManyItemsError",
     "UnauthorizedError",
     "UnknownModelError",
+    "UnrenderableError",
     "field_path",
     "load_errors",
     "one_line",
@@ -85,6 +87,12 @@ class ModelLoadError(ServiceError, RuntimeError):
 
 class ChatTemplateError(ServiceError, ValueError):
     """A pair or conversation needs a chat template that is missing or fails to render."""
+
+
+class UnrenderableError(ServiceError, ValueError):
+    """A model cannot render part of a request (tool calls, tool results, tools): its chat
+    or judge template does not show them and its entry does not ask for the plain-text
+    rendering; ``str(e)`` names the model and the part."""
 
 
 class PolicyTemplateError(ServiceError, ValueError):

@@ -179,3 +179,108 @@ def save_policy_tokenizer(path: str | Path, family: Family | str) -> Path:
     fast.chat_template = fam.template
     fast.save_pretrained(path)
     return path
+
+
+# ------------------------------------------------------------------ tool-use templates
+# Written for the tests in the styles of the major families' tool-calling templates (not
+# copies): each renders tools, assistant tool calls and tool results its own way, so a
+# change in any argument, result or tool changes the rendered text.
+
+#: Hermes style (Qwen2.5, Qwen3, NousResearch): tools as JSON lines in the system turn,
+#: each call as JSON inside <tool_call> tags, results as <tool_response> blocks in a user
+#: turn (consecutive results in one turn); reasoning_content as a <think> block.
+HERMES_TOOLS = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>"
+    "<|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
+    "<|im_end|>\n{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n"
+    "{% endif %}{{ message.content }}"
+    "{%- for call in message.tool_calls or [] %}{%- set f = call.function %}"
+    '\n<tool_call>\n{"name": "{{ f.name }}", "arguments": {{ f.arguments | tojson }}}\n'
+    "</tool_call>{%- endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user"
+    "{%- endif %}\n<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+#: Llama 3.1 style: an "Environment: ipython" system turn listing the functions, one call per
+#: assistant turn as {"name", "parameters"} JSON closed by <|eom_id|>, results in an ipython
+#: turn; more than one call in a turn is refused, as Llama 3.1's template does.
+LLAMA31_TOOLS = (
+    "{{- bos_token }}"
+    "{%- if tools %}<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+    "You have access to the following functions:\n"
+    "{% for tool in tools %}\n{{ tool | tojson }}{%- endfor %}<|eot_id|>{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role in ['user', 'system'] %}"
+    "<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n{{ message.content | trim }}"
+    "<|eot_id|>"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{%- if message.tool_calls | length != 1 %}"
+    "{{- raise_exception('This model only supports single tool-calls at once!') }}{%- endif %}"
+    "{%- set f = message.tool_calls[0].function %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    '{"name": "{{ f.name }}", "parameters": {{ f.arguments | tojson }}}<|eom_id|>'
+    "{%- elif message.role == 'assistant' %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{{ message.content | trim }}<|eot_id|>"
+    "{%- elif message.role in ['tool', 'ipython'] %}"
+    "<|start_header_id|>ipython<|end_header_id|>\n\n{{ message.content }}<|eot_id|>"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% endif %}"
+)
+
+#: Mistral style: the tools between [AVAILABLE_TOOLS] markers before the last [INST], an
+#: assistant's calls as one [TOOL_CALLS] JSON list with their ids, each result as
+#: [TOOL_RESULTS] {"content", "call_id"} [/TOOL_RESULTS].
+MISTRAL_TOOLS = (
+    "{%- set user_messages = messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{{- bos_token }}{%- for message in messages %}"
+    "{%- if message.role == 'user' %}"
+    "{%- if tools and message == user_messages[-1] %}"
+    "[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]"
+    "{%- endif %}[INST] {{ message.content }}[/INST]"
+    "{%- elif message.role == 'system' %}[SYSTEM_PROMPT]{{ message.content }}[/SYSTEM_PROMPT]"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}[TOOL_CALLS] ["
+    "{%- for call in message.tool_calls %}"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}'
+    ', "id": "{{ call.id }}"}{%- if not loop.last %}, {% endif %}{%- endfor %}]{{ eos_token }}'
+    "{%- elif message.role == 'assistant' %} {{ message.content }}{{ eos_token }}"
+    "{%- elif message.role == 'tool' %}[TOOL_RESULTS] "
+    '{"content": {{ message.content | tojson }}, "call_id": "{{ message.tool_call_id }}"}'
+    "[/TOOL_RESULTS]"
+    "{%- endif %}{%- endfor %}"
+)
+
+#: The tool-use templates by name, with the special tokens their tokenizers have.
+TOOL_FAMILIES: dict[str, Family] = {
+    "hermes": Family(
+        HERMES_TOOLS,
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        specials=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"),
+    ),
+    "llama31": Family(
+        LLAMA31_TOOLS,
+        eos="<|eot_id|>",
+        bos="<|begin_of_text|>",
+        specials=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"),
+        trims=True,
+    ),
+    "mistral": Family(
+        MISTRAL_TOOLS,
+        eos="</s>",
+        bos="<s>",
+        specials=("[INST]", "[/INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+    ),
+}

@@ -26,6 +26,10 @@ class LoadOptions:
     label_index: int = 0
     chat_template: str = "auto"
     trust_remote_code: bool = False
+    # What the chat template cannot render of tool calls and tools (template: refused;
+    # text: written into the messages), and the tags of kept reasoning written into them.
+    tool_rendering: str = "template"
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")
     # Settings of engines that run the model elsewhere (vLLM); the transformers engine
     # ignores them.
     tensor_parallel_size: int = 1

@@ -101,6 +101,32 @@ from pydantic import (
 
 from reward_server.config._yaml_file import read_yaml_file
 from reward_server.config.load_options import LoadOptions
+from reward_server.config.model_keys import (
+    CODE_KEYS,
+    FORMAT_KEYS,
+    GENERATE_KEYS,
+    INHERITED_KEYS,
+    JUDGE_KEYS,
+    MODEL_KEYS,
+    PAIRWISE_KEYS,
+    PROCESS_KEYS,
+    PYTHON_SANDBOX_KEYS,
+    REASONING_KEYS,
+    REMOTE_KEYS,
+    REMOTE_SHARED_KEYS,
+    TOOL_CALL_KEYS,
+    VERIFIER_KEYS,
+    AggregateName,
+    CodeSandbox,
+    CodeScore,
+    JudgeMode,
+    ModelKind,
+    PairwiseAggregate,
+    ReasoningMode,
+    RemoteProtocol,
+    StepAggregate,
+    VerifierName,
+)
 from reward_server.errors import ModelsFileError, validation_problem
 
 __all__ = [
@@ -116,77 +142,6 @@ __all__ = [
     "parse_models_file",
     "read_models_file",
 ]
-
-ModelKind = Literal["sequence", "process", "verifier", "judge", "remote"]
-#: The built-in verifiers of ``kind: verifier`` (:mod:`reward_server.verifiers`).
-VerifierName = Literal["math", "exact", "regex", "python", "code"]
-#: How a code verifier scores an item: the share of its tests passed, or 1 when all passed.
-CodeScore = Literal["pass_rate", "all_pass"]
-#: Where a code verifier runs programs, or a python verifier its function: a bubblewrap
-#: sandbox, or unsandboxed (trusted code; a python function in the pool's worker processes).
-CodeSandbox = Literal["bwrap", "none"]
-#: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
-#: :mod:`reward_server.scoring.aggregate`).
-AggregateName = Literal["weighted_sum", "mean", "min"]
-StepAggregate = Literal["min", "mean", "last", "prod"]
-
-#: Keys of an entry that only a process reward model reads.
-PROCESS_KEYS = ("step_separator", "step_tag", "step_aggregate")
-#: Keys of an entry that only a code verifier reads.
-CODE_KEYS = (
-    "languages",
-    "score",
-    "stop_on_failure",
-    "test_timeout_s",
-    "memory_mb",
-    "output_bytes",
-    "float_tolerance",
-    "sandbox",
-    "bwrap",
-)
-#: Keys of a code verifier that a python verifier reads too (its function in the sandbox).
-PYTHON_SANDBOX_KEYS = ("sandbox", "bwrap", "memory_mb")
-#: Keys of an entry that only a verifier reads.
-VERIFIER_KEYS = ("verifier", "function", "pattern", "workers", "timeout_s", "on_error", *CODE_KEYS)
-#: Keys of a judge in ``mode: generate`` only.
-GENERATE_KEYS = ("score_pattern", "max_new_tokens", "temperature", "top_p")
-#: Keys of an entry that only a judge reads.
-#: Keys of a judge in ``mode: pairwise`` only.
-PAIRWISE_KEYS = ("answer_tokens", "pairs", "aggregate")
-JUDGE_KEYS = ("template", "mode", "score_tokens", *GENERATE_KEYS, *PAIRWISE_KEYS)
-#: How a judge scores: the expected value over its score tokens' probabilities of the next
-#: token (``logprobs``), a score parsed from generated text (``generate``), or the responses
-#: of a group compared two at a time (``pairwise``: :mod:`reward_server.scoring.pairwise`).
-JudgeMode = Literal["logprobs", "generate", "pairwise"]
-#: How a pairwise judge's comparisons make each response's score.
-PairwiseAggregate = Literal["win_rate", "bradley_terry"]
-#: How a ``kind: remote`` entry talks to its service (the first three: reward_client's).
-RemoteProtocol = Literal["remote-reward", "vllm", "tei", "openai-chat"]
-#: Keys of an entry that only a remote component reads.
-REMOTE_KEYS = (
-    "url",
-    "protocol",
-    "api_key_env",
-    "max_concurrent",
-    "max_rpm",
-    "score_pattern",
-    "max_tokens",
-    "temperature",
-)
-#: Keys a remote component shares with verifiers and judges.
-REMOTE_SHARED_KEYS = ("model", "timeout_s", "on_error", "template")
-#: Keys of an entry that only a model (not a verifier) reads.
-MODEL_KEYS = ("model", "adapter", "merge_adapter", "label_index", "objectives")
-#: Per-model keys that default to the server's flag of the same name.
-INHERITED_KEYS = (
-    "device",
-    "dtype",
-    "max_length",
-    "truncation_side",
-    "chat_template",
-    "trust_remote_code",
-    "label_index",
-)
 
 
 def pattern_groups(pattern: str) -> int:
@@ -279,6 +234,26 @@ class ModelSpec(BaseModel):
     """verifier: code: bwrap (the default: every program in a bubblewrap sandbox; the server does not start where none can be made) or none (unsandboxed: trusted programs only, warned at every start). verifier: python: none (the default: the function runs in the worker processes, with the server's rights) or bwrap (each item's call in a sandbox of its own, seeing Python's standard library and the function's own file only; the server does not start where none can be made, or where the function does not import there)."""
     bwrap: str | None = Field(default=None, min_length=1)
     """verifier: code, and python with sandbox: bwrap: the bwrap binary to use (default: the one the server extra installs, else bwrap on PATH)."""
+    reasoning: ReasoningMode | None = None
+    """Every kind: strip (remove a reasoning policy's thinking, the blocks between reasoning_tags and reasoning_content, before scoring: the default, except for kind: process and verifier: format) or keep (score it as sent)."""
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")
+    """Every kind: the opening and the closing tag of a thinking block."""
+    unclosed_reasoning: float | Literal["mask"] = "mask"
+    """Every kind, with reasoning: strip: what an item whose response opens a thinking block and never closes it (the policy ran out of tokens) gets: mask (the default: null in scores, reason unclosed_reasoning) or a number, its score."""
+    tool_rendering: Literal["template", "text"] | None = None
+    """kind: sequence, process and judge: template (the default: tool calls, tool results and tools reach the chat template; a template that does not show them makes such a request a 422) or text (what the template does not show is written into the messages as plain text: <tool_call> and <tool_response> blocks, and the tools in front of the system message; see the agents guide)."""
+    tool_call_tags: tuple[str, str] | None = ("<tool_call>", "</tool_call>")
+    """verifier: tool_call: the tags around a call written in the response's text (read when the response message has no tool_calls); null: only tool_calls count."""
+    credit: Literal["all", "partial"] = "all"
+    """verifier: tool_call: all (1 when every expected call is made right, else 0) or partial (the share of the expected calls made right; see the agents guide)."""
+    calls: Literal["response", "trajectory"] = "response"
+    """verifier: tool_call: the calls checked: the response message's (response), or every assistant message's after the last user message, in order (trajectory)."""
+    check_schema: bool = True
+    """verifier: tool_call: check each call's arguments against its tool's JSON schema (when the item sends tools)."""
+    answer_tags: tuple[str, str] | None = None
+    """verifier: format: the tags the answer must be between (one such block after the thinking); null: no answer tag."""
+    require_reasoning: bool = True
+    """verifier: format: the response must hold one closed thinking block (reasoning_tags) before its answer."""
     template: str | None = Field(default=None, min_length=1)
     """kind: judge and openai-chat remotes: the Jinja prompt (prompt, response, label, messages) or a path to a .jinja file."""
     mode: JudgeMode = "logprobs"
@@ -312,7 +287,26 @@ class ModelSpec(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     """kind: judge, mode: generate: nucleus sampling when temperature is above 0."""
 
-    @field_validator("weight", "on_error")
+    @field_validator("reasoning_tags", "tool_call_tags", "answer_tags")
+    @classmethod
+    def _two_tags(
+        cls, value: tuple[str, str] | None, info: ValidationInfo
+    ) -> tuple[str, str] | None:
+        if value is not None and (not value[0] or not value[1] or value[0] == value[1]):
+            raise ValueError(f"{info.field_name}: two different, non-empty tags")
+        return value
+
+    @property
+    def reasoning_mode(self) -> ReasoningMode:
+        """``reasoning`` as given, else the kind's default: keep for a process model (its
+        steps are the thinking) and a format verifier (it checks the thinking's shape),
+        strip for the others."""
+        if self.reasoning is not None:
+            return self.reasoning
+        keeps = self.kind == "process" or (self.kind == "verifier" and self.verifier == "format")
+        return "keep" if keeps else "strip"
+
+    @field_validator("weight", "on_error", "unclosed_reasoning")
     @classmethod
     def _finite(cls, value: float | str, info: ValidationInfo) -> float | str:
         if not isinstance(value, str) and not math.isfinite(value):
@@ -403,8 +397,7 @@ class ModelSpec(BaseModel):
             raise ValueError("verifier: python needs 'function' (module:function)")
         if self.function is not None and self.verifier != "python":
             raise ValueError("'function' is only for verifier: python")
-        if self.pattern is not None and self.verifier != "regex":
-            raise ValueError("'pattern' is only for verifier: regex")
+        self._own_verifier_keys()
         python = self.verifier == "python"
         if self.verifier != "code":
             shared = PYTHON_SANDBOX_KEYS if python else ()
@@ -422,6 +415,15 @@ class ModelSpec(BaseModel):
             raise ValueError("memory_mb: for verifier: python only with sandbox: bwrap")
         return self
 
+    def _own_verifier_keys(self) -> None:
+        """ValueError for a key of one verifier given to another."""
+        if self.pattern is not None and self.verifier not in ("regex", "format"):
+            raise ValueError("'pattern' is only for verifier: regex and format")
+        for keys, verifier in ((TOOL_CALL_KEYS, "tool_call"), (FORMAT_KEYS, "format")):
+            given = [k for k in keys if k in self.model_fields_set and self.verifier != verifier]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for verifier: {verifier}")
+
     def _no_remote_keys(self) -> None:
         # A judge in mode: generate reads score_pattern and temperature too.
         mine = GENERATE_KEYS if self.kind == "judge" else ()
@@ -430,7 +432,16 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{', '.join(given)}: only for kind: remote")
 
     def _consistent_remote(self) -> ModelSpec:
-        allowed = {"name", "kind", "weight", "normalize", *REMOTE_KEYS, *REMOTE_SHARED_KEYS}
+        allowed = {
+            "name",
+            "kind",
+            "weight",
+            "normalize",
+            *REMOTE_KEYS,
+            *REMOTE_SHARED_KEYS,
+            *REASONING_KEYS,
+            "tool_rendering",
+        }
         given = sorted(self.model_fields_set - allowed)
         if given:
             raise ValueError(f"{', '.join(given)}: not for kind: remote")
@@ -517,6 +528,7 @@ class ModelSpec(BaseModel):
             model=self.model,
             adapter=self.adapter,
             merge_adapter=self.merge_adapter,
+            reasoning_tags=self.reasoning_tags,
             **own,
         )
 

@@ -139,6 +139,20 @@ class ServerSettings(BaseSettings):
     file.
     """
 
+    tool_rendering: Literal["template", "text"] = Field(default="template")
+    """What the chat template cannot show of tool calls, tool results (role tool) and tools
+    (probed at load): template refuses such a request with 422 naming the model; text writes
+    them into the messages as plain text (<tool_call> and <tool_response> blocks, the tools in
+    front of the system message) before the template renders them.
+    """
+
+    reasoning: Literal["strip", "keep"] = Field(default="strip")
+    """A reasoning policy's thinking (<think>...</think> blocks and reasoning_content): strip
+    removes it before scoring (reward models are trained on final answers; a block that never
+    closes masks the item, reason unclosed_reasoning); keep scores it as sent. Per model in a
+    models file (reasoning, reasoning_tags, unclosed_reasoning).
+    """
+
     max_batch_tokens: int | None = Field(
         default=None,
         gt=0,

@@ -20,11 +20,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from reward_server.config import LoadOptions
 from reward_server.errors import ModelLoadError
-from reward_server.text.rendering import Encoded
+from reward_server.text.rendering import Encoded, Tools
 
 if TYPE_CHECKING:
     from reward_server.text.steps import StepOptions, StepScorer
@@ -52,14 +52,23 @@ class Scorer(Protocol):
     device: str
     max_length: int
 
-    def render_pairs(self, queries: Sequence[str], responses: Sequence[str]) -> list[str]:
-        """Query/response pairs as texts (the chat template, or joined without one)."""
+    def render_pairs(
+        self,
+        queries: Sequence[str],
+        responses: Sequence[str],
+        tools: Sequence[Tools | None] | None = None,
+    ) -> list[str]:
+        """Query/response pairs (with each one's tools) as texts (the chat template, or
+        joined without one)."""
         ...
 
     def render_conversations(
-        self, conversations: Sequence[Sequence[Mapping[str, str]]]
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        tools: Sequence[Tools | None] | None = None,
     ) -> list[str]:
-        """Conversations as texts (ChatTemplateError without a template)."""
+        """Conversations (with each one's tools) as texts (ChatTemplateError without a
+        template)."""
         ...
 
     def encode(

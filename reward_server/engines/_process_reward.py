@@ -23,6 +23,7 @@ from reward_server.config import LoadOptions
 from reward_server.engines._checkpoint import Network, load_parts
 from reward_server.engines.transformers import NetworkModel, _label_names, _pad
 from reward_server.errors import ModelLoadError, load_errors
+from reward_server.text.messages import MessageOptions
 from reward_server.text.steps import (
     StepEncoded,
     StepOptions,
@@ -99,6 +100,7 @@ class ProcessRewardModel(NetworkModel):
             max_length=loaded.max_length,
             truncation_side=options.truncation_side,
             steps=steps,
+            messages=MessageOptions.of(options),
         )
         prm = cls(loaded.network(renderer, options.adapter))
         logger.info(

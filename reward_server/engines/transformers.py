@@ -28,6 +28,7 @@ import torch
 from reward_server.config import LoadOptions
 from reward_server.engines._checkpoint import Loaded, Network, find_head, load_parts
 from reward_server.errors import ModelLoadError, load_errors
+from reward_server.text.messages import MessageOptions
 from reward_server.text.rendering import Renderer, RendersText
 
 logger = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ class RewardModel(NetworkModel):
             name=options.model,
             max_length=loaded.max_length,
             truncation_side=options.truncation_side,
+            messages=MessageOptions.of(options),
         )
         # After PEFT wrapping/merging, the head to hook is whatever module now sits there.
         found = find_head(loaded.net)

@@ -46,6 +46,7 @@ from reward_server.errors import (
     load_errors,
     one_line,
 )
+from reward_server.text.messages import MessageOptions
 from reward_server.text.rendering import Renderer, RendersText, read_template
 
 logger = logging.getLogger(__name__)
@@ -444,6 +445,7 @@ class VllmRewardModel(VllmScorer):
             name=options.model,
             max_length=max_length,
             truncation_side=options.truncation_side,
+            messages=MessageOptions.of(options),
         )
         started = start(options, (source, config, tokenizer), max_length, device)
         model = cls(started, renderer, options, config)

@@ -36,6 +36,7 @@ from reward_server.errors import (
     TooManyItemsError,
     UnauthorizedError,
     UnknownModelError,
+    UnrenderableError,
     field_path,
 )
 from reward_server.http.schemas import ErrorResponse
@@ -88,6 +89,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
     422: {
         RequestValidationError: "invalid_request",
         ChatTemplateError: "chat_template",
+        UnrenderableError: "unrenderable",
         PolicyTemplateError: "policy_template",
         EmptyTextError: "empty_text",
         ResponseNotFoundError: "response_not_found",
@@ -161,6 +163,8 @@ def describe_validation(exc: RequestValidationError) -> str:
             return f"request body is not valid JSON: {detail} (at character {pos})"
         raw_loc = tuple(err.get("loc", ()))
         loc = list(raw_loc[1:]) if raw_loc[:1] == ("body",) else list(raw_loc)
+        # A field of several JSON types puts the type it took in the path ("<list>").
+        loc = [part for part in loc if not (isinstance(part, str) and part.startswith("<"))]
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         if not loc and err.get("type") == "missing":
             msg = "a JSON request body is required"

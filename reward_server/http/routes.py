@@ -20,6 +20,7 @@ from reward_server.http.schemas import (
     InfoResponse,
     ScoreRequest,
     ScoreResponse,
+    plain_conversation,
 )
 from reward_server.http.scoring import RegistryDep
 from reward_server.http.scoring import score as score_items
@@ -41,14 +42,14 @@ def _request_items(body: ScoreRequest) -> Items:
     labels = None if body.labels is None else tuple(body.labels)
     if body.texts is not None:
         return Texts(tuple(body.texts), labels)
+    each = body.item_tools()
+    tools = tuple(each) if any(t is not None for t in each) else None
     if body.queries is not None and body.responses is not None:
-        return Pairs(tuple(body.queries), tuple(body.responses), labels)
+        return Pairs(tuple(body.queries), tuple(body.responses), labels, tools)
     return Conversations(
-        tuple(
-            [{"role": m.role, "content": m.content} for m in conv]
-            for conv in body.conversations or []
-        ),
+        tuple(plain_conversation(messages) for messages in body.conversation_messages()),
         labels,
+        tools,
     )
 
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
     StrictInt,
     StrictStr,
+    Tag,
     model_validator,
 )
 
@@ -37,16 +39,158 @@ Text = Annotated[StrictStr, AfterValidator(_encodable)]
 StrList = Annotated[list[Text], Field(min_length=1)]
 
 
-class Message(BaseModel):
-    """One chat message; keys other than role and content are ignored."""
+def _json_type(value: Any) -> str | None:
+    """The tag of a JSON value's type, for fields that take several (see :func:`one_of`)."""
+    if isinstance(value, str):
+        return "<string>"
+    if isinstance(value, list):
+        return "<list>"
+    if isinstance(value, dict):
+        return "<object>"
+    return None
 
-    model_config = ConfigDict(extra="ignore")
+
+def one_of(what: str, **shapes: Any) -> Any:
+    """A field that takes a value of one of several JSON types (``string=``, ``list=``,
+    ``object=``), told apart by the value's type: one error naming the field, not one per
+    shape it could have had. (The ``<string>``-style tags in an error's location are left
+    out of the messages, :func:`reward_server.http.errors.describe_validation`.)"""
+    members = tuple(Annotated[shape, Tag(f"<{name}>")] for name, shape in shapes.items())
+    return Annotated[
+        Union[members],  # noqa: UP007 - a tuple of members, built at run time
+        Discriminator(
+            _json_type, custom_error_type="wrong_type", custom_error_message=f"must be {what}"
+        ),
+    ]
+
+
+class TextPart(BaseModel):
+    """One text part of a message's content (parts of other types are refused: this server
+    scores text)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: Text
+
+
+class FunctionCall(BaseModel):
+    """The function a tool call names and its arguments."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Text = Field(min_length=1, examples=["get_weather"])
+    arguments: one_of("a JSON string or an object", string=Text, object=dict[str, Any]) = Field(
+        default="{}",
+        description="The arguments: a JSON string (as OpenAI sends them) or an object.",
+        examples=['{"city": "Paris"}'],
+    )
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message (OpenAI's shape)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: Text | None = Field(default=None, examples=["call_1"])
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionSpec(BaseModel):
+    """A function the model may call: its name, description and JSON-schema parameters."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Text = Field(min_length=1, examples=["get_weather"])
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="The arguments' JSON schema (an object schema)."
+    )
+
+
+class Tool(BaseModel):
+    """A tool the conversation offered (OpenAI's function spec)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class Message(BaseModel):
+    """One chat message in OpenAI's shape. Every key reaches the reward model's chat template
+    (keys not listed here as they are); a template that cannot render tool calls, tool
+    results or tools is a 422 naming the model (see the agents guide)."""
+
+    model_config = ConfigDict(extra="allow")
 
     role: Text = Field(min_length=1, examples=["user"])
-    content: Text = Field(examples=["hello"])
+    content: (
+        one_of("a string, null or a list of text parts", string=Text, list=list[TextPart]) | None
+    ) = Field(
+        default=None,
+        description="The text, or a list of text parts (joined); null or absent only for an "
+        "assistant message (one that only calls tools).",
+        examples=["hello"],
+    )
+    name: Text | None = Field(default=None, description="A tool result: the tool's name.")
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, description="An assistant message: the tools it calls."
+    )
+    tool_call_id: Text | None = Field(
+        default=None, description="A tool result (role tool): the call it answers."
+    )
+    reasoning_content: Text | None = Field(
+        default=None,
+        description="An assistant message: its thinking (removed before scoring unless the "
+        "model's entry says reasoning: keep).",
+    )
+
+    @model_validator(mode="after")
+    def _fits_role(self) -> Message:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for a {self.role} message")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message calls tools")
+        return self
+
+    def plain(self) -> dict[str, Any]:
+        """The message as plain data for the scoring core: text parts joined, unset keys
+        left out, other keys as sent."""
+        out = self.model_dump(exclude_none=True)
+        out["role"] = self.role
+        if isinstance(self.content, list):
+            out["content"] = "".join(part.text for part in self.content)
+        else:
+            out["content"] = self.content
+        return out
 
 
 Conversation = Annotated[list[Message], Field(min_length=1)]
+Tools = Annotated[
+    list[Tool],
+    Field(description="The tools offered (OpenAI function specs), given to the chat template."),
+]
+
+
+class ConversationItem(BaseModel):
+    """A conversation with its own tools (the shape of an OpenAI chat request)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: Conversation
+    tools: Tools | None = None
+
+
+def plain_conversation(conversation: list[Message]) -> list[dict[str, Any]]:
+    """A conversation as plain data (:meth:`Message.plain` of each message)."""
+    return [message.plain() for message in conversation]
+
+
+def plain_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """Tools as plain data (None for none)."""
+    return None if not tools else [tool.model_dump(exclude_none=True) for tool in tools]
 
 
 def labels_field(per: str) -> Any:
@@ -92,8 +236,28 @@ class ScoreRequest(BaseModel):
         default=None, description="Prompts; rendered with the matching responses."
     )
     responses: StrList | None = Field(default=None, description="Completions, one per query.")
-    conversations: Annotated[list[Conversation], Field(min_length=1)] | None = Field(
-        default=None, description="Chat conversations rendered with the reward chat template."
+    conversations: (
+        Annotated[
+            list[
+                one_of(
+                    "a list of messages or a {messages, tools} object",
+                    list=Conversation,
+                    object=ConversationItem,
+                )
+            ],
+            Field(min_length=1),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Chat conversations rendered with the reward chat template: lists of "
+        "OpenAI chat messages, or {messages, tools} objects (a conversation with its own "
+        "tools). The last message is the response.",
+    )
+    tools: Tools | None = Field(
+        default=None,
+        description="Tools (OpenAI function specs) offered in every conversation or pair that "
+        "has none of its own; given to the chat template.",
     )
     truncate: StrictBool | None = Field(
         default=None,
@@ -163,6 +327,8 @@ class ScoreRequest(BaseModel):
                 f"({len(self.queries)} != {len(self.responses)})"
             )
         check_labels(self.labels, self.num_items, "items")
+        if self.tools and self.texts is not None:
+            raise ValueError("tools need turns: send queries+responses or conversations")
         if self.groups is not None:
             self._groups_fit()
         return self
@@ -178,7 +344,9 @@ class ScoreRequest(BaseModel):
             )
         prompts: list[Any] = list(self.queries or [])
         if self.conversations is not None:
-            prompts = [[m.model_dump() for m in conv[:-1]] for conv in self.conversations]
+            prompts = [
+                [m.model_dump() for m in messages[:-1]] for messages in self.conversation_messages()
+            ]
         for g, group in enumerate(self.groups):
             first = prompts[group[0]]
             for index in group[1:]:
@@ -187,6 +355,24 @@ class ScoreRequest(BaseModel):
                         f"groups[{g}]: item {index}'s prompt differs from item {group[0]}'s "
                         "(a group's items share their prompt)"
                     )
+
+    def conversation_messages(self) -> list[list[Message]]:
+        """Each conversation's messages (of a bare list or a {messages, tools} object)."""
+        return [
+            item.messages if isinstance(item, ConversationItem) else item
+            for item in self.conversations or []
+        ]
+
+    def item_tools(self) -> list[list[dict[str, Any]] | None]:
+        """Each item's tools as plain data: its own, else the request's (None: no tools)."""
+        shared = plain_tools(self.tools)
+        own = [
+            item.tools if isinstance(item, ConversationItem) else None
+            for item in self.conversations or []
+        ]
+        if not own:
+            own = [None] * self.num_items
+        return [shared if tools is None else plain_tools(tools) for tools in own]
 
     @property
     def num_items(self) -> int:

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from reward_server.errors import ResponseNotFoundError
-from reward_server.text.judge_prompt import JudgePrompt
+from reward_server.text.judge_prompt import JudgePrompt, joined_prompt
+from reward_server.text.messages import content_text, tool_call_list
 from reward_server.text.policy_template import recover_conversations
+from reward_server.text.reasoning import answer
 from reward_server.verifiers.items import Task
 
 if TYPE_CHECKING:
@@ -42,10 +44,17 @@ __all__ = [
     "render",
     "response_chars",
     "tasks",
+    "without_reasoning",
 ]
 
-#: One chat message: ``role`` and ``content``.
-Message: TypeAlias = dict[str, str]
+#: One chat message, OpenAI's shape as plain data (:mod:`reward_server.text.messages`):
+#: ``role``, ``content`` (a string, or None for an assistant turn that only calls tools),
+#: ``tool_calls``, ``tool_call_id``, ``name``, ``reasoning_content`` and any other key.
+Message: TypeAlias = dict[str, Any]
+#: The tools a conversation offers: OpenAI function specs.
+ToolSpecs: TypeAlias = list[dict[str, Any]]
+#: Per item, its tools (None: it offers none); None when no item offers any.
+ItemTools: TypeAlias = tuple[ToolSpecs | None, ...] | None
 #: One chat: messages in order.
 Conversation: TypeAlias = list[Message]
 #: Per item, the reference it is judged against (a reference answer, test cases, a rubric
@@ -81,6 +90,7 @@ class Pairs(_Shape):
     queries: tuple[str, ...]
     responses: tuple[str, ...]
     labels: Labels = None
+    tools: ItemTools = None
 
     def __post_init__(self) -> None:
         if len(self.queries) != len(self.responses):
@@ -94,6 +104,7 @@ class Conversations(_Shape):
 
     conversations: tuple[Conversation, ...]
     labels: Labels = None
+    tools: ItemTools = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +141,15 @@ def render(items: Items, scorer: Scorer, template: PolicyTemplate | None) -> lis
     (``template``: the policy's, to undo on :class:`PolicyTexts`)."""
     if isinstance(items, Texts):
         return list(items.texts)
+    # (tools only where some item has them: a scorer need not know of tools otherwise)
     if isinstance(items, Pairs):
-        return scorer.render_pairs(items.queries, items.responses)
+        if items.tools is None:
+            return scorer.render_pairs(items.queries, items.responses)
+        return scorer.render_pairs(items.queries, items.responses, items.tools)
     if isinstance(items, Conversations):
-        return scorer.render_conversations(items.conversations)
+        if items.tools is None:
+            return scorer.render_conversations(items.conversations)
+        return scorer.render_conversations(items.conversations, items.tools)
     if isinstance(items, PolicyTexts):
         if template is None:
             return list(items.texts)
@@ -173,10 +189,16 @@ def _label(labels: Labels, i: int) -> Any:
     return None if labels is None else labels[i]
 
 
-def _from_conversations(conversations: Any, labels: Labels) -> list[Task]:
+def _from_conversations(conversations: Any, labels: Labels, tools: ItemTools) -> list[Task]:
     """The last message is the response, the messages before it the prompt."""
     return [
-        Task(prompt=list(conv[:-1]), response=conv[-1]["content"], label=_label(labels, i))
+        Task(
+            prompt=list(conv[:-1]),
+            response=content_text(conv[-1].get("content")),
+            label=_label(labels, i),
+            tools=_label(tools, i),
+            tool_calls=tool_call_list(conv[-1]) or None,
+        )
         for i, conv in enumerate(conversations)
     ]
 
@@ -187,13 +209,13 @@ def tasks(items: Items, template: PolicyTemplate | None) -> list[Task]:
     undo on :class:`PolicyTexts`)."""
     if isinstance(items, Pairs):
         return [
-            Task(prompt=q, response=r, label=_label(items.labels, i))
+            Task(prompt=q, response=r, label=_label(items.labels, i), tools=_label(items.tools, i))
             for i, (q, r) in enumerate(zip(items.queries, items.responses, strict=True))
         ]
     if isinstance(items, Conversations):
-        return _from_conversations(items.conversations, items.labels)
+        return _from_conversations(items.conversations, items.labels, items.tools)
     if isinstance(items, PolicyTexts) and template is not None:
-        return _from_conversations(_recovered(items, template), items.labels)
+        return _from_conversations(_recovered(items, template), items.labels, None)
     if isinstance(items, Texts | PolicyTexts):
         return [
             Task(prompt=None, response=text, label=_label(items.labels, i))
@@ -213,7 +235,8 @@ def response_chars(items: Items) -> list[int]:
         return [len(response) for response in items.responses]
     if isinstance(items, Conversations):
         return [
-            len(str(conv[-1].get("content", ""))) if conv else 0 for conv in items.conversations
+            len(content_text(conv[-1].get("content"))) if conv else 0
+            for conv in items.conversations
         ]
     if isinstance(items, PolicyTexts):
         if items.prompts is None:
@@ -230,17 +253,97 @@ def response_chars(items: Items) -> list[int]:
 def _judge_prompt(task: Task) -> JudgePrompt:
     """A verifier's reading of an item (prompt: text, messages or None) as a judge's."""
     prompt = task.prompt
+    calls, tools = list(task.tool_calls or []), list(task.tools or [])
     if prompt is None:
-        return JudgePrompt(prompt="", response=task.response, label=task.label)
+        return JudgePrompt("", task.response, task.label, tool_calls=calls, tools=tools)
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
-        return JudgePrompt(prompt, task.response, task.label, messages)
+        return JudgePrompt(prompt, task.response, task.label, messages, calls, tools)
     messages = [dict(m) for m in prompt]
-    joined = "\n\n".join(str(m.get("content", "")) for m in messages)
-    return JudgePrompt(joined, task.response, task.label, messages)
+    return JudgePrompt(joined_prompt(messages), task.response, task.label, messages, calls, tools)
 
 
 def judge_prompts(items: Items, policy_template: PolicyTemplate | None = None) -> list[JudgePrompt]:
     """What a judge's template reads of each item (see :mod:`reward_server.text.judge_prompt`);
     ``policy_template``: the policy's, undone on policy-templated texts."""
     return [_judge_prompt(task) for task in tasks(items, policy_template)]
+
+
+# ------------------------------------------------------------------ reasoning
+
+
+def _assistant(message: Message, tags: tuple[str, str]) -> tuple[Message, bool]:
+    """An assistant message without its thinking (its content's blocks and its
+    ``reasoning_content``), and whether a block in it never closed."""
+    out = {k: v for k, v in message.items() if k != "reasoning_content"}
+    content = message.get("content")
+    if not isinstance(content, str):
+        return out, False
+    found = answer(content, tags)
+    out["content"] = found.text
+    return out, found.unclosed
+
+
+def _conversation(conversation: Conversation, tags: tuple[str, str]) -> tuple[Conversation, bool]:
+    """A conversation without the thinking of its assistant turns; unclosed when its last
+    message (the response) opens a block it never closes."""
+    out: Conversation = []
+    unclosed = False
+    for i, message in enumerate(conversation):
+        if message.get("role") != "assistant":
+            out.append(message)
+            continue
+        stripped, cut = _assistant(message, tags)
+        out.append(stripped)
+        unclosed = cut and i == len(conversation) - 1
+    return out, unclosed
+
+
+def _policy_text(text: str, prompt: str | None, tags: tuple[str, str]) -> tuple[str, bool]:
+    """A policy-templated text without the thinking of its response (the part after
+    ``prompt``; without one the whole text, where only closed blocks count)."""
+    if prompt is None or not text.startswith(prompt):
+        found = answer(text, tags, response=False)
+        return found.text, found.unclosed
+    found = answer(text[len(prompt) :], tags)
+    head = prompt.rstrip()
+    # A generation prompt that opens the thinking (DeepSeek-R1's) loses its opening tag too.
+    if head.endswith(tags[0]):
+        prompt = head[: -len(tags[0])]
+    return prompt + found.text, found.unclosed
+
+
+def without_reasoning(items: Items, tags: tuple[str, str]) -> tuple[Items, list[bool]]:
+    """The items with a reasoning policy's thinking removed (:mod:`reward_server.text.reasoning`):
+    from responses (a pair's, a conversation's assistant turns, a policy text's part after its
+    prompt) and, for a bare text, its closed blocks; and per item whether its response opened
+    a block it never closed."""
+    if isinstance(items, Texts):
+        found = [answer(text, tags, response=False) for text in items.texts]
+        return Texts(tuple(f.text for f in found), items.labels), [f.unclosed for f in found]
+    if isinstance(items, Pairs):
+        found = [answer(response, tags) for response in items.responses]
+        stripped = tuple(f.text for f in found)
+        return dataclasses.replace(items, responses=stripped), [f.unclosed for f in found]
+    if isinstance(items, Conversations):
+        done = [_conversation(conv, tags) for conv in items.conversations]
+        stripped_convs = tuple(conv for conv, _ in done)
+        return dataclasses.replace(items, conversations=stripped_convs), [u for _, u in done]
+    if isinstance(items, PolicyTexts):
+        if items.prompts is not None and len(items.prompts) != items.count:
+            return items, [False] * items.count  # refused where the prompts are read
+        prompts = items.prompts or (None,) * items.count
+        done_texts = [_policy_text(t, p, tags) for t, p in zip(items.texts, prompts, strict=True)]
+        texts = tuple(text for text, _ in done_texts)
+        return dataclasses.replace(items, texts=texts), [u for _, u in done_texts]
+    sequences: list[tuple[str] | tuple[str, str]] = []
+    unclosed: list[bool] = []
+    for sequence in items.sequences:
+        if len(sequence) == 2:
+            found_one = answer(sequence[1], tags)
+            sequences.append((sequence[0], found_one.text))
+        else:
+            found_one = answer(sequence[0], tags, response=False)
+            sequences.append((found_one.text,))
+        unclosed.append(found_one.unclosed)
+    return Sequences(tuple(sequences)), unclosed

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from reward_client.wire.openai_chat import parse_score
 from reward_server.engines import DEFAULT_ENGINE, Scorer
 from reward_server.errors import ModelLoadError
+from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, judge_prompts
 from reward_server.scoring.pairwise_model import PAIRWISE_VARIABLES, PairwiseJudgeModel
-from reward_server.scoring.served import BatchedModel, ItemResult, Tokenized, _check_rows
+from reward_server.scoring.served import BatchedModel, Tokenized, _check_rows
 from reward_server.text.judge_prompt import JudgeTemplate
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class JudgeModel(BatchedModel):
         """Each item's template rendered, as the user turn of the judge's chat template with
         the generation prompt, tokenized (nothing after it: the next token is the answer)."""
         prompts = judge_prompts(items, self._context().policy_template)
-        texts = self.judge.render_prompts(self.template.render(prompts))
+        texts = self.judge.render_prompts(self.template.render(prompts, self.tool_rendering()))
         # A request's own limit (max_tokens) always truncates, as for the other models.
         cut = truncate if max_tokens is None else True
         if self.generates:

@@ -46,9 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from reward_server.errors import EmptyTextError, NotReadyError
 from reward_server.scoring.groups import current_groups, group_of
+from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, judge_prompts
 from reward_server.scoring.pairwise import aggregate, ordered_rows, unordered_pairs
-from reward_server.scoring.served import BatchedModel, ItemResult, Tokenized
+from reward_server.scoring.served import BatchedModel, Tokenized
+from reward_server.text.judge_prompt import fit_prompt
 
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
@@ -91,7 +93,11 @@ class PairwiseJudgeModel(BatchedModel):
     def prepare(self, items: Items, *, truncate: bool, max_tokens: int | None) -> Sequence[PairRow]:
         """The rows of the ordered pairs of the request's groups (read from
         :data:`~reward_server.scoring.groups.current_groups`), rendered and tokenized."""
-        prompts = judge_prompts(items, self._context().policy_template)
+        rendering, reads = self.tool_rendering(), self.template.reads
+        prompts = [
+            fit_prompt(prompt, reads, rendering)
+            for prompt in judge_prompts(items, self._context().policy_template)
+        ]
         variables: list[dict[str, Any]] = []
         pairs: list[tuple[int, int]] = []
         for group in group_of(current_groups.get(), items.count):

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from reward_server.config import AggregateName
+from reward_server.config import AggregateName, ModelSpec
 from reward_server.config.tenants import current_tenant
 from reward_server.errors import (
     GroupsError,
@@ -37,15 +37,17 @@ from reward_server.errors import (
     ScoringError,
     ServiceError,
     TooManyItemsError,
+    UnrenderableError,
 )
 from reward_server.scoring.aggregate import Weighting, combine
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult
 from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.groups import Groups, current_groups, normalize_in_groups
-from reward_server.scoring.items import Items, response_chars
+from reward_server.scoring.item_result import UNCLOSED_REASONING, ItemResult
+from reward_server.scoring.items import Items, response_chars, without_reasoning
 from reward_server.scoring.registry import ModelRegistry
 from reward_server.scoring.scored import Scored
-from reward_server.scoring.served import ItemResult, ServedModel
+from reward_server.scoring.served import ServedModel
 
 logger = logging.getLogger("reward_server")
 
@@ -119,10 +121,11 @@ class ScoringPipeline:
         else:
             token = current_deadline.set(deadline)  # the models' tasks copy it
             groups_token = current_groups.set(options.groups)
+            views = _Views(items)
             try:
                 done = await _all_or_first_error(
                     [
-                        _score_one(m, items, truncate, options.max_tokens, options.cache)
+                        _score_one(m, views.of(m), truncate, options.max_tokens, options.cache)
                         for m in models
                     ],
                     None if deadline is None else deadline + DEADLINE_GRACE_S,
@@ -173,9 +176,7 @@ class ScoringPipeline:
             results = [cut] * count
         else:
             results = [
-                dataclasses.replace(r, masked=True)
-                if r.error is not None and (model.spec.masks or r.error == "deadline")
-                else r
+                dataclasses.replace(r, masked=True) if _masks(model.spec, r.error) else r
                 for r in results
             ]
         for r in results:
@@ -233,12 +234,49 @@ class ScoringPipeline:
         self.metrics.on_tenant_items(current_tenant.get().name, n_items, tokens)
 
 
+def _masks(spec: ModelSpec, error: str | None) -> bool:
+    """Whether a result that failed with ``error`` is masked by the entry ``spec``."""
+    if error is None:
+        return False
+    if error == UNCLOSED_REASONING:
+        return spec.unclosed_reasoning == "mask"
+    return spec.masks or error == "deadline"
+
+
+class _Views:
+    """A request's items as each model reads them: with the thinking removed (once per set
+    of tags) or kept, and which items' responses never closed their thinking."""
+
+    def __init__(self, items: Items) -> None:
+        self.items = items
+        self._stripped: dict[tuple[str, str], tuple[Items, list[bool]]] = {}
+
+    def of(self, model: ServedModel) -> tuple[Items, list[bool] | None]:
+        """``model``'s view: its items, and per item whether it is unclosed (None: keeps)."""
+        spec = model.spec
+        if spec.reasoning_mode == "keep":
+            return self.items, None
+        tags = spec.reasoning_tags
+        if tags not in self._stripped:
+            self._stripped[tags] = without_reasoning(self.items, tags)
+        return self._stripped[tags]
+
+
 async def _score_one(
-    model: ServedModel, items: Items, truncate: bool, max_tokens: int | None, cache: bool
+    model: ServedModel,
+    view: tuple[Items, list[bool] | None],
+    truncate: bool,
+    max_tokens: int | None,
+    cache: bool,
 ) -> list[ItemResult]:
-    """One model's results; a failure that is not in the error table is a ScoringError."""
+    """One model's results on its view of the items (an item whose thinking never closed
+    fails with ``unclosed_reasoning``: its score is the entry's number, else masked); a
+    failure that is not in the error table is a ScoringError."""
+    items, unclosed = view
     try:
-        return await model.score(items, truncate=truncate, max_tokens=max_tokens, cache=cache)
+        results = await model.score(items, truncate=truncate, max_tokens=max_tokens, cache=cache)
+    except UnrenderableError as exc:
+        raise UnrenderableError(f"model {model.name!r}: {exc}") from None
     except ServiceError:  # these answer through the error table at the edge
         raise
     except Exception as exc:
@@ -246,6 +284,15 @@ async def _score_one(
         raise ScoringError(
             "the reward model failed on this request; the error is in the server log"
         ) from exc
+    if unclosed is None or not any(unclosed):
+        return results
+    given = model.spec.unclosed_reasoning
+    score = 0.0 if isinstance(given, str) else float(given)
+    failed = {"score": score, "error": UNCLOSED_REASONING, "note": None}
+    return [
+        dataclasses.replace(r, **failed) if cut else r
+        for r, cut in zip(results, unclosed, strict=True)
+    ]
 
 
 def _needs_groups(model: ServedModel) -> bool:

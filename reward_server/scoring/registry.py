@@ -65,7 +65,7 @@ def model_specs(settings: ServerSettings) -> list[ModelSpec]:
     if settings.models_file is not None:
         return list(settings.models_file.models)
     name = str(settings.model)
-    return [ModelSpec.model_construct(name=name, model=name)]
+    return [ModelSpec.model_construct(name=name, model=name, reasoning=settings.reasoning)]
 
 
 class ModelRegistry:

@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import httpx
 
@@ -35,10 +35,11 @@ from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scheduling.rate_limit import RateLimiter
 from reward_server.scoring.deadline import current_deadline
+from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, judge_prompts, tasks
 from reward_server.scoring.metrics import ModelState
-from reward_server.scoring.served import ItemResult
 from reward_server.text.judge_prompt import JudgeTemplate
+from reward_server.text.messages import ToolRendering
 
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
@@ -280,7 +281,8 @@ class RemoteModel:
         prompts = await asyncio.get_running_loop().run_in_executor(
             ctx.tokenizer, judge_prompts, items, ctx.policy_template
         )
-        texts = self.template.render(prompts)
+        rendering = self.spec.tool_rendering or ctx.settings.tool_rendering
+        texts = self.template.render(prompts, cast("ToolRendering", rendering))
         return list(await asyncio.gather(*(self._judge_one(client, t) for t in texts)))
 
     async def _judge_one(self, client: AsyncRewardClient, text: str) -> ItemResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reward_server.scoring.served import ItemResult
+from reward_server.scoring.item_result import ItemResult
 
 __all__ = ["Scored"]
 
@@ -81,12 +81,13 @@ class Scored:
         return out or None
 
     def verifier_errors(self) -> dict[str, list[str | None]] | None:
-        """Per verifier that failed on any item: each item's reason (None where it did not
-        fail); None when no verifier failed."""
+        """Per model that failed on any item, or whose verifier said why it scored an item
+        below its best: each item's reason (the failure's, else the note; None where
+        neither); None when no model has one."""
         out = {
-            name: [r.error for r in results]
+            name: [r.error or r.note for r in results]
             for name, results in self.results.items()
-            if any(r.error is not None for r in results)
+            if any(r.error is not None or r.note is not None for r in results)
         }
         return out or None
 

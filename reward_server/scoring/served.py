@@ -54,9 +54,11 @@ from reward_server.scheduling import (
     make_scheduler,
 )
 from reward_server.scoring.aggregate import label_weights, own_score
-from reward_server.scoring.items import Items, Pairs, conversations, render
+from reward_server.scoring.item_result import ItemResult
+from reward_server.scoring.items import Conversations, Items, Pairs, conversations, render
 from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.score_cache import MISS, ScoreCache, caches_kind, model_identity
+from reward_server.text.messages import ToolRendering
 from reward_server.text.steps import StepEncoded, StepOptions, StepScorer, step_results
 
 if TYPE_CHECKING:
@@ -66,7 +68,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchedModel",
-    "ItemResult",
     "ProcessModel",
     "SequenceModel",
     "ServedModel",
@@ -75,39 +76,6 @@ __all__ = [
     "load_served_model",
     "served_model_for",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ItemResult:
-    """One model's result for one item."""
-
-    #: The model's own score: a sequence model's label logit (or its objectives' weighted
-    #: sum), a process model's aggregate over the steps. Raw: before normalize and weight.
-    score: float
-    num_tokens: int  # tokens the model scored
-    truncated: bool
-    #: Every value of the row the model gave (named by the model's ``labels``); empty when
-    #: the model gives none but the score.
-    logits: tuple[float, ...] = ()
-    #: Process models: the score of each scored step, where each ends in the response
-    #: (character offsets, exclusive), and how many steps truncation cut off.
-    step_scores: tuple[float, ...] | None = None
-    step_ends: tuple[int, ...] | None = None
-    steps_dropped: int = 0
-    #: Why this item's reward could not be computed (a verifier's ``timeout``, ``crash``,
-    #: ``error``, ``non_finite``, ``bad_result``, ``sandbox_error``; a judge's or remote's
-    #: ``parse_failure``, ``remote_error``, ``timeout``; any model's ``deadline``); else None.
-    #: ``score`` is then the entry's ``on_error`` number (0.0 when it masks).
-    error: str | None = None
-    #: True when the item has no score from this model: it failed (``error``) and the entry
-    #: masks (``on_error: mask``), or the request's deadline came first. Set by the pipeline.
-    masked: bool = False
-    #: Verifiers: a python function's values beyond ``score``, a code verifier's tests
-    #: ``passed`` and ``total``, by name.
-    extras: tuple[tuple[str, float], ...] = ()
-    #: Code verifiers: each test's verdict (``passed``, ``wrong_answer``, ...), in the
-    #: label's order; None for other models and for an item whose tests could not be read.
-    tests: tuple[str, ...] | None = None
 
 
 class Tokenized(Protocol):
@@ -241,6 +209,12 @@ class BatchedModel(abc.ABC):
         if self._ctx is None:
             raise NotReadyError("the model is loading")
         return self._ctx
+
+    def tool_rendering(self) -> ToolRendering:
+        """What the model does with tool calls and tools its template does not show: its
+        entry's ``tool_rendering``, else the server's ``--tool-rendering``."""
+        given = self.spec.tool_rendering or self._context().settings.tool_rendering
+        return cast("ToolRendering", given)
 
     @property
     def name(self) -> str:
@@ -529,9 +503,12 @@ class ProcessModel(BatchedModel):
         cut = truncate if max_tokens is None else True
         if isinstance(told, Pairs):
             return rendering.encode_pairs(
-                told.queries, told.responses, truncate=cut, max_length=max_tokens
+                told.queries, told.responses, truncate=cut, max_length=max_tokens, tools=told.tools
             )
-        return rendering.encode_conversations(told, truncate=cut, max_length=max_tokens)
+        tools = items.tools if isinstance(items, Conversations) else None
+        return rendering.encode_conversations(
+            told, truncate=cut, max_length=max_tokens, tools=tools
+        )
 
     def batch_function(
         self,

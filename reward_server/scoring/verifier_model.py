@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from reward_server.config.models_file import CODE_KEYS
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scoring.deadline import current_deadline
+from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, tasks
 from reward_server.scoring.metrics import ModelState
-from reward_server.scoring.served import ItemResult
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
 from reward_server.verifiers.code import (
     DEFAULT_TIMEOUT_S,

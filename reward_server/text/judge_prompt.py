@@ -13,7 +13,17 @@ The template's variables, per item:
   itself, ``None`` nothing, and any other value its JSON; a template may also read into it
   (``{{ label.answer }}``).
 * ``messages``: the messages before the response (``[{"role": "user", "content": query}]`` for
-  a pair, ``[]`` for a bare text), for templates that want the roles.
+  a pair, ``[]`` for a bare text), for templates that want the roles, tool calls and results.
+* ``tool_calls``: the response's tool calls (OpenAI's shape, arguments as sent; ``[]`` when
+  it made none), and ``tools``: the tools the item offered (``[]`` for none).
+
+A judge that is sent tool calls, tool results or tools must see them: a template that reads
+neither ``tool_calls`` (the response's calls) nor ``messages`` (earlier calls and results) nor
+``tools`` makes such a request a 422 (:class:`~reward_server.errors.UnrenderableError`),
+unless the entry says ``tool_rendering: text``; then what the template does not read is
+written into ``response`` and ``prompt`` as text, as a reward model's chat template gets it
+(:mod:`reward_server.text.messages`). The thinking of a reasoning policy is removed before
+(``reasoning: strip``, a judge's default).
 
 A pairwise judge's template (``mode: pairwise``) compares two responses to one prompt: it
 reads ``prompt``, ``messages`` and ``label`` as above and ``response_a``, ``response_b`` (the
@@ -29,20 +39,38 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reward_server.errors import ChatTemplateError, ModelLoadError, one_line
+from reward_server.errors import ChatTemplateError, ModelLoadError, UnrenderableError, one_line
+from reward_server.text.messages import (
+    MessageOptions,
+    Support,
+    ToolRendering,
+    calls_as_text,
+    content_text,
+    features,
+    for_template,
+)
+from reward_server.text.reasoning import DEFAULT_TAGS
 from reward_server.text.rendering import Renderer
 
 if TYPE_CHECKING:
     from reward_server.config import LoadOptions
 
-__all__ = ["JUDGE_VARIABLES", "JudgePrompt", "JudgeRenderer", "JudgeTemplate", "is_template_file"]
+__all__ = [
+    "JUDGE_VARIABLES",
+    "JudgePrompt",
+    "JudgeRenderer",
+    "JudgeTemplate",
+    "fit_prompt",
+    "is_template_file",
+    "joined_prompt",
+]
 
 #: The variables a judge's template may use.
-JUDGE_VARIABLES = ("prompt", "response", "label", "messages")
+JUDGE_VARIABLES = ("prompt", "response", "label", "messages", "tool_calls", "tools")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +80,50 @@ class JudgePrompt:
     prompt: str
     response: str
     label: Any = None
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+
+def joined_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The ``prompt`` of messages: their contents joined by a blank line."""
+    return "\n\n".join(content_text(m.get("content")) for m in messages)
+
+
+def fit_prompt(item: JudgePrompt, reads: frozenset[str], rendering: ToolRendering) -> JudgePrompt:
+    """``item`` as a template that reads the variables ``reads`` sees all of it: the tool calls,
+    tool results and tools it does not read written as text into ``response`` and ``prompt``
+    (``rendering`` text), else UnrenderableError (the scoring pipeline names the judge)."""
+    earlier = features(item.messages, None) - {"reasoning_content"}
+    missing = []
+    if item.tool_calls and "tool_calls" not in reads:
+        missing.append("tool calls")
+    if earlier and "messages" not in reads:
+        missing.append("tool calls and results of earlier turns")
+    if item.tools and "tools" not in reads:
+        missing.append("tools")
+    if not missing:
+        return item
+    if rendering == "template":
+        raise UnrenderableError(
+            f"cannot render {' and '.join(missing)}: its judge template does not read the "
+            "variables that hold them (tool_calls, messages, tools). Use them in the template, "
+            "or set tool_rendering: text in its models-file entry for the plain-text rendering"
+        )
+    response, prompt = item.response, item.prompt
+    if item.tool_calls and "tool_calls" not in reads:
+        response = "\n".join(part for part in (response, calls_as_text(item.tool_calls)) if part)
+    if (earlier and "messages" not in reads) or (item.tools and "tools" not in reads):
+        tools = item.tools if "tools" not in reads else None
+        as_text, _ = for_template(
+            item.messages or [{"role": "user", "content": prompt}],
+            tools,
+            support=Support(),
+            rendering="text",
+            reasoning_tags=DEFAULT_TAGS,
+        )
+        prompt = joined_prompt(as_text)
+    return replace(item, prompt=prompt, response=response)
 
 
 def is_template_file(template: str) -> bool:
@@ -88,7 +159,10 @@ class JudgeTemplate:
             parsed = env.parse(source)
         except TemplateSyntaxError as exc:
             raise ModelLoadError(f"judge template of {name!r}: {one_line(exc)}") from exc
-        unknown = meta.find_undeclared_variables(parsed) - set(variables) - set(env.globals)
+        used = meta.find_undeclared_variables(parsed)
+        #: The variables the template reads.
+        self.reads = frozenset(used)
+        unknown = used - set(variables) - set(env.globals)
         if unknown:
             raise ModelLoadError(
                 f"judge template of {name!r} uses {', '.join(sorted(unknown))}; it knows "
@@ -111,8 +185,12 @@ class JudgeTemplate:
             raise ModelLoadError(f"cannot read judge template {template}: {one_line(exc)}") from exc
         return cls(source, name, variables)
 
-    def render(self, items: Sequence[JudgePrompt]) -> list[str]:
-        """Each item's prompt text (ChatTemplateError naming the item that fails)."""
+    def render(
+        self, items: Sequence[JudgePrompt], rendering: ToolRendering = "template"
+    ) -> list[str]:
+        """Each item's prompt text (ChatTemplateError naming the item that fails; tool calls,
+        results and tools the template does not read: :func:`fit_prompt`)."""
+        fitted = [fit_prompt(item, self.reads, rendering) for item in items]
         return self.render_variables(
             [
                 {
@@ -120,8 +198,10 @@ class JudgeTemplate:
                     "response": item.response,
                     "label": item.label,
                     "messages": item.messages,
+                    "tool_calls": item.tool_calls,
+                    "tools": item.tools,
                 }
-                for item in items
+                for item in fitted
             ],
             "item",
         )
@@ -147,9 +227,21 @@ class JudgeRenderer(Renderer):
     judge's answer begins, so nothing is added after a text (no EOS), and each rendered
     template is one user turn of the chat template with the generation prompt."""
 
-    def __init__(self, tokenizer: Any, *, name: str, max_length: int, truncation_side: str) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        name: str,
+        max_length: int,
+        truncation_side: str,
+        messages: MessageOptions | None = None,
+    ) -> None:
         super().__init__(
-            tokenizer, name=name, max_length=max_length, truncation_side=truncation_side
+            tokenizer,
+            name=name,
+            max_length=max_length,
+            truncation_side=truncation_side,
+            messages=messages,
         )
         self.suffix = []  # the next token after the prompt is the answer, not after an EOS
 
@@ -161,6 +253,7 @@ class JudgeRenderer(Renderer):
             name=options.model,
             max_length=max_length,
             truncation_side=options.truncation_side,
+            messages=MessageOptions.of(options),
         )
 
     def render_prompts(self, contents: Sequence[str]) -> list[str]:

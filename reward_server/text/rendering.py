@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reward_server.errors import ChatTemplateError, ModelLoadError, TextTooLongError, one_line
+from reward_server.errors import (
+    ChatTemplateError,
+    ModelLoadError,
+    TextTooLongError,
+    UnrenderableError,
+    one_line,
+)
+from reward_server.text.messages import MessageOptions, Support, for_template, probe_support
+
+#: One item's tools: OpenAI function specs.
+Tools = Sequence[Mapping[str, Any]]
 
 __all__ = [
     "Encoded",
@@ -39,6 +49,10 @@ class Encoded:
     input_ids: list[int]
     truncated: bool
     num_tokens: int  # == len(input_ids), tokens actually scored
+
+
+def _at(tools: Sequence[Tools | None] | None, i: int) -> Tools | None:
+    return None if tools is None else tools[i]
 
 
 def read_template(chat_template: str) -> str | None:
@@ -103,13 +117,27 @@ def special_affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
 
 
 class Renderer:
-    """Renders and tokenizes texts for one reward model (its tokenizer, template and limits)."""
+    """Renders and tokenizes texts for one reward model (its tokenizer, template and limits).
 
-    def __init__(self, tokenizer: Any, *, name: str, max_length: int, truncation_side: str) -> None:
+    What its chat template renders of tool calls, tool results, tools and reasoning content is
+    probed once, here (:func:`~reward_server.text.messages.probe_support`); ``messages`` says
+    what to do with what it does not (:class:`~reward_server.text.messages.MessageOptions`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        name: str,
+        max_length: int,
+        truncation_side: str,
+        messages: MessageOptions | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.name = name
         self.max_length = max_length
         self.truncation_side = truncation_side
+        self.messages = messages or MessageOptions()
         self.pad_token_id: int = int(tokenizer.pad_token_id)
         self.bos_token: str | None = tokenizer.bos_token or None
         self.bos_token_id: int | None = tokenizer.bos_token_id if self.bos_token else None
@@ -118,51 +146,101 @@ class Renderer:
             raise ModelLoadError(
                 f"max_length {max_length} leaves no room for text after the special tokens"
             )
+        #: What the chat template renders (nothing without one).
+        self.support = probe_support(self._apply) if self.has_chat_template else Support()
 
     @property
     def has_chat_template(self) -> bool:
         """Whether pairs and conversations are rendered with a chat template."""
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def render_pairs(self, queries: Sequence[str], responses: Sequence[str]) -> list[str]:
-        """Render query/response pairs with the chat template, or join them without one."""
+    def render_pairs(
+        self,
+        queries: Sequence[str],
+        responses: Sequence[str],
+        tools: Sequence[Tools | None] | None = None,
+    ) -> list[str]:
+        """Render query/response pairs with the chat template (with each pair's ``tools``),
+        or join them without one."""
         if len(queries) != len(responses):
             raise ValueError(f"{len(queries)} queries but {len(responses)} responses")
         if not self.has_chat_template:
-            return [q + r for q, r in zip(queries, responses, strict=True)]
+            return [
+                self._tools_without_template(_at(tools, i)) + q + r
+                for i, (q, r) in enumerate(zip(queries, responses, strict=True))
+            ]
         return self._render(
             [
                 [{"role": "user", "content": q}, {"role": "assistant", "content": r}]
                 for q, r in zip(queries, responses, strict=True)
-            ]
+            ],
+            tools,
         )
 
     def render_conversations(
-        self, conversations: Sequence[Sequence[Mapping[str, str]]]
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        tools: Sequence[Tools | None] | None = None,
     ) -> list[str]:
-        """Render conversations with the chat template; ChatTemplateError without one."""
+        """Render conversations (with each one's ``tools``) with the chat template;
+        ChatTemplateError without one."""
         if not self.has_chat_template:
             raise ChatTemplateError(
                 f"model {self.name!r} has no chat template; send texts or queries/responses, "
                 "or start the server with --chat-template PATH"
             )
-        return self._render([[dict(m) for m in conv] for conv in conversations])
+        return self._render(conversations, tools)
 
-    def _render(self, conversations: list[list[dict[str, str]]]) -> list[str]:
-        """Apply the chat template to each conversation (no generation prompt)."""
+    def _tools_without_template(self, tools: Tools | None) -> str:
+        """The tools of a pair joined without a chat template: written as text in front
+        (``tool_rendering: text``), else UnrenderableError."""
+        if not tools:
+            return ""
+        messages, _ = for_template(
+            [{"role": "user", "content": ""}],
+            tools,
+            support=Support(),
+            rendering=self.messages.tool_rendering,
+            reasoning_tags=self.messages.reasoning_tags,
+        )
+        return str(messages[0]["content"]) + "\n"
+
+    def _apply(self, messages: list[dict[str, Any]], tools: Tools | None) -> str:
+        """The chat template applied to one conversation (no generation prompt)."""
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False)
+        if not isinstance(text, str):
+            raise ChatTemplateError(f"chat template returned {type(text).__name__}, not text")
+        return text
+
+    def _render(
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        tools: Sequence[Tools | None] | None,
+    ) -> list[str]:
+        """Apply the chat template to each conversation (no generation prompt), its tool
+        calls, tool results and tools as :func:`~reward_server.text.messages.for_template`
+        gives them."""
         from jinja2 import TemplateError
 
         out: list[str] = []
-        for i, conv in enumerate(conversations):
+        for i, conversation in enumerate(conversations):
             try:
-                text = self.tokenizer.apply_chat_template(conv, tokenize=False)
+                messages, given = for_template(
+                    conversation,
+                    _at(tools, i),
+                    support=self.support,
+                    rendering=self.messages.tool_rendering,
+                    reasoning_tags=self.messages.reasoning_tags,
+                )
+                out.append(self._apply(messages, given))
+            except UnrenderableError as exc:
+                raise UnrenderableError(f"conversation {i}: {exc}") from None
             except (TemplateError, ValueError, KeyError, TypeError, IndexError) as exc:
+                if isinstance(exc, ChatTemplateError):
+                    raise
                 raise ChatTemplateError(
                     f"chat template failed on conversation {i}: {one_line(exc)}"
                 ) from exc
-            if not isinstance(text, str):
-                raise ChatTemplateError(f"chat template returned {type(text).__name__}, not text")
-            out.append(text)
         return out
 
     def encode(
@@ -248,15 +326,22 @@ class RendersText:
             "chat_template": r.has_chat_template,
         }
 
-    def render_pairs(self, queries: Sequence[str], responses: Sequence[str]) -> list[str]:
+    def render_pairs(
+        self,
+        queries: Sequence[str],
+        responses: Sequence[str],
+        tools: Sequence[Tools | None] | None = None,
+    ) -> list[str]:
         """Render query/response pairs with the chat template, or join them without one."""
-        return self.rendering.render_pairs(queries, responses)
+        return self.rendering.render_pairs(queries, responses, tools)
 
     def render_conversations(
-        self, conversations: Sequence[Sequence[Mapping[str, str]]]
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        tools: Sequence[Tools | None] | None = None,
     ) -> list[str]:
         """Render conversations with the chat template; ChatTemplateError without one."""
-        return self.rendering.render_conversations(conversations)
+        return self.rendering.render_conversations(conversations, tools)
 
     def encode(
         self, texts: Sequence[str], *, truncate: bool, max_length: int | None = None

@@ -27,10 +27,11 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from reward_server.errors import ModelLoadError, ResponseNotFoundError, StepsTruncatedError
-from reward_server.text.rendering import Encoded, Renderer
+from reward_server.text.messages import MessageOptions, content_text
+from reward_server.text.rendering import Encoded, Renderer, Tools
 
 __all__ = [
     "DEFAULT_STEP_SEPARATOR",
@@ -282,7 +283,7 @@ def _last_token_before(starts: Sequence[int], spans: Sequence[tuple[int, int]], 
     return max(j, 0)
 
 
-def _last_response(index: int, conversation: Sequence[Mapping[str, str]]) -> str:
+def _last_response(index: int, conversation: Sequence[Mapping[str, Any]]) -> str:
     """The response of a conversation: its last message, which must be the assistant's."""
     role = conversation[-1].get("role")
     if role != "assistant":
@@ -290,7 +291,7 @@ def _last_response(index: int, conversation: Sequence[Mapping[str, str]]) -> str
             f"conversation {index}: a process model scores the last message as the response, "
             f"and it must be the assistant's (role 'assistant', not {role!r})"
         )
-    return conversation[-1].get("content", "")
+    return content_text(conversation[-1].get("content"))
 
 
 # ---------------------------------------------------------------------- the renderer
@@ -307,9 +308,14 @@ class StepRenderer(Renderer):
         max_length: int,
         truncation_side: str,
         steps: StepOptions,
+        messages: MessageOptions | None = None,
     ) -> None:
         super().__init__(
-            tokenizer, name=name, max_length=max_length, truncation_side=truncation_side
+            tokenizer,
+            name=name,
+            max_length=max_length,
+            truncation_side=truncation_side,
+            messages=messages,
         )
         if not getattr(tokenizer, "is_fast", False):
             raise ModelLoadError(
@@ -341,26 +347,29 @@ class StepRenderer(Renderer):
         *,
         truncate: bool,
         max_length: int | None = None,
+        tools: Sequence[Tools | None] | None = None,
     ) -> list[StepEncoded]:
-        """Query/response pairs rendered, tokenized and their steps placed."""
+        """Query/response pairs (with their ``tools``) rendered, tokenized and their steps
+        placed."""
         if len(queries) != len(responses):
             raise ValueError(f"{len(queries)} queries but {len(responses)} responses")
         return self._encode_steps(
             list(responses),
-            lambda shown: self.render_pairs(queries, shown),
+            lambda shown: self.render_pairs(queries, shown, tools),
             truncate=truncate,
             max_length=max_length,
         )
 
     def encode_conversations(
         self,
-        conversations: Sequence[Sequence[Mapping[str, str]]],
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
         *,
         truncate: bool,
         max_length: int | None = None,
+        tools: Sequence[Tools | None] | None = None,
     ) -> list[StepEncoded]:
-        """Conversations (the last message is the response) rendered, tokenized and their
-        steps placed."""
+        """Conversations (the last message is the response; with their ``tools``) rendered,
+        tokenized and their steps placed."""
         responses = [_last_response(i, conv) for i, conv in enumerate(conversations)]
 
         def render(shown: list[str]) -> list[str]:
@@ -368,7 +377,8 @@ class StepRenderer(Renderer):
                 [
                     [*conv[:-1], {**conv[-1], "content": response}]
                     for conv, response in zip(conversations, shown, strict=True)
-                ]
+                ],
+                tools,
             )
 
         return self._encode_steps(responses, render, truncate=truncate, max_length=max_length)

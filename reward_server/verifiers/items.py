@@ -31,12 +31,17 @@ class Task:
     """One item to verify, as plain data.
 
     ``prompt``: the query, or the chat messages before the response, or None for a bare
-    text; ``label``: the item's reference (any JSON value), None when it has none.
+    text; ``response``: the response's text (its thinking removed unless the entry keeps it);
+    ``label``: the item's reference (any JSON value), None when it has none; ``tools``: the
+    tools the item offered (OpenAI function specs), None when none; ``tool_calls``: the
+    response message's tool calls as sent (OpenAI's shape), None when it made none.
     """
 
-    prompt: str | list[dict[str, str]] | None
+    prompt: str | list[dict[str, Any]] | None
     response: str
     label: Any = None
+    tools: list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reward_server.http.auth import Authorized
 from reward_server.http.compat import MASK_FILL, masked_header, truncated_header
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import Conversation, Text
+from reward_server.http.schemas import Conversation, Text, plain_conversation
 from reward_server.http.scoring import score
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.items import Conversations, Items, Pairs
@@ -63,7 +63,7 @@ class SlimeRewardRequest(BaseModel):
         labels = (self.label,) if "label" in self.model_fields_set else None
         if isinstance(self.prompt, str):
             return Pairs((self.prompt,), (self.response,), labels)
-        conversation = [{"role": m.role, "content": m.content} for m in self.prompt]
+        conversation = plain_conversation(self.prompt)
         conversation.append({"role": "assistant", "content": self.response})
         return Conversations((conversation,), labels)
 

@@ -40,7 +40,7 @@ from reward_server.http.compat import (
     truncated_header,
 )
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import Conversation, StrList
+from reward_server.http.schemas import Conversation, StrList, plain_conversation
 from reward_server.http.scoring import RegistryDep, score
 from reward_server.scoring.items import Conversations, Items, Texts
 from reward_server.scoring.pipeline import ScoreOptions
@@ -165,8 +165,7 @@ class VLLMRequest(BaseModel):
     def items(self) -> Items:
         """The request's items: its texts, or its one conversation."""
         if self.messages is not None:
-            conversation = [{"role": m.role, "content": m.content} for m in self.messages]
-            return Conversations((conversation,))
+            return Conversations((plain_conversation(self.messages),))
         return Texts(tuple(self.input or ()))
 
     def limits(self) -> tuple[bool | None, int | None]:

@@ -1,0 +1,368 @@
+"""Agent trajectories and reasoning through a real ``reward-server``: tool calls, tool results,
+tools and thinking reach tiny Llama reward models whose chat templates render them in three
+families' styles (``chat_templates.TOOL_FAMILIES``), and every score equals an independent
+computation: the test renders each item with the template itself (arguments as objects, the
+thinking removed by hand) and runs one unpadded forward pass per item.
+
+Also: a template that cannot render tool calls is a 422 naming the model; the plain-text
+rendering (``tool_rendering: text``) is the documented text; ``<think>x</think>answer``
+scores as ``answer``; a block that never closes is masked with its reason; reasoning: keep
+reaches the template's own reasoning_content rendering."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import yaml
+from chat_templates import TOOL_FAMILIES
+from server_proc import running_server
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+import tiny_models
+
+TOL = 1e-5
+FAMILIES = tuple(TOOL_FAMILIES)
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def call(name: str, arguments: Any, id_: str = "call00001") -> dict[str, Any]:
+    """An OpenAI tool call (``arguments`` a JSON string or an object, as sent)."""
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def trajectory(city: str, *, as_string: bool = True, answer: str = "It is 18C.") -> list[dict]:
+    """user -> assistant calling get_weather (content null) -> tool result -> answer."""
+    arguments: Any = {"city": city}
+    return [
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": f"What is the weather in {city}?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("get_weather", json.dumps(arguments) if as_string else arguments)],
+        },
+        {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "18C"},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+def parallel() -> list[dict]:
+    """Two calls in one assistant turn, two results, an answer with its thinking as a block
+    and as reasoning_content."""
+    return [
+        {"role": "user", "content": "Weather and time in Rome?"},
+        {
+            "role": "assistant",
+            "content": "<think>two tools</think>Checking.",
+            "tool_calls": [
+                call("get_weather", '{"city": "Rome", "unit": "C"}', "call00001"),
+                call("get_time", {"city": "Rome"}, "call00002"),
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call00001", "content": "21C"},
+        {"role": "tool", "tool_call_id": "call00002", "content": "14:05"},
+        {
+            "role": "assistant",
+            "content": "<think>\nsum it up\n</think>\n\n21C at 14:05.",
+            "reasoning_content": "also this",
+        },
+    ]
+
+
+def by_hand(conversation: list[dict]) -> list[dict]:
+    """The conversation as the template should get it, written out independently: content
+    null as "", arguments as objects, the thinking (blocks and reasoning_content) removed."""
+    out = copy.deepcopy(conversation)
+    for message in out:
+        message.pop("reasoning_content", None)
+        content = message.get("content") or ""
+        if message["role"] == "assistant" and "</think>" in content:
+            content = content.split("</think>", 1)[1].lstrip()
+        message["content"] = content
+        for c in message.get("tool_calls", []):
+            if isinstance(c["function"]["arguments"], str):
+                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    return out
+
+
+@torch.inference_mode()
+def reference(folder: Path, texts: Sequence[str]) -> list[float]:
+    """Float32, one unpadded text at a time, the head at the last token (BOS rule as the
+    server's: no special tokens added to a text that starts with BOS)."""
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    out = []
+    for text in texts:
+        add = not text.startswith(tok.bos_token)
+        ids = torch.tensor([tok(text, add_special_tokens=add)["input_ids"]])
+        hidden = model.model(input_ids=ids).last_hidden_state  # (1, T, H)
+        out.append(float(model.score(hidden[0, -1])[0]))
+    return out
+
+
+def rendered(folder: Path, conversations: Sequence[list[dict]], tools: Any = None) -> list[str]:
+    tok = AutoTokenizer.from_pretrained(folder)
+    return [tok.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations]
+
+
+def longer(folder: Path, limit: int = 2048) -> Path:
+    """The saved model's position and tokenizer limits raised to ``limit`` (tools written
+    out as JSON make long texts for a tokenizer this small; Llama's rotary positions have no
+    table to outgrow)."""
+    for name, key in (
+        ("config.json", "max_position_embeddings"),
+        ("tokenizer_config.json", "model_max_length"),
+    ):
+        path = folder / name
+        data = json.loads(path.read_text())
+        data[key] = limit
+        path.write_text(json.dumps(data))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny Llama reward model per tool-use template, and one whose template renders
+    roles and contents only (tiny_models.CHAT_TEMPLATE)."""
+    root = tmp_path_factory.mktemp("agents")
+    out = {
+        name: longer(
+            tiny_models.save_llama_reward_model(
+                root / name, seed=3, chat_template=TOOL_FAMILIES[name].template
+            )
+        )
+        for name in FAMILIES
+    }
+    out["plain"] = longer(tiny_models.save_llama_reward_model(root / "plain", seed=3))
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    entries: list[dict[str, Any]] = [{"name": n, "model": str(folders[n])} for n in FAMILIES]
+    entries += [
+        {"name": "plain", "model": str(folders["plain"])},
+        {"name": "plain_text", "model": str(folders["plain"]), "tool_rendering": "text"},
+        {"name": "keeps", "model": str(folders["hermes"]), "reasoning": "keep"},
+        {
+            "name": "masks_zero",
+            "model": str(folders["plain"]),
+            "unclosed_reasoning": -1.0,
+            "reasoning_tags": ["<reason>", "</reason>"],
+        },
+    ]
+    path = tmp_path_factory.mktemp("agents_models") / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    with running_server(None, "--models", str(path), "--max-wait-ms", "1") as proc:
+        yield proc.url
+
+
+def post(url: str, body: dict[str, Any], status: int = 200) -> dict[str, Any]:
+    response = httpx.post(f"{url}/score", json=body, timeout=60)
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def scores(url: str, model: str, **body: Any) -> list[float]:
+    return post(url, {"model": model, **body})["scores"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trajectories_equal_the_template_rendered_by_hand(
+    server: str, folders: dict[str, Path], family: str
+) -> None:
+    convs = [trajectory("Paris"), trajectory("London", as_string=False)]
+    if family != "llama31":  # Llama 3.1's template refuses parallel calls (test below)
+        convs.append(parallel())
+    got = scores(server, family, conversations=convs, tools=[WEATHER, TIME])
+    want = reference(
+        folders[family], rendered(folders[family], [by_hand(c) for c in convs], [WEATHER, TIME])
+    )
+    assert got == pytest.approx(want, abs=TOL)
+    assert len(set(got)) == len(got)  # Paris and London differ in one argument only
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_argument_one_result_one_tool_each_change_the_score(server: str, family: str) -> None:
+    base = trajectory("Paris")
+    other_result = copy.deepcopy(base)
+    other_result[3]["content"] = "19C"
+    other_unit = copy.deepcopy(base)
+    other_unit[2]["tool_calls"][0]["function"]["arguments"] = '{"city": "Paris", "unit": "F"}'
+    items = [
+        {"messages": base, "tools": [WEATHER]},
+        {"messages": other_result, "tools": [WEATHER]},
+        {"messages": other_unit, "tools": [WEATHER]},
+        {"messages": base, "tools": [WEATHER, TIME]},  # one more tool offered
+        {"messages": base},  # no tools
+    ]
+    got = scores(server, family, conversations=items)
+    assert len(set(got)) == len(got), got
+
+
+def test_per_item_tools_win_over_the_request_s(server: str, folders: dict[str, Path]) -> None:
+    conv = trajectory("Paris")
+    got = scores(
+        server, "hermes", conversations=[{"messages": conv, "tools": [TIME]}, conv], tools=[WEATHER]
+    )
+    texts = rendered(folders["hermes"], [by_hand(conv)], [TIME])
+    texts += rendered(folders["hermes"], [by_hand(conv)], [WEATHER])
+    assert got == pytest.approx(reference(folders["hermes"], texts), abs=TOL)
+
+
+def test_pairs_take_the_request_s_tools(server: str, folders: dict[str, Path]) -> None:
+    got = scores(server, "mistral", queries=["Weather?"], responses=["Sunny."], tools=[WEATHER])
+    conv = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Sunny."}]
+    want = reference(folders["mistral"], rendered(folders["mistral"], [conv], [WEATHER]))
+    assert got == pytest.approx(want, abs=TOL)
+
+
+def test_content_parts_are_joined(server: str) -> None:
+    parts = trajectory("Paris")
+    parts[1]["content"] = [
+        {"type": "text", "text": "What is the weather "},
+        {"type": "text", "text": "in Paris?"},
+    ]
+    assert scores(server, "hermes", conversations=[parts]) == pytest.approx(
+        scores(server, "hermes", conversations=[trajectory("Paris")]), abs=TOL
+    )
+
+
+def test_a_template_that_refuses_a_conversation_is_a_422(server: str) -> None:
+    body = post(server, {"model": "llama31", "conversations": [parallel()]}, 422)
+    assert body["type"] == "chat_template"
+    assert "single tool-calls" in body["error"]
+
+
+def test_a_template_without_tool_calls_is_a_422_naming_the_model(server: str) -> None:
+    body = post(server, {"model": "plain", "conversations": [trajectory("Paris")]}, 422)
+    assert body["type"] == "unrenderable"
+    assert "'plain'" in body["error"] and "tool calls" in body["error"]
+    assert "tool_rendering: text" in body["error"]
+    # Tools alone (no call) are refused too: they would be dropped.
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    body = post(server, {"model": "plain", "conversations": [conv], "tools": [WEATHER]}, 422)
+    assert "tool specs" in body["error"]
+    # Without tool calls or tools, the same model scores as ever.
+    assert post(server, {"model": "plain", "conversations": [conv]})["scores"][0] is not None
+
+
+def test_the_plain_text_rendering_is_the_documented_text(
+    server: str, folders: dict[str, Path]
+) -> None:
+    conv = parallel()
+    got = scores(server, "plain_text", conversations=[conv], tools=[WEATHER])
+    tools = json.dumps(WEATHER)
+    written = [
+        {
+            "role": "user",
+            "content": f"# Tools\n\n<tools>\n{tools}\n</tools>\nWeather and time in Rome?",
+        },
+        {
+            "role": "assistant",
+            "content": "Checking.\n<tool_call>\n"
+            '{"name": "get_weather", "arguments": {"city": "Rome", "unit": "C"}}\n'
+            "</tool_call>\n<tool_call>\n"
+            '{"name": "get_time", "arguments": {"city": "Rome"}}\n</tool_call>',
+        },
+        # Its template shows any role's content: tool results stay role tool (probed).
+        {"role": "tool", "content": "21C"},
+        {"role": "tool", "content": "14:05"},
+        {"role": "assistant", "content": "21C at 14:05."},
+    ]
+    want = reference(folders["plain"], rendered(folders["plain"], [written]))
+    assert got == pytest.approx(want, abs=TOL)
+
+
+def test_thinking_scores_as_the_answer_alone(server: str) -> None:
+    for model in ("hermes", "plain"):
+        with_think = scores(
+            server,
+            model,
+            queries=["q", "q", "q"],
+            responses=["<think>x</think>answer", "reasoning first</think>answer", "answer"],
+        )
+        assert with_think[0] == with_think[2] and with_think[1] == with_think[2]
+        conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer"}]
+        thought = [conv[0], {**conv[1], "reasoning_content": "long thought"}]
+        tagged = [conv[0], {**conv[1], "content": "<think>\nlong thought\n</think>\n\nanswer"}]
+        got = scores(server, model, conversations=[conv, thought, tagged])
+        assert got[0] == got[1] == got[2]
+
+
+def test_tokens_count_what_was_scored(server: str) -> None:
+    thought = "<think>" + "many words of thinking " * 40 + "</think>answer"
+    body = post(server, {"model": "plain", "queries": ["q", "q"], "responses": [thought, "answer"]})
+    assert body["tokens"][0] == body["tokens"][1]
+
+
+def test_unclosed_thinking_is_masked_with_its_reason(server: str) -> None:
+    body = post(
+        server,
+        {"model": "plain", "queries": ["q", "q"], "responses": ["<think>ran out of tok", "fine"]},
+    )
+    assert body["scores"][0] is None and body["scores"][1] is not None
+    assert body["masked"] == ["unclosed_reasoning", None]
+    # An entry may give such an item a score instead, with its own tags.
+    body = post(
+        server,
+        {"model": "masks_zero", "queries": ["q"], "responses": ["<reason>ran out of tok"]},
+    )
+    assert body["scores"] == [-1.0]
+    assert body["verifier_errors"] == {"masks_zero": ["unclosed_reasoning"]}
+
+
+def test_keep_reaches_the_template_s_reasoning_content(
+    server: str, folders: dict[str, Path]
+) -> None:
+    conv = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "answer", "reasoning_content": "my thought"},
+    ]
+    got = scores(server, "keeps", conversations=[conv])
+    want = reference(folders["hermes"], rendered(folders["hermes"], [conv]))
+    assert got == pytest.approx(want, abs=TOL)
+    assert got != scores(server, "hermes", conversations=[conv])
+
+
+def test_malformed_messages_are_422_naming_the_field(server: str) -> None:
+    bad = [
+        ([{"role": "user", "content": None}], "content is required"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "content[0]"),
+        ([{"role": "user", "content": "q", "tool_calls": []}], "only an assistant"),
+        (
+            [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 1}}]}],
+            "arguments",
+        ),
+    ]
+    for conv, said in bad:
+        body = post(server, {"model": "hermes", "conversations": [conv]}, 422)
+        assert body["type"] == "invalid_request"
+        assert said in body["error"], body["error"]
