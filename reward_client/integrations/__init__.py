@@ -3,11 +3,15 @@
 - :mod:`reward_client.integrations.trl`: :class:`~reward_client.integrations.trl.RemoteReward`,
   a ``reward_funcs`` entry of TRL's GRPOTrainer and RLOOTrainer.
 - :mod:`reward_client.integrations.verl`: verl's ``custom_reward_function``
-  (``path=pkg://reward_client.integrations.verl``).
+  (``path=pkg://reward_client.integrations.verl``), and
+  :mod:`reward_client.integrations.verl_agent`: verl's tool agent loop recording the
+  agent's trajectory for it.
 - :mod:`reward_client.integrations.openrlhf`: a ``reward_func`` file for OpenRLHF's
   ``--remote_rm_url``.
 
-Shared: :mod:`~reward_client.integrations.messages` (chat messages reduced to role and text),
+Shared: :mod:`~reward_client.integrations.messages` (the frameworks' chat messages as OpenAI
+chat messages, tool calls and results kept), :mod:`~reward_client.integrations.tools` (tools
+as OpenAI function specs),
 :mod:`~reward_client.integrations.settings` (settings from keyword arguments and the
 environment, clients kept for the process) and :mod:`~reward_client.integrations.masks`
 (what an item the server masked becomes: None for TRL, a fill value with a warning for verl

@@ -19,7 +19,16 @@ module) and calls it with keyword arguments only, merging
 prompt, so the prompt comes from ``extra_info[prompt_key]``, written there by the data
 preprocessing: a list of chat messages is scored as a conversation (the server renders it
 with the reward model's own template), a string as a query/response pair, and without a
-prompt the response alone is scored as a text. ``ground_truth`` is sent as the item's label
+prompt the response alone is scored as a text.
+
+Agent trajectories: a multi-turn rollout's ``solution_str`` is its turns and tool results
+run together as one text. Where ``extra_info[trajectory_key]`` (default
+``"reward_trajectory"``) holds the trajectory, a list of chat messages or ``{"messages",
+"tools"}``, that conversation is scored instead, tool calls, tool results and tools
+included (``solution_str`` and the prompt are then not used; the item is in no group).
+verl 0.9.1 records none; :mod:`reward_client.integrations.verl_agent`'s agent loop does, and
+the reward loop's ``naive``, ``limited`` and ``remote`` managers pass it on in
+``extra_info``. ``ground_truth`` is sent as the item's label
 (for the server's verifiers and judges; left out, with a warning, for a protocol without
 labels); ``data_source`` is not used. Each function returns the score as a float, or with ``reward_details`` a dict
 ``{"score", "tokens", "truncated", "masked"}`` whose other keys verl logs as extra reward
@@ -49,7 +58,8 @@ Settings come from keyword arguments (``reward_kwargs``) first, then the environ
 default 60), ``prompt_key`` / ``REWARD_PROMPT_KEY`` (default ``"prompt"``),
 ``reward_details`` / ``REWARD_DETAILS``, ``masked_score`` / ``REWARD_MASKED_SCORE``,
 ``reward_deadline`` / ``REWARD_DEADLINE`` (seconds one call may take in all, retries
-included), ``reward_groups`` / ``REWARD_GROUPS``, ``group_key`` / ``REWARD_GROUP_KEY`` and
+included), ``reward_groups`` / ``REWARD_GROUPS``, ``group_key`` / ``REWARD_GROUP_KEY``,
+``trajectory_key`` / ``REWARD_TRAJECTORY_KEY`` and
 ``reward_client_options`` (a mapping of further keyword arguments for the
 reward client, such as ``max_retries``). One client per setting
 is kept for the whole process (per event loop for the async client), so calls reuse their
@@ -78,6 +88,8 @@ from reward_client.integrations.settings import (
     WarnOnce,
     flag,
 )
+from reward_client.integrations.tools import tool_specs
+from reward_client.integrations.verl_agent import TRAJECTORY_KEY
 from reward_client.results import ScoreResult, merge
 
 __all__ = [
@@ -94,6 +106,7 @@ logger = logging.getLogger(__name__)
 _VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 _OUR_KWARGS = CLIENT_KWARGS | {
     "prompt_key",
+    "trajectory_key",
     "reward_details",
     "masked_score",
     "reward_groups",
@@ -116,6 +129,8 @@ class _Settings:
 
     client: ClientSettings
     prompt_key: str
+    #: The ``extra_info`` key of an agent's trajectory.
+    trajectory_key: str
     details: bool
     fill: float
     #: The ``extra_info`` keys tried for an item's group (none: no groups).
@@ -130,6 +145,9 @@ def _settings(kwargs: Mapping[str, Any]) -> _Settings:
     return _Settings(
         client=ClientSettings.read(kwargs, _URL_HINT),
         prompt_key=str(kwargs.get("prompt_key") or env.get("REWARD_PROMPT_KEY") or "prompt"),
+        trajectory_key=str(
+            kwargs.get("trajectory_key") or env.get("REWARD_TRAJECTORY_KEY") or TRAJECTORY_KEY
+        ),
         details=flag(kwargs.get("reward_details", env.get("REWARD_DETAILS", ""))),
         fill=masked_score(kwargs),
         group_keys=_group_keys(kwargs, env),
@@ -168,7 +186,22 @@ async def aclose_clients() -> None:
     await _clients.aclose()
 
 
-def _prompt(extra_info: object, key: str) -> str | list[dict[str, str]] | None:
+def _trajectory(extra_info: object, key: str) -> dict[str, Any] | None:
+    """The agent's trajectory in ``extra_info[key]`` as a ``{"messages", "tools"}``
+    conversation (no ``tools`` when it has none), or None."""
+    value = extra_info.get(key) if isinstance(extra_info, Mapping) else None
+    if value is None:
+        return None
+    value = plain_value(value)
+    if not isinstance(value, Mapping):
+        value = {"messages": value}
+    conversation = {"messages": messages(value.get("messages"), "user")}
+    if value.get("tools"):
+        conversation["tools"] = tool_specs(value["tools"])
+    return conversation
+
+
+def _prompt(extra_info: object, key: str) -> str | list[dict[str, Any]] | None:
     """The prompt stored in ``extra_info[key]``: text, chat messages or None."""
     if not isinstance(extra_info, Mapping):
         return None
@@ -214,9 +247,12 @@ def _groups(
     groups: dict[str, _Group] = {}
     key = settings.prompt_key
     for i, (response, extra_info) in enumerate(zip(solution_strs, extra_infos, strict=True)):
-        prompt = _prompt(extra_info, key)
+        trajectory = _trajectory(extra_info, settings.trajectory_key)
+        prompt = None if trajectory is not None else _prompt(extra_info, key)
         item: dict[str, Any]
-        if prompt is None:
+        if trajectory is not None:
+            item = {"conversations": trajectory}
+        elif prompt is None:
             _warn_once(
                 f"prompt:{key}", "extra_info has no %r: scoring the response alone as a text", key
             )
