@@ -5,7 +5,8 @@ an answer), they reach the server whole with the tools' JSON schemas, and the re
 logs for each step equals the server's score of those trajectories (issue 48, acceptance 5).
 
 The policy is a tiny GPT-2 whose tokenizer carries Qwen2.5's chat template, one of those
-TRL's ``add_response_schema`` knows, so TRL parses tool calls from what it generates. An
+TRL's ``add_response_schema`` knows, so TRL parses tool calls from what it generates
+(:mod:`agent_models`). An
 untrained policy never writes a valid tool call by chance, so the run's generation config
 biases its logits (``sequence_bias``, applied by transformers' own ``generate`` inside the
 trainer): after the prompt it writes a call of ``get_weather`` for the prompt's city, and
@@ -24,10 +25,18 @@ from typing import Any
 
 import httpx
 import pytest
+from agent_models import (
+    QWEN25_TEMPLATE,
+    REWARD_TEMPLATE,
+    WEATHER,
+    answer_text,
+    call_text,
+    get_weather,
+    save_policy,
+)
 from datasets import Dataset
 from server_proc import ServerProcess, running_server
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen2_5_chat_template
 
@@ -35,79 +44,9 @@ import tiny_models
 from reward_client import RewardClient
 from reward_client.integrations.trl import RemoteReward
 
-#: The reward model's template: the tools' schemas, each call as ``<call>name(arguments)</call>``,
-#: tool results under their own role.
-REWARD_TEMPLATE = (
-    "{%- if tools %}<|system|>\n{% for tool in tools %}{{ tool.function.name }}: "
-    "{{ tool.function.parameters | tojson }}\n{% endfor %}</s>\n{% endif %}"
-    "{%- for m in messages %}<|{{ m.role }}|>\n"
-    "{%- if m.tool_calls %}{% for c in m.tool_calls %}<call>{{ c.function.name }}"
-    "({{ c.function.arguments | tojson }})</call>{% endfor %}{% endif %}"
-    "{{ m.content or '' }}</s>\n{% endfor %}"
-)
-#: The tool's answer per city; each city, call, result and answer is one policy token.
-WEATHER = {"Paris": "sunny, 18C", "London": "rain, 9C"}
 PROMPTS = ["What is the weather in Paris", "Is it cold in London", "Weather in London"]
 PROMPTS.append("Do I need a coat in Paris")
 REWARD_KEY = "rewards/remote_reward/mean"
-
-
-def get_weather(city: str) -> str:
-    """The weather in a city.
-
-    Args:
-        city: The city's name.
-    """
-    return WEATHER[city]
-
-
-def call_text(city: str) -> str:
-    """A call of get_weather as Qwen2.5 writes one."""
-    arguments = json.dumps({"city": city})
-    return f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>'
-
-
-def answer_text(city: str) -> str:
-    return f"In {city} it is {WEATHER[city]}."
-
-
-def save_policy(path: Path) -> Path:
-    """A tiny GPT-2 policy whose tokenizer has Qwen2.5's chat template and tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    corpus = tiny_models.make_corpus(200, seed=3) + [qwen2_5_chat_template] * 3
-    tok.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=600,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        model_max_length=4096,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-        clean_up_tokenization_spaces=False,
-    )
-    tokenizer.add_tokens(
-        [
-            "</tool_response>",
-            *WEATHER,
-            *WEATHER.values(),
-            *map(call_text, WEATHER),
-            *map(answer_text, WEATHER),
-        ]
-    )
-    tokenizer.chat_template = qwen2_5_chat_template
-    # Qwen2.5's prompt with a tool's schema is over 400 tokens of this tokenizer.
-    model = tiny_models.gpt2_causal_lm(tokenizer, n_positions=1024)
-    return tiny_models.save(path, model, tokenizer)
 
 
 def agent_bias(path: Path) -> list[list[Any]]:
@@ -157,6 +96,7 @@ class Capture:
 def test_grpo_with_tools_rewards_equal_server_scores_of_the_trajectories(
     tool_server: ServerProcess, tmp_path: Path, one_torch_thread: None
 ) -> None:
+    assert qwen2_5_chat_template == QWEN25_TEMPLATE  # one add_response_schema recognises
     policy = save_policy(tmp_path / "policy")
     capture = Capture()
     reward = RemoteReward(tool_server.url, http_client=capture.client(), tools=[get_weather])
