@@ -22,6 +22,7 @@ from reward_server.config import ServerSettings
 from reward_server.config.tenants import TenantKeys
 from reward_server.engines import Scorer
 from reward_server.http.compat import (
+    nemo_gym,
     openrlhf,
     protocol_error_bodies,
     sandbox_fusion,
@@ -85,6 +86,7 @@ def create_app(
     app.include_router(tei.router)  # TEI's /predict
     app.include_router(slime.router)  # slime's remote_rm: /slime/reward
     app.include_router(sandbox_fusion.router)  # SandboxFusion's /run_code
+    app.include_router(nemo_gym.router)  # NeMo Gym's resources server: /verify, /seed_session
     if settings.tenants is None:
         _drop_security_from_openapi(app)
     install_error_handlers(app)

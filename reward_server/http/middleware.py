@@ -23,7 +23,7 @@ ENDPOINTS = frozenset(
     {
         *("/score", "/get_reward", "/health", "/info", "/metrics", "/docs", "/openapi.json"),
         *("/classify", "/v1/classify", "/pooling", "/v1/models", "/predict", "/slime/reward"),
-        "/run_code",
+        *("/run_code", "/verify", "/seed_session"),
     }
 )
 

@@ -1,14 +1,15 @@
 """Other servers' HTTP shapes on this server: vLLM's (:mod:`.vllm`), TEI's (:mod:`.tei`),
-OpenRLHF's (:mod:`.openrlhf`) and slime's (:mod:`.slime`).
+OpenRLHF's (:mod:`.openrlhf`), slime's (:mod:`.slime`) and NeMo Gym's (:mod:`.nemo_gym`).
 
 Each protocol is one module with its request and response bodies and its routes; all of
 them score through the same :class:`~reward_server.scoring.pipeline.ScoringPipeline` as ``/score`` (admission,
 batching, auth, truncation, metrics; with several models, their combined score as one label) and answer errors from the one error table, in the body
 shape that protocol's clients read (:class:`ProtocolRoute`). Here: what they share.
 
-None of these shapes can carry a masked item (no reward could be computed; ``null`` in
-``/score``): there it is :data:`MASK_FILL` in every value of its row (after any
-activation), and the answer's header :data:`MASKED_HEADER` lists the masked items.
+Only NeMo Gym's shape can carry a masked item (no reward could be computed; ``null`` in
+``/score``), as its ``mask_sample``; in the others it is :data:`MASK_FILL` in every value
+of its row (after any activation), and the answer's header :data:`MASKED_HEADER` lists the
+masked items.
 """
 
 from __future__ import annotations
