@@ -34,6 +34,15 @@ calls ``reward_func`` once per sample, so there a call holds no group and nothin
 a caller that passes a prompt's samples together gets groups. ``reward_groups`` /
 ``REWARD_GROUPS`` = false turns grouping off.
 
+Messages and tools: OpenRLHF 0.11.2 hands a reward function texts only: ``queries`` are
+token ids decoded with the policy's template markup, ``prompts`` the templated prompt
+strings; no messages, tool calls or tools reach it. Its multi-turn agents
+(``--train.agent_func_path``: an ``AgentInstance`` whose ``step`` gets the observation and
+the action as texts) compute their own rewards and never call ``reward_func``. So this module
+scores texts. An agent that keeps its own messages can score them from its ``step`` with
+:meth:`reward_client.RewardClient.score_conversations` (tool calls, tool results and tools
+as OpenAI chat messages).
+
 OpenRLHF has no notion of a sample without a reward: it makes a tensor of every
 ``rewards`` value (a None reward leaves the sample without one, and the experience maker
 then wants a reward model), and a NaN would poison its group's baseline (the mean and
