@@ -26,16 +26,19 @@ OPENRLHF_WHEEL := tests/.cache/openrlhf-0.11.2/openrlhf-0.11.2-cp311-cp311-manyl
 # verl for tests/integration/test_verl.py, without its pins (see its rule below).
 VERL_DIR := $(VENV)/verl
 VERL_STAMP := $(VERL_DIR)/.installed
+# bfcl-eval for tests/integration/test_bfcl_agreement.py, without its pins (see its rule below).
+BFCL_DIR := $(VENV)/bfcl
+BFCL_STAMP := $(BFCL_DIR)/.installed
 
-# Real counterparts (vLLM, kubectl, Ray, duplicates, verl) fail their tests when missing
+# Real counterparts (vLLM, kubectl, Ray, duplicates, verl, bfcl-eval) fail their tests when missing
 # instead of skipping them (see the comments above the test target).
 TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
 	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 REWARD_SERVER_TEST_PROMETHEUS=1 \
-	REWARD_SERVER_TEST_LOCK="$(LOCK)"
+	REWARD_SERVER_TEST_BFCL=1 REWARD_SERVER_TEST_LOCK="$(LOCK)"
 
 .PHONY: setup test test-unit test-learning lint format demo bench soak clean docs lock prometheus
 
-setup: $(STAMP) $(VERL_STAMP) $(OPENRLHF_WHEEL) prometheus
+setup: $(STAMP) $(VERL_STAMP) $(BFCL_STAMP) $(OPENRLHF_WHEEL) prometheus
 
 # Debian's prometheus package (/usr/bin/prometheus and /usr/bin/promtool) for the tests of
 # deploy/observability (tests/integration/test_alert_rules.py, test_observability_prometheus.py),
@@ -111,6 +114,28 @@ $(VERL_STAMP): $(STAMP)
 		tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0
 	touch $(VERL_STAMP)
 
+# bfcl-eval (the Berkeley Function Calling Leaderboard), for tests/integration/
+# test_bfcl_agreement.py: its own ast_checker judges tests/tool_call_cases.py. It requires
+# 32 packages, numpy pinned to 1.26 (this venv has 2.x), sentence-transformers (and torch),
+# faiss and every provider's SDK; its checker imports the leaderboard's model registry, which
+# imports each provider's handler and SDK at module level. So bfcl-eval goes without its pins
+# into a folder of its own inside the venv, on no path (the test puts it on a subprocess's
+# PYTHONPATH), with what that import chain needs beyond this venv and nothing else: each
+# package found by importing the checker until nothing was missing, and each one's removal
+# breaks the import (openai, anthropic, pydantic, httpx and requests come from this venv).
+# Seconds and 143 MB; the checker then runs unmodified, its registry and all.
+BFCL_PACKAGES := bfcl-eval==2026.3.23 tree-sitter==0.21.3 tree-sitter-java==0.21.0 \
+	tree-sitter-javascript==0.21.4 tenacity==9.2.1 overrides==7.7.0 cohere==5.18.0 \
+	httpx-sse==0.4.3 fastavro==1.13.1 google-genai==3.6.1 mistralai==1.7.0 boto3==1.44.8 \
+	botocore==1.44.8 s3transfer==0.19.3 qwen-agent==0.0.34 json5==0.17.3 soundfile==0.14.0 \
+	dashscope==2.0.2 websocket-client==1.9.2 writer-sdk==3.0.0 distro==1.9.0 \
+	datamodel-code-generator==0.25.7 black==26.10.1 mypy-extensions==1.2.0 pytokens==0.4.1 \
+	isort==9.0.2 inflect==7.6.0 jaraco.functools==4.6.0 more-itertools==11.2.1 typeguard==4.6.1
+$(BFCL_STAMP): $(STAMP)
+	rm -rf $(BFCL_DIR)
+	$(BIN)/python -m pip install -q --no-deps --target $(BFCL_DIR) $(BFCL_PACKAGES)
+	touch $(BFCL_STAMP)
+
 # ruff, then the import contracts of pyproject.toml's [tool.importlinter] (the layers).
 lint: setup
 	$(BIN)/ruff check .
@@ -125,6 +150,7 @@ format: setup
 # REWARD_SERVER_TEST_KUBECTL=1: the Kubernetes manifest tests likewise without kubectl;
 # REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
 # REWARD_SERVER_TEST_VERL=1: the runs of verl's own reward managers likewise without verl;
+# REWARD_SERVER_TEST_BFCL=1: the agreement with BFCL's own checker likewise without bfcl-eval;
 # REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`;
 # REWARD_SERVER_TEST_PROMETHEUS=1: the alert-rule and dashboard tests likewise without
 # Debian's prometheus (prometheus and promtool).
