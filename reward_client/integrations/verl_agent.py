@@ -27,6 +27,11 @@ Use it in place of verl's loop with an agent-loop config file (rows whose ``agen
     - name: tool_agent
       _target_: reward_client.integrations.verl_agent.TrajectoryToolAgentLoop
 
+verl then keeps the trajectory as a column of the batch (``reward_trajectory``), as it keeps
+every extra field. Its workers' chunks of a batch must have the same columns, so run every
+row of a batch through this loop (the file above gives it verl's own name for tool rows),
+not some rows through verl's ``single_turn_agent``.
+
 The class is made on first use (verl's worker looks it up by name), so that importing this
 module needs no verl: the rest of the reward client never imports it.
 """

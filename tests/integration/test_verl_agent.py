@@ -46,13 +46,39 @@ PROMPTS = [
     ],
     [{"role": "user", "content": "What is the weather in Paris"}],
     [{"role": "user", "content": "Tell me a joke"}],
+    [{"role": "user", "content": "Check it again and again"}],
 ]
-#: The policy's turns per sample (picked by a word of its prompt): a call, then an answer.
+#: The policy's turns per sample (picked by the first of these words in its prompt): a call
+#: and an answer; an answer alone; calls until verl's turn limit (4) ends the rollout.
 SCRIPTS = {
+    "again": [call_text("Paris")] * 4,
     "London": [call_text("London"), answer_text("London")],
     "Paris": [call_text("Paris"), answer_text("Paris")],
     "joke": ["No joke today."],
 }
+
+
+def call(city: str) -> list[dict[str, Any]]:
+    """A turn calling get_weather for ``city`` and the tool's result, as verl records them."""
+    function = {"name": "get_weather", "arguments": {"city": city}}
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": function}],
+        },
+        {"role": "tool", "content": WEATHER[city]},
+    ]
+
+
+#: The policy's turns in each trajectory. The last call of the fourth ended the rollout (the
+#: turn limit) before verl parsed it: it is there as the text the policy wrote.
+TURNS = [
+    [*call("London"), {"role": "assistant", "content": answer_text("London")}],
+    [*call("Paris"), {"role": "assistant", "content": answer_text("Paris")}],
+    [{"role": "assistant", "content": "No joke today."}],
+    [*call("Paris") * 3, {"role": "assistant", "content": call_text("Paris")}],
+]
 FUNCTIONS = ("compute_score_async", "compute_score")
 
 
@@ -104,25 +130,14 @@ def result(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> d
     return out
 
 
-def check_trajectory(trajectory: dict[str, Any], prompt: list[dict[str, Any]]) -> None:
-    """The prompt's messages, then the policy's call of get_weather for the prompt's city, the
-    tool's result and the answer (or, without a city, its one answer); the tool's spec."""
+def check_trajectory(
+    trajectory: dict[str, Any], prompt: list[dict[str, Any]], turns: list[dict[str, Any]]
+) -> None:
+    """The prompt's messages, then the policy's ``turns``; get_weather's spec as the tools."""
     (tool,) = trajectory["tools"]
     assert tool["function"]["name"] == "get_weather"
     assert tool["function"]["parameters"]["required"] == ["city"]
-    messages = trajectory["messages"]
-    assert messages[: len(prompt)] == prompt
-    turns = messages[len(prompt) :]
-    city = next((c for c in WEATHER if c in prompt[-1]["content"]), None)
-    if city is None:
-        assert turns == [{"role": "assistant", "content": "No joke today."}]
-        return
-    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
-    assert turns == [
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": WEATHER[city]},
-        {"role": "assistant", "content": answer_text(city)},
-    ]
+    assert trajectory["messages"] == [*prompt, *turns]
 
 
 @pytest.mark.parametrize("function", FUNCTIONS)
@@ -131,9 +146,10 @@ def test_the_reward_function_scores_each_trajectory_as_the_server_does(
 ) -> None:
     got = result[function]
     trajectories = got["trajectories"]
-    for trajectory, prompt in zip(trajectories, PROMPTS, strict=True):
-        check_trajectory(trajectory, prompt)
-    assert got["num_turns"] == [4, 4, 2]  # user, call, result, answer (+1, verl counts so)
+    for trajectory, prompt, turns in zip(trajectories, PROMPTS, TURNS, strict=True):
+        check_trajectory(trajectory, prompt, turns)
+    # verl counts the policy's turns and the tool results, plus one.
+    assert got["num_turns"] == [4, 4, 2, 8]
     # The server's own answer for those conversations, tools included.
     response = httpx.post(f"{server.url}/score", json={"conversations": trajectories}, timeout=60)
     assert response.status_code == 200, response.text
