@@ -15,6 +15,11 @@ time budget (``retry_timeout``, 600 s by default) is spent, never retry any othe
 return scores in input order. They speak this project's server and the wire formats of
 vLLM, TEI and OpenRLHF (:mod:`reward_client.wire`).
 
+Conversations are OpenAI chat messages, carried as given: an assistant's ``tool_calls``,
+``tool`` results, ``reasoning_content``, text parts; a conversation may be
+``{"messages": [...], "tools": [...]}`` with tools of its own, and a call's ``tools=`` (OpenAI
+function specs) go with every item without (``score_conversations``; remote-reward only).
+
 An item the server *masked* (its reward could not be computed) scores None, with its reason
 in :attr:`ScoreResult.masked`. Every request tells the server its time budget
 (``X-Request-Timeout-Ms``); a call's ``deadline`` (a client option, or ``deadline=`` of one
