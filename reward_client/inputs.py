@@ -117,33 +117,30 @@ def _is_list(value: object) -> bool:
     return isinstance(value, Sequence) or hasattr(value, "tolist")
 
 
+def _to_dicts(where: str, values: object, what: str) -> list[dict[str, Any]]:
+    """Plain JSON-ready copies of a list of objects (``what`` each is, for the errors)."""
+    if not _is_list(values):
+        raise TypeError(f"{where} must be a list of {what}s, not {type(values).__name__}")
+    out = plain_value(values)  # numpy values made plain, mappings copied as dicts
+    for j, value in enumerate(out):
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}[{j}] is a {type(value).__name__}, not a {what}")
+    return out
+
+
 def _to_messages(where: str, messages: object) -> list[dict[str, Any]]:
     """Plain JSON-ready copies of a conversation's messages, every key kept."""
-    if not _is_list(messages):
-        raise TypeError(f"{where} must be a list of messages, not {type(messages).__name__}")
-    out = []
-    for j, message in enumerate(plain_value(messages)):
-        if not isinstance(message, Mapping):
-            raise TypeError(f"{where}[{j}] is a {type(message).__name__}, not a message")
+    out = _to_dicts(where, messages, "message")
+    for j, message in enumerate(out):
         if not isinstance(message.get("role"), str):
             raise TypeError(f"{where}[{j}] has no 'role' (a str)")
-        out.append(dict(message))
     return out
 
 
 def _to_tools(where: str, tools: object) -> list[dict[str, Any]]:
-    """A plain copy of a list of tool specs (OpenAI function specs)."""
-    if not _is_list(tools):
-        raise TypeError(f"{where} must be a list of tool specs, not {type(tools).__name__}")
-    out = []
-    for j, tool in enumerate(plain_value(tools)):
-        if not isinstance(tool, Mapping):
-            raise TypeError(
-                f"{where}[{j}] is a {type(tool).__name__}, not a tool spec "
-                '({"type": "function", "function": {"name", "parameters", ...}})'
-            )
-        out.append(dict(tool))
-    return out
+    """A plain copy of a list of tool specs (OpenAI function specs:
+    ``{"type": "function", "function": {"name", "parameters", ...}}``)."""
+    return _to_dicts(where, tools, "tool spec")
 
 
 def _to_conversation(where: str, conversation: object) -> list[dict[str, Any]] | dict[str, Any]:
