@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from reward_server.config import LoadOptions
 from reward_server.errors import ModelLoadError
-from reward_server.text.rendering import Encoded, Tools
+from reward_server.text.rendering import Encoded, ItemTools
 
 if TYPE_CHECKING:
     from reward_server.text.steps import StepOptions, StepScorer
@@ -53,19 +53,14 @@ class Scorer(Protocol):
     max_length: int
 
     def render_pairs(
-        self,
-        queries: Sequence[str],
-        responses: Sequence[str],
-        tools: Sequence[Tools | None] | None = None,
+        self, queries: Sequence[str], responses: Sequence[str], tools: ItemTools = None
     ) -> list[str]:
         """Query/response pairs (with each one's tools) as texts (the chat template, or
         joined without one)."""
         ...
 
     def render_conversations(
-        self,
-        conversations: Sequence[Sequence[Mapping[str, Any]]],
-        tools: Sequence[Tools | None] | None = None,
+        self, conversations: Sequence[Sequence[Mapping[str, Any]]], tools: ItemTools = None
     ) -> list[str]:
         """Conversations (with each one's tools) as texts (ChatTemplateError without a
         template)."""

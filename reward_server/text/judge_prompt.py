@@ -227,22 +227,9 @@ class JudgeRenderer(Renderer):
     judge's answer begins, so nothing is added after a text (no EOS), and each rendered
     template is one user turn of the chat template with the generation prompt."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        *,
-        name: str,
-        max_length: int,
-        truncation_side: str,
-        messages: MessageOptions | None = None,
-    ) -> None:
-        super().__init__(
-            tokenizer,
-            name=name,
-            max_length=max_length,
-            truncation_side=truncation_side,
-            messages=messages,
-        )
+    def __init__(self, tokenizer: Any, **options: Any) -> None:
+        """``options``: :class:`Renderer`'s (name, max_length, truncation_side, messages)."""
+        super().__init__(tokenizer, **options)
         self.suffix = []  # the next token after the prompt is the answer, not after an EOS
 
     @classmethod

@@ -28,9 +28,12 @@ from reward_server.text.messages import MessageOptions, Support, for_template, p
 
 #: One item's tools: OpenAI function specs.
 Tools = Sequence[Mapping[str, Any]]
+#: Each item's tools (None: that item has none), or None when no item has any.
+ItemTools = Sequence[Tools | None] | None
 
 __all__ = [
     "Encoded",
+    "ItemTools",
     "Renderer",
     "RendersText",
     "prepare_tokenizer",
@@ -51,7 +54,7 @@ class Encoded:
     num_tokens: int  # == len(input_ids), tokens actually scored
 
 
-def _at(tools: Sequence[Tools | None] | None, i: int) -> Tools | None:
+def _at(tools: ItemTools, i: int) -> Tools | None:
     return None if tools is None else tools[i]
 
 
@@ -155,10 +158,7 @@ class Renderer:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def render_pairs(
-        self,
-        queries: Sequence[str],
-        responses: Sequence[str],
-        tools: Sequence[Tools | None] | None = None,
+        self, queries: Sequence[str], responses: Sequence[str], tools: ItemTools = None
     ) -> list[str]:
         """Render query/response pairs with the chat template (with each pair's ``tools``),
         or join them without one."""
@@ -178,9 +178,7 @@ class Renderer:
         )
 
     def render_conversations(
-        self,
-        conversations: Sequence[Sequence[Mapping[str, Any]]],
-        tools: Sequence[Tools | None] | None = None,
+        self, conversations: Sequence[Sequence[Mapping[str, Any]]], tools: ItemTools = None
     ) -> list[str]:
         """Render conversations (with each one's ``tools``) with the chat template;
         ChatTemplateError without one."""
@@ -213,9 +211,7 @@ class Renderer:
         return text
 
     def _render(
-        self,
-        conversations: Sequence[Sequence[Mapping[str, Any]]],
-        tools: Sequence[Tools | None] | None,
+        self, conversations: Sequence[Sequence[Mapping[str, Any]]], tools: ItemTools
     ) -> list[str]:
         """Apply the chat template to each conversation (no generation prompt), its tool
         calls, tool results and tools as :func:`~reward_server.text.messages.for_template`
@@ -327,20 +323,15 @@ class RendersText:
         }
 
     def render_pairs(
-        self,
-        queries: Sequence[str],
-        responses: Sequence[str],
-        tools: Sequence[Tools | None] | None = None,
+        self, queries: Sequence[str], responses: Sequence[str], tools: ItemTools = None
     ) -> list[str]:
-        """Render query/response pairs with the chat template, or join them without one."""
+        """:meth:`Renderer.render_pairs` of the engine's rendering."""
         return self.rendering.render_pairs(queries, responses, tools)
 
     def render_conversations(
-        self,
-        conversations: Sequence[Sequence[Mapping[str, Any]]],
-        tools: Sequence[Tools | None] | None = None,
+        self, conversations: Sequence[Sequence[Mapping[str, Any]]], tools: ItemTools = None
     ) -> list[str]:
-        """Render conversations with the chat template; ChatTemplateError without one."""
+        """:meth:`Renderer.render_conversations` of the engine's rendering."""
         return self.rendering.render_conversations(conversations, tools)
 
     def encode(

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reward_server.errors import ModelLoadError, ResponseNotFoundError, StepsTruncatedError
-from reward_server.text.messages import MessageOptions, content_text
-from reward_server.text.rendering import Encoded, Renderer, Tools
+from reward_server.text.messages import content_text
+from reward_server.text.rendering import Encoded, ItemTools, Renderer
 
 __all__ = [
     "DEFAULT_STEP_SEPARATOR",
@@ -300,26 +300,12 @@ def _last_response(index: int, conversation: Sequence[Mapping[str, Any]]) -> str
 class StepRenderer(Renderer):
     """A :class:`Renderer` that also finds where each step of a response is read."""
 
-    def __init__(
-        self,
-        tokenizer: object,
-        *,
-        name: str,
-        max_length: int,
-        truncation_side: str,
-        steps: StepOptions,
-        messages: MessageOptions | None = None,
-    ) -> None:
-        super().__init__(
-            tokenizer,
-            name=name,
-            max_length=max_length,
-            truncation_side=truncation_side,
-            messages=messages,
-        )
+    def __init__(self, tokenizer: object, *, steps: StepOptions, **options: Any) -> None:
+        """``options``: :class:`Renderer`'s (name, max_length, truncation_side, messages)."""
+        super().__init__(tokenizer, **options)
         if not getattr(tokenizer, "is_fast", False):
             raise ModelLoadError(
-                f"process model {name!r} needs a fast tokenizer (its character offsets "
+                f"process model {self.name!r} needs a fast tokenizer (its character offsets "
                 "place the steps)"
             )
         self.steps = steps
@@ -347,7 +333,7 @@ class StepRenderer(Renderer):
         *,
         truncate: bool,
         max_length: int | None = None,
-        tools: Sequence[Tools | None] | None = None,
+        tools: ItemTools = None,
     ) -> list[StepEncoded]:
         """Query/response pairs (with their ``tools``) rendered, tokenized and their steps
         placed."""
@@ -366,7 +352,7 @@ class StepRenderer(Renderer):
         *,
         truncate: bool,
         max_length: int | None = None,
-        tools: Sequence[Tools | None] | None = None,
+        tools: ItemTools = None,
     ) -> list[StepEncoded]:
         """Conversations (the last message is the response; with their ``tools``) rendered,
         tokenized and their steps placed."""
