@@ -110,12 +110,22 @@ class FunctionSpec(BaseModel):
 
 
 class Tool(BaseModel):
-    """A tool the conversation offered (OpenAI's function spec)."""
+    """A tool the conversation offered: OpenAI's chat function spec, or the flat form
+    (``{"name", "description", "parameters"}``: the Responses API's, many datasets'), which is
+    given to the chat template in the chat form."""
 
     model_config = ConfigDict(extra="allow")
 
     type: Literal["function"] = "function"
     function: FunctionSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_form(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "function" not in value and "name" in value:
+            spec = {k: v for k, v in value.items() if k != "type"}
+            return {"type": "function", "function": spec}
+        return value
 
 
 class Message(BaseModel):

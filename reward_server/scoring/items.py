@@ -198,6 +198,7 @@ def _from_conversations(conversations: Any, labels: Labels, tools: ItemTools) ->
             label=_label(labels, i),
             tools=_label(tools, i),
             tool_calls=tool_call_list(conv[-1]) or None,
+            reasoning=conv[-1].get("reasoning_content") or None,
         )
         for i, conv in enumerate(conversations)
     ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from reward_server.config.models_file import CODE_KEYS
 from reward_server.errors import ModelLoadError, NotReadyError
@@ -34,13 +34,15 @@ from reward_server.verifiers.code import (
     CodeVerifier,
     default_workers,
 )
+from reward_server.verifiers.formats import FormatOptions
 from reward_server.verifiers.sandboxed import SandboxedFunction
+from reward_server.verifiers.tool_calls import ToolCallOptions
 
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
     from reward_server.scoring.served import ServingContext
 
-__all__ = ["Verifier", "VerifierModel", "code_options", "load_verifier"]
+__all__ = ["Verifier", "VerifierModel", "code_options", "load_verifier", "rule_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,22 @@ def _result(verdict: Verdict) -> ItemResult:
         error=verdict.error,
         extras=tuple(sorted(verdict.extras.items())),
         tests=verdict.tests,
+        note=verdict.note,
     )
+
+
+def rule_options(spec: ModelSpec) -> dict[str, Any]:
+    """A tool_call or format entry's own options, as its verifier takes them (ValueError
+    for a bad combination)."""
+    if spec.verifier == "tool_call":
+        options = ToolCallOptions(spec.credit, spec.tool_call_tags, spec.check_schema)
+        return {"tool_call": options, "trajectory": spec.calls == "trajectory"}
+    if spec.verifier == "format":
+        shape = FormatOptions(
+            spec.reasoning_tags, spec.answer_tags, spec.require_reasoning, spec.pattern
+        )
+        return {"format": shape}
+    return {}
 
 
 class Verifier(Protocol):
@@ -217,19 +234,20 @@ def load_verifier(spec: ModelSpec) -> VerifierModel:
     if spec.verifier == "code":
         return _load_code(spec)
     sandboxed = spec.verifier == "python" and spec.sandbox == "bwrap"
-    options = VerifierOptions(
-        verifier=spec.verifier,
-        function=spec.function,
-        pattern=spec.pattern,
-        workers=spec.workers,
-        timeout_s=spec.timeout_s,
-        on_error=spec.error_score,
-        sandbox="bwrap" if sandboxed else "none",
-        bwrap=spec.bwrap if sandboxed else None,
-        memory_mb=spec.memory_mb,
-    )
     pool: Verifier
     try:
+        options = VerifierOptions(
+            verifier=spec.verifier,
+            function=spec.function,
+            pattern=spec.pattern if spec.verifier == "regex" else None,
+            workers=spec.workers,
+            timeout_s=spec.timeout_s,
+            on_error=spec.error_score,
+            sandbox="bwrap" if sandboxed else "none",
+            bwrap=spec.bwrap if sandboxed else None,
+            memory_mb=spec.memory_mb,
+            **rule_options(spec),
+        )
         pool = (
             SandboxedFunction(options, spec.name) if sandboxed else VerifierPool(options, spec.name)
         )

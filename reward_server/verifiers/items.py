@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-__all__ = ["REASONS", "Reason", "Task", "Verdict"]
+__all__ = ["REASONS", "Graded", "Reason", "Task", "Verdict"]
 
 #: Why an item got ``on_error`` instead of its verifier's score:
 #:
@@ -42,6 +42,17 @@ class Task:
     label: Any = None
     tools: list[dict[str, Any]] | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    #: The response message's ``reasoning_content`` where the entry keeps the thinking.
+    reasoning: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Graded:
+    """A built-in verifier's result when it can say why it gave less than full marks: the
+    score, and the reason (``note``; None at full marks). Not a failure."""
+
+    score: float
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +69,6 @@ class Verdict:
     extras: dict[str, float]
     error: Reason | None = None
     tests: tuple[str, ...] | None = None
+    #: Why a rule gave less than full marks (a tool_call or format verifier's reason); not
+    #: a failure: the score stands.
+    note: str | None = None

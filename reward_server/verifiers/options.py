@@ -9,6 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
 
+from reward_server.verifiers.formats import FormatOptions
+from reward_server.verifiers.tool_calls import ToolCallOptions
+
 __all__ = [
     "FunctionSandbox",
     "VerifierName",
@@ -19,7 +22,7 @@ __all__ = [
 
 #: The verifiers a :class:`~reward_server.verifiers.VerifierPool` runs (``code`` runs in
 #: :mod:`reward_server.verifiers.code` instead).
-VerifierName = Literal["math", "exact", "regex", "python"]
+VerifierName = Literal["math", "exact", "regex", "python", "tool_call", "format"]
 #: Where a python verifier's function runs: ``none``, in the pool's worker processes (with
 #: the server's rights); ``bwrap``, each item's call in a bubblewrap sandbox of its own
 #: (:mod:`reward_server.verifiers.sandboxed`).
@@ -37,7 +40,9 @@ class VerifierOptions:
     ``"score"``. ``sandbox`` (python only): ``"none"`` (the workers run the function) or
     ``"bwrap"`` (each call in a sandbox; ``bwrap``: its binary, ``memory_mb``: the call's
     address space). ``pattern`` (regex only): a response that matches it (``re.search``) scores
-    1.0, else 0.0; without it, each item's label (a string) is its pattern.
+    1.0, else 0.0; without it, each item's label (a string) is its pattern. ``tool_call`` and
+    ``format``: the options of :mod:`reward_server.verifiers.tool_calls` and
+    :mod:`reward_server.verifiers.formats` (their defaults when None).
     """
 
     verifier: VerifierName
@@ -49,6 +54,12 @@ class VerifierOptions:
     sandbox: FunctionSandbox = "none"
     bwrap: str | None = None
     memory_mb: int = 1024
+    #: tool_call only: its rules' options, and whether every call of the trajectory after the
+    #: last user message counts (else the response message's calls).
+    tool_call: ToolCallOptions | None = None
+    trajectory: bool = False
+    #: format only: the shape asked for.
+    format: FormatOptions | None = None
 
 
 def split_function(spec: str) -> tuple[str, str]:
@@ -73,10 +84,7 @@ def check_options(options: VerifierOptions) -> VerifierOptions:
     if options.verifier not in names:
         raise ValueError(f"unknown verifier {options.verifier!r}; choose one of {list(names)}")
     _check_numbers(options)
-    if options.function is not None and options.verifier != "python":
-        raise ValueError(f"function is for the python verifier, not {options.verifier!r}")
-    if options.pattern is not None and options.verifier != "regex":
-        raise ValueError(f"pattern is for the regex verifier, not {options.verifier!r}")
+    _check_owners(options)
     if options.sandbox not in get_args(FunctionSandbox):
         raise ValueError(f"sandbox must be none or bwrap, not {options.sandbox!r}")
     if options.sandbox != "none" and options.verifier != "python":
@@ -88,6 +96,8 @@ def check_options(options: VerifierOptions) -> VerifierOptions:
             raise ValueError("the python verifier needs function: 'module:function'")
         where, attr = split_function(options.function)
         return replace(options, function=f"{where}:{attr}")
+    if options.pattern is not None and options.verifier != "regex":
+        raise ValueError(f"pattern is for the regex verifier, not {options.verifier!r}")
     if options.pattern is not None:
         if not options.pattern:
             raise ValueError("pattern is empty (omit it to take each item's label as its pattern)")
@@ -96,6 +106,16 @@ def check_options(options: VerifierOptions) -> VerifierOptions:
         except re.error as exc:
             raise ValueError(f"pattern {options.pattern!r} does not compile: {exc}") from None
     return options
+
+
+def _check_owners(options: VerifierOptions) -> None:
+    """ValueError for an option of one verifier given to another."""
+    owners = (("function", "python"), ("tool_call", "tool_call"), ("format", "format"))
+    for field, verifier in owners:
+        if getattr(options, field) is not None and options.verifier != verifier:
+            raise ValueError(f"{field} is for the {verifier} verifier, not {options.verifier!r}")
+    if options.trajectory and options.verifier != "tool_call":
+        raise ValueError(f"trajectory is for the tool_call verifier, not {options.verifier!r}")
 
 
 def _check_numbers(options: VerifierOptions) -> None:

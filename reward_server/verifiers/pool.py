@@ -288,8 +288,8 @@ def outcome_verdict(name: str, position: int, outcome: Outcome, on_error: float)
     """The verdict of one item's outcome; a failure is logged (one line, a traceback at
     DEBUG) and scores ``on_error``."""
     reason, score, extras, detail = outcome
-    if reason is None:
-        return Verdict(score=score, extras=extras, error=None)
+    if reason is None:  # the detail of a success is the rule's note (why not full marks)
+        return Verdict(score=score, extras=extras, error=None, note=detail)
     text = (detail or "").strip()
     last = text.splitlines()[-1] if text else ""
     last = last if len(last) <= _LOG_CHARS else last[: _LOG_CHARS - 3] + "..."
@@ -442,7 +442,7 @@ class _Slot:
         assert process is not None and conn is not None
         outcome: Outcome
         try:
-            conn.send([(task.prompt, task.response, task.label) for _, task in items])
+            conn.send([task for _, task in items])
         except OSError:
             if resend:
                 self._stop_worker(graceful=False)

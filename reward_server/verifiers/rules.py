@@ -1,15 +1,23 @@
 """The verifiers themselves, built once in each worker process: ``build(options)`` gives a
-function ``(prompt, response, label) -> result``.
+function ``(task) -> result`` of one :class:`~reward_server.verifiers.items.Task`.
 
 - ``math``: :func:`math_score` (math-verify, see :mod:`reward_server.verifiers.answers`);
 - ``exact``: the final answer (or the whole stripped response when it has none) equals the
   label as a string;
 - ``regex``: ``re.search(pattern, response)``, the pattern from the options or the label;
-- ``python``: the user's function, imported from a module or loaded from a file.
+- ``tool_call``: the response's tool calls against the label's expected calls
+  (:mod:`reward_server.verifiers.tool_calls`); with ``trajectory``, every call of the
+  assistant turns after the last user message, in order;
+- ``format``: the response's shape (:mod:`reward_server.verifiers.formats`), its
+  ``reasoning_content`` (kept) written before it between the reasoning tags;
+- ``python``: the user's function, imported from a module or loaded from a file, called as
+  ``f(prompt, response, label)``, with ``tools=`` and ``tool_calls=`` too when it takes them
+  (by name, or ``**kwargs``).
 
-Built-ins return 1.0 or 0.0 and raise ValueError for an unusable label (the item's reason
-is then ``error``). Only the workers import this module's heavy parts: math-verify (and
-SymPy) is imported when a ``math`` verifier is built.
+Built-ins return 1.0 or 0.0 (``tool_call`` and ``format`` a :class:`Graded` score with the
+reason for less than full marks) and raise ValueError for an unusable label (the item's
+reason is then ``error``). Only the workers import this module's heavy parts: math-verify
+(and SymPy) is imported when a ``math`` verifier is built.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import re
 import sys
@@ -32,12 +41,17 @@ from reward_server.verifiers.answers import (
     final_answer,
     label_texts,
 )
+from reward_server.verifiers.formats import FormatOptions, format_score
+from reward_server.verifiers.items import Graded, Task
 from reward_server.verifiers.options import VerifierOptions, split_function
+from reward_server.verifiers.tool_calls import ToolCallOptions, score_tool_calls
 
 __all__ = ["Check", "build", "load_function", "math_score"]
 
-#: A verifier as the worker calls it: ``f(prompt, response, label)``.
-Check = Callable[[Any, str, Any], Any]
+#: A verifier as the worker calls it: ``f(task)``.
+Check = Callable[[Task], Any]
+#: A rule of three arguments: ``f(prompt, response, label)``.
+Rule = Callable[[Any, str, Any], Any]
 
 #: Parsed labels kept per worker: a GRPO group shares one label, a dataset repeats them.
 _GOLD_CACHE = 4096
@@ -45,17 +59,79 @@ _GOLD_CACHE = 4096
 
 def build(options: VerifierOptions) -> Check:
     """The verifier ``options`` name, ready to call (import errors propagate)."""
+    if options.verifier == "tool_call":
+        return _tool_call_check(options.tool_call or ToolCallOptions(), options.trajectory)
+    if options.verifier == "format":
+        return _format_check(options.format or FormatOptions())
+    rule: Rule
     if options.verifier == "math":
-        return _math_check()
-    if options.verifier == "exact":
-        return exact_score
-    if options.verifier == "regex":
-        return _regex_check(options.pattern)
-    assert options.function is not None
-    return load_function(options.function)
+        rule = _math_check()
+    elif options.verifier == "exact":
+        rule = exact_score
+    elif options.verifier == "regex":
+        rule = _regex_check(options.pattern)
+    else:
+        assert options.function is not None
+        return _python_check(load_function(options.function))
+    return lambda task: rule(task.prompt, task.response, task.label)
 
 
-def _math_check() -> Check:
+def _python_check(function: Callable[..., Any]) -> Check:
+    """A user's function as a check: ``f(prompt, response, label)``, with ``tools`` and
+    ``tool_calls`` as keywords when its signature names them or takes ``**kwargs``."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: three arguments
+        parameters = ()  # type: ignore[assignment]
+    extra = {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    extra |= {p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        extra |= {"tools", "tool_calls"}
+    wants = [name for name in ("tools", "tool_calls") if name in extra]
+
+    def check(task: Task) -> Any:
+        given = {name: getattr(task, name) for name in wants}
+        return function(task.prompt, task.response, task.label, **given)
+
+    return check
+
+
+def _assistant_calls(task: Task) -> list[Any] | None:
+    """Every tool call of the assistant turns after the last user message, the response's
+    last; None when none made one (the response's text is then read)."""
+    calls: list[Any] = []
+    if isinstance(task.prompt, list):
+        for message in task.prompt:
+            if message.get("role") == "user":
+                calls = []
+            elif message.get("role") == "assistant":
+                calls += list(message.get("tool_calls") or [])
+    calls += list(task.tool_calls or [])
+    return calls or None
+
+
+def _tool_call_check(options: ToolCallOptions, trajectory: bool) -> Check:
+    def check(task: Task) -> Graded:
+        calls = _assistant_calls(task) if trajectory else task.tool_calls
+        score, note = score_tool_calls(calls, task.response, task.label, task.tools, options)
+        return Graded(score, note)
+
+    return check
+
+
+def _format_check(options: FormatOptions) -> Check:
+    opening, closing = options.reasoning_tags
+
+    def check(task: Task) -> Graded:
+        response = task.response
+        if task.reasoning:  # sent apart (reasoning_content): in front, as a template writes it
+            response = f"{opening}{task.reasoning}{closing}{response}"
+        return Graded(*format_score(response, options))
+
+    return check
+
+
+def _math_check() -> Rule:
     try:
         import math_verify
     except ImportError as exc:
@@ -106,7 +182,7 @@ def exact_score(prompt: Any, response: str, label: Any) -> float:
     return 1.0 if text in exact_texts(label) else 0.0
 
 
-def _regex_check(pattern: str | None) -> Check:
+def _regex_check(pattern: str | None) -> Rule:
     if pattern is not None:
         compiled = re.compile(pattern)
 
@@ -123,7 +199,7 @@ def _regex_check(pattern: str | None) -> Check:
     return from_label
 
 
-def load_function(spec: str) -> Check:
+def load_function(spec: str) -> Callable[..., Any]:
     """The callable named by ``"module:attr"`` or ``"/path/file.py:attr"`` (dots allowed in
     ``attr``); ImportError, FileNotFoundError, AttributeError or TypeError when it is not."""
     where, attr = split_function(spec)

@@ -5,9 +5,9 @@ The protocol over its pipe (a ``multiprocessing`` connection, pickled values):
 
 1. the worker builds its verifier and sends ``("ready", None)`` or ``("load_error",
    "one-line reason")`` (then exits);
-2. the server sends a chunk, a list of ``(prompt, response, label)`` tuples; the worker
-   verifies them in order, in its main thread, and sends one :data:`Outcome` per item *as
-   each finishes*, so that the server times every item on its own;
+2. the server sends a chunk, a list of :class:`~reward_server.verifiers.items.Task`; the
+   worker verifies them in order, in its main thread, and sends one :data:`Outcome` per item
+   *as each finishes*, so that the server times every item on its own;
 3. ``None`` (or the pipe closing) stops it.
 
 An exception in the verifier is caught here (the worker lives on) and sent as ``"error"``
@@ -37,12 +37,13 @@ from types import FrameType
 from typing import Any
 
 from reward_server.errors import one_line
-from reward_server.verifiers.items import Reason
+from reward_server.verifiers.items import Graded, Reason, Task
 from reward_server.verifiers.options import VerifierOptions
 
 __all__ = ["Outcome", "coerce", "worker_main"]
 
-#: One item's outcome on the wire: (reason or None, score, extras, detail for the log).
+#: One item's outcome on the wire: (reason or None, score, extras, detail): the detail of a
+#: failure is for the log; of a success, the rule's note (why it gave less than full marks).
 Outcome = tuple[Reason | None, float, dict[str, float], str | None]
 
 _PR_SET_PDEATHSIG = 1
@@ -81,7 +82,12 @@ def _real(value: Any) -> float | None:
 
 
 def coerce(value: Any) -> Outcome:
-    """A verifier's return value as an outcome: a number, or a dict of numbers with "score"."""
+    """A verifier's return value as an outcome: a number, a dict of numbers with "score", or a
+    built-in's :class:`~reward_server.verifiers.items.Graded`."""
+    if isinstance(value, Graded):
+        if not math.isfinite(value.score):
+            return ("non_finite", 0.0, {}, f"returned {value.score!r}")
+        return (None, float(value.score), {}, value.note)
     if isinstance(value, dict):
         if "score" not in value:
             return (
@@ -113,14 +119,13 @@ def coerce(value: Any) -> Outcome:
     return (None, score, extras, None)
 
 
-def _run_item(check: Any, item: tuple[Any, str, Any], alarm_s: float | None) -> Outcome:
-    prompt, response, label = item
+def _run_item(check: Any, task: Task, alarm_s: float | None) -> Outcome:
     try:
         try:
             if alarm_s is not None:
                 signal.setitimer(signal.ITIMER_REAL, alarm_s)
             try:
-                value = check(prompt, response, label)
+                value = check(task)
             finally:
                 if alarm_s is not None:
                     signal.setitimer(signal.ITIMER_REAL, 0)
