@@ -193,6 +193,15 @@ class ConversationItem(BaseModel):
     tools: Tools | None = None
 
 
+def trajectory_prompt(messages: list[Message]) -> list[Message]:
+    """The prompt a conversation's response answers: its messages up to the last user or
+    system message before the response (an agent's own calls and their results after it are
+    part of its trajectory, not of the prompt a GRPO group shares)."""
+    before = messages[:-1]
+    last = max((i for i, m in enumerate(before) if m.role in ("user", "system")), default=-1)
+    return before[: last + 1]
+
+
 def plain_conversation(conversation: list[Message]) -> list[dict[str, Any]]:
     """A conversation as plain data (:meth:`Message.plain` of each message)."""
     return [message.plain() for message in conversation]
@@ -288,7 +297,9 @@ class ScoreRequest(BaseModel):
         default=None,
         description="Which items form a group (GRPO's responses to one prompt): lists of "
         "item indices. An item is in at most one group; a group's items share their prompt "
-        "(queries+responses or conversations only); items in none are groups of one. Read by "
+        "(queries+responses or conversations only; a conversation's prompt is its messages up "
+        "to the last user or system message, so agent trajectories group by the task they "
+        "answer); items in none are groups of one. Read by "
         "pairwise judges and by models with normalize: group or group_rank.",
         examples=[[[0, 1, 2, 3], [4, 5, 6, 7]]],
     )
@@ -355,7 +366,8 @@ class ScoreRequest(BaseModel):
         prompts: list[Any] = list(self.queries or [])
         if self.conversations is not None:
             prompts = [
-                [m.model_dump() for m in messages[:-1]] for messages in self.conversation_messages()
+                [m.model_dump() for m in trajectory_prompt(messages)]
+                for messages in self.conversation_messages()
             ]
         for g, group in enumerate(self.groups):
             first = prompts[group[0]]

@@ -44,13 +44,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reward_server.errors import EmptyTextError, NotReadyError
+from reward_server.errors import EmptyTextError, GroupsError, NotReadyError
 from reward_server.scoring.groups import current_groups, group_of
 from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, judge_prompts
 from reward_server.scoring.pairwise import aggregate, ordered_rows, unordered_pairs
 from reward_server.scoring.served import BatchedModel, Tokenized
-from reward_server.text.judge_prompt import fit_prompt
+from reward_server.text.judge_prompt import JudgePrompt, fit_prompt
 
 if TYPE_CHECKING:
     from reward_server.config import ModelSpec
@@ -90,6 +90,20 @@ class PairwiseJudgeModel(BatchedModel):
         """Its one value: the score."""
         return ["score"]
 
+    def _same_prompt(self, prompts: Sequence[JudgePrompt], group: Sequence[int]) -> None:
+        """GroupsError unless every item of ``group`` has the first's messages before its
+        response (agent trajectories of one task may differ there: a pairwise judge shows one
+        prompt and two final responses, so it compares those only)."""
+        first = prompts[group[0]]
+        for index in group[1:]:
+            if prompts[index].messages != first.messages or prompts[index].prompt != first.prompt:
+                raise GroupsError(
+                    f"model {self.name!r} compares responses to one prompt: item {index}'s "
+                    f"messages before its response differ from item {group[0]}'s (agent "
+                    "trajectories); send them in groups of their own, or score them with a "
+                    "judge that reads the whole trajectory"
+                )
+
     def prepare(self, items: Items, *, truncate: bool, max_tokens: int | None) -> Sequence[PairRow]:
         """The rows of the ordered pairs of the request's groups (read from
         :data:`~reward_server.scoring.groups.current_groups`), rendered and tokenized."""
@@ -102,6 +116,7 @@ class PairwiseJudgeModel(BatchedModel):
         pairs: list[tuple[int, int]] = []
         for group in group_of(current_groups.get(), items.count):
             shared = prompts[group[0]]
+            self._same_prompt(prompts, group)
             for i, j in ordered_rows(unordered_pairs(group, self.spec.pairs)):
                 pairs.append((i, j))
                 variables.append(

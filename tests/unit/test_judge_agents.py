@@ -129,3 +129,38 @@ def test_the_judge_reads_the_answer_after_the_thinking(
     scores = r.json()["scores"]
     assert scores[0] == scores[1] and scores[2] is None
     assert r.json()["masked"] == [None, None, "unclosed_reasoning"]
+
+
+def test_a_pairwise_judge_refuses_a_group_of_differing_trajectories(
+    judges: dict[str, Path],  # noqa: F811
+    serve: Any,  # noqa: F811
+) -> None:
+    template = "{{ prompt }}\nA: {{ response_a }}\nB: {{ response_b }}\nA better?"
+    entry = {
+        "name": "pairs",
+        "kind": "judge",
+        "model": str(judges["gpt2"]),
+        "mode": "pairwise",
+        "template": template,
+        "answer_tokens": ["Yes", "No"],
+        "tool_rendering": "text",
+    }
+    client = serve([entry])
+    paris = [
+        *calling("Paris"),
+        {"role": "tool", "content": "18C"},
+        {"role": "assistant", "content": "18C"},
+    ]
+    rome = [
+        *calling("Rome"),
+        {"role": "tool", "content": "20C"},
+        {"role": "assistant", "content": "20C"},
+    ]
+    r = client.post("/score", json={"conversations": [paris, rome], "groups": [[0, 1]]})
+    assert r.status_code == 422, r.text
+    assert r.json()["type"] == "bad_groups" and "'pairs'" in r.json()["error"]
+    # Final answers to one prompt compare as ever.
+    plain = [{"role": "user", "content": "Weather?"}]
+    answers = [[*plain, {"role": "assistant", "content": a}] for a in ("18C", "It is warm.")]
+    r = client.post("/score", json={"conversations": answers, "groups": [[0, 1]]})
+    assert r.status_code == 200, r.text

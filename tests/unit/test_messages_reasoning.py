@@ -220,3 +220,26 @@ def test_a_verifier_reads_the_answer_and_the_calls() -> None:
     (task,) = tasks(Conversations((conv,), labels=("l",), tools=([TOOL],)), None)
     assert task.response == "" and task.label == "l" and task.tools == [TOOL]
     assert task.tool_calls == [{"function": {"name": "f", "arguments": "{}"}}]
+
+
+def test_agent_trajectories_group_by_the_task_they_answer() -> None:
+    from pydantic import ValidationError
+
+    from reward_server.http.schemas import ScoreRequest
+
+    def run(city: str, question: str = "Weather?") -> list[dict[str, Any]]:
+        calling = {"function": {"name": "get_weather", "arguments": {"city": city}}}
+        return [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": None, "tool_calls": [calling]},
+            {"role": "tool", "content": "18C"},
+            {"role": "assistant", "content": f"18C in {city}."},
+        ]
+
+    # Two rollouts of one task: their own calls and results differ, their prompt does not.
+    body = {"conversations": [run("Paris"), run("Rome")], "groups": [[0, 1]]}
+    assert ScoreRequest.model_validate(body).groups == [[0, 1]]
+    other = {"conversations": [run("Paris"), run("Rome", "Time?")], "groups": [[0, 1]]}
+    with pytest.raises(ValidationError, match="prompt differs"):
+        ScoreRequest.model_validate(other)
