@@ -22,7 +22,6 @@ __all__ = [
     "content_text",
     "messages",
     "prompt_completion_inputs",
-    "several_messages",
 ]
 
 
@@ -70,12 +69,6 @@ def messages(value: object, default_role: str) -> list[dict[str, Any]]:
     if not isinstance(value, Sequence):
         raise TypeError(f"expected a string or a list of chat messages, got {type(value).__name__}")
     return [_message(message, f"message {i}") for i, message in enumerate(value)]
-
-
-def several_messages(completions: Sequence[object]) -> bool:
-    """Whether some completion is a list of several messages (an agent's turns: tool calls,
-    tool results, the answer)."""
-    return any(not isinstance(c, str) and len(messages(c, "assistant")) > 1 for c in completions)
 
 
 def prompt_completion_inputs(

@@ -40,9 +40,10 @@ server's pairwise judges and ``normalize: group`` models see the completions of 
 together. A group split between processes is scored as two groups, one per process; keep
 ``per_device_train_batch_size * steps_per_generation`` a multiple of ``num_generations``
 to keep groups whole. The same prompt drawn twice in a row makes one larger group (its
-completions all answer that prompt). A batch where some completion holds several messages
-(tool calls and results) goes without groups, with one warning: the server takes an item's
-messages before its last as the prompt its group shares, which an agent's turns differ in.
+completions all answer that prompt). Completions of several messages (an agent's tool calls,
+their results and its answer) group the same way: the server takes a conversation's messages
+up to its last user or system message as the prompt a group shares, so an agent's own turns
+may differ within a group.
 
 TRL itself is never imported here: the module needs only the reward client (and
 transformers, imported when ``tools=`` holds a callable).
@@ -64,7 +65,7 @@ from reward_client.errors import RewardClientError
 from reward_client.groups import cut, runs
 from reward_client.inputs import Tool
 from reward_client.integrations.masks import report_masked
-from reward_client.integrations.messages import prompt_completion_inputs, several_messages
+from reward_client.integrations.messages import prompt_completion_inputs
 from reward_client.integrations.tools import tool_specs
 from reward_client.results import ScoreResult
 
@@ -121,7 +122,6 @@ class RemoteReward:
                 raise ValueError(f"{what} needs protocol remote-reward, not {protocol!r}")
         #: The tools' OpenAI function specs, sent with every request (None: no tools).
         self.tools = tool_specs(tools) if tools else None
-        self._warned_turns = False
         #: Whether completions of one prompt go to the server as a group.
         self.groups = protocol == "remote-reward" if groups is None else groups
         self._client_args: dict[str, Any] = {
@@ -201,17 +201,7 @@ class RemoteReward:
     ) -> list[list[int]] | None:
         """The runs of one prompt, each cut to fit a request (a warning when one is cut:
         the same prompt many times in a row, or ``num_generations`` over the server's
-        ``max_client_batch``); None when there are none, or when a completion holds several
-        messages (module docstring)."""
-        if several_messages(completions):
-            if not self._warned_turns:
-                self._warned_turns = True
-                logger.warning(
-                    "%s: completions of several messages (tool calls, results) go without "
-                    "groups: the server's group shares the messages before an item's last",
-                    self.__name__,
-                )
-            return None
+        ``max_client_batch``); None when there are none."""
         groups = runs(list(prompts))
         if not groups:
             return None

@@ -25,7 +25,8 @@ Agent trajectories: a multi-turn rollout's ``solution_str`` is its turns and too
 run together as one text. Where ``extra_info[trajectory_key]`` (default
 ``"reward_trajectory"``) holds the trajectory, a list of chat messages or ``{"messages",
 "tools"}``, that conversation is scored instead, tool calls, tool results and tools
-included (``solution_str`` and the prompt are then not used; the item is in no group).
+included (``solution_str`` and the prompt are then not used; its group's prompt is its
+messages up to the last user or system message, as the server groups them).
 verl 0.9.1 records none; :mod:`reward_client.integrations.verl_agent`'s agent loop does, and
 the reward loop's ``naive``, ``limited`` and ``remote`` managers pass it on in
 ``extra_info``. ``ground_truth`` is sent as the item's label
@@ -201,6 +202,15 @@ def _trajectory(extra_info: object, key: str) -> dict[str, Any] | None:
     return conversation
 
 
+def _task(trajectory: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The prompt of a trajectory: its messages up to the last user or system message before
+    its last (an agent's own turns are not part of the prompt its group shares)."""
+    before = list(trajectory["messages"][:-1])
+    roles = [m.get("role") for m in before]
+    last = max((i for i, role in enumerate(roles) if role in ("user", "system")), default=-1)
+    return before[: last + 1]
+
+
 def _prompt(extra_info: object, key: str) -> str | list[dict[str, Any]] | None:
     """The prompt stored in ``extra_info[key]``: text, chat messages or None."""
     if not isinstance(extra_info, Mapping):
@@ -248,7 +258,7 @@ def _groups(
     key = settings.prompt_key
     for i, (response, extra_info) in enumerate(zip(solution_strs, extra_infos, strict=True)):
         trajectory = _trajectory(extra_info, settings.trajectory_key)
-        prompt = None if trajectory is not None else _prompt(extra_info, key)
+        prompt = _task(trajectory) if trajectory is not None else _prompt(extra_info, key)
         item: dict[str, Any]
         if trajectory is not None:
             item = {"conversations": trajectory}

@@ -132,7 +132,9 @@ def test_grpo_with_tools_rewards_equal_server_scores_of_the_trajectories(
     steps = [h for h in trainer.state.log_history if REWARD_KEY in h]
     assert [h["step"] for h in steps] == [1, 2] and len(capture.exchanges) == 2
     for logged, (body, answer) in zip(steps, capture.exchanges, strict=True):
-        assert list(body) == ["conversations", "tools"]  # agent turns go without groups
+        assert sorted(body) == ["conversations", "groups", "tools"]
+        # The rollouts of a prompt are a group (its prompt: the messages up to the user's).
+        assert body["groups"] == [[0, 1], [2, 3]]
         assert body["tools"] == reward.tools
         assert body["tools"][0]["function"]["name"] == "get_weather"
         for conversation in body["conversations"]:

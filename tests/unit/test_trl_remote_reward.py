@@ -342,8 +342,9 @@ def test_tools_given_as_functions_go_as_their_json_schemas() -> None:
         make_reward(Recorder(), tools=[3])
 
 
-def test_agent_turns_go_without_groups_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    # The server's group shares the messages before an item's last: an agent's turns differ.
+def test_agent_turns_group_by_their_prompt() -> None:
+    # The server's group shares the messages up to the last user message: an agent's own
+    # turns may differ within a group.
     prompt = [{"role": "user", "content": "Weather in Oslo?"}]
     call = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
     turns = [
@@ -354,9 +355,8 @@ def test_agent_turns_go_without_groups_with_one_warning(caplog: pytest.LogCaptur
     completions = [turns, [{"role": "assistant", "content": "No idea."}]]
     recorder = Recorder()
     reward = make_reward(recorder, tools=[weather])
-    with caplog.at_level("WARNING", logger="reward_client.integrations.trl"):
-        for _ in range(2):
-            asyncio.run(reward(prompts=[prompt] * 2, completions=completions))
-    assert [list(body) for body in recorder.bodies] == [["conversations", "tools"]] * 2
-    assert recorder.bodies[0]["conversations"] == [prompt + turns, prompt + completions[1]]
-    assert len(caplog.messages) == 1 and "without groups" in caplog.messages[0]
+    asyncio.run(reward(prompts=[prompt] * 2, completions=completions))
+    (body,) = recorder.bodies
+    assert sorted(body) == ["conversations", "groups", "tools"]
+    assert body["conversations"] == [prompt + turns, prompt + completions[1]]
+    assert body["groups"] == [[0, 1]]

@@ -86,21 +86,23 @@ def test_a_trajectory_of_messages_alone_and_another_key(
     assert [b["conversations"] for b in recorder.bodies] == [[{"messages": PROMPT + TURNS}]] * 2
 
 
-def test_trajectories_go_in_no_group(recorder: Recorder) -> None:
-    # Two rollouts of one prompt (index 0): as pairs of prompt and response they would be a
-    # group; as trajectories (the server groups by the messages before an item's last) not.
-    trajectory = {"reward_trajectory": {"messages": PROMPT + TURNS}, "index": 0}
+def test_trajectories_group_by_their_task(recorder: Recorder) -> None:
+    # Two rollouts of one prompt (index 0), whose turns differ, are a group: the server groups
+    # a conversation by its messages up to the last user message, as this adapter does.
+    other = [*TURNS[:-1], {"role": "assistant", "content": "another answer"}]
+    first = {"reward_trajectory": {"messages": PROMPT + TURNS}, "index": 0}
+    second = {"reward_trajectory": {"messages": PROMPT + other}, "index": 0}
     plain = {"prompt": PROMPT, "index": 1}
     adapter.compute_score_batch(
         ["w"] * 4,
         ["a", "b", "c", "d"],
         [None] * 4,
-        [trajectory, trajectory, plain, plain],
+        [first, second, plain, plain],
         **options(recorder),
     )
     (body,) = recorder.bodies
-    assert body["groups"] == [[2, 3]]
-    assert body["conversations"][:2] == [{"messages": PROMPT + TURNS}] * 2
+    assert body["groups"] == [[0, 1], [2, 3]]
+    assert body["conversations"][:2] == [{"messages": PROMPT + TURNS}, {"messages": PROMPT + other}]
 
 
 def test_the_agent_loop_module_needs_verl_only_for_its_class() -> None:
