@@ -32,7 +32,7 @@ import httpx
 
 from reward_client import AsyncRewardClient, RetryPolicy, RewardClientError
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
-from reward_server.errors import ModelLoadError, NotReadyError
+from reward_server.errors import ModelLoadError, NotReadyError, UnrenderableError
 from reward_server.scheduling.rate_limit import RateLimiter
 from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.item_result import ItemResult
@@ -101,28 +101,51 @@ def _reason(exc: BaseException) -> str:
     return "timeout" if isinstance(cause, httpx.TimeoutException) else "remote_error"
 
 
+def _response(task: Task) -> dict[str, Any]:
+    """The response as the assistant's message: its text, tool calls and kept reasoning."""
+    message: dict[str, Any] = {"role": "assistant", "content": task.response}
+    if task.tool_calls:
+        message["tool_calls"] = task.tool_calls
+    if task.reasoning:
+        message["reasoning_content"] = task.reasoning
+    return message
+
+
+def _conversation(task: Task) -> list[dict[str, Any]] | dict[str, Any]:
+    """The item as a conversation (with its tools: a ``{"messages", "tools"}`` object)."""
+    prompt = task.prompt
+    before = (
+        [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt or [])
+    )
+    messages = [*before, _response(task)]
+    return {"messages": messages, "tools": task.tools} if task.tools else messages
+
+
+def _agentic(task: Task) -> bool:
+    """Whether the item carries tool calls, tool results or tools."""
+    earlier = task.prompt if isinstance(task.prompt, list) else []
+    used = any(m.get("role") == "tool" or m.get("tool_calls") for m in earlier)
+    return bool(used or task.tools or task.tool_calls)
+
+
 def _inputs(work: list[Task], protocol: str) -> dict[str, Any]:
     """The items as reward_client's inputs: texts, pairs, or conversations (labels for
-    remote-reward only)."""
+    remote-reward only). Tool calls, results and tools go to another remote-reward server as
+    they are; UnrenderableError for a protocol that cannot carry them."""
     prompts = [t.prompt for t in work]
-    if all(p is None for p in prompts):
-        inputs: dict[str, Any] = {"texts": [t.response for t in work]}
+    if any(_agentic(t) for t in work):
+        if protocol != "remote-reward":
+            raise UnrenderableError(
+                f"cannot send tool calls, tool results or tools over protocol {protocol!r} "
+                "(only remote-reward carries them)"
+            )
+        inputs: dict[str, Any] = {"conversations": [_conversation(t) for t in work]}
+    elif all(p is None for p in prompts):
+        inputs = {"texts": [t.response for t in work]}
     elif all(isinstance(p, str) for p in prompts):
         inputs = {"queries": prompts, "responses": [t.response for t in work]}
     else:
-        inputs = {
-            "conversations": [
-                [
-                    *(
-                        [{"role": "user", "content": t.prompt}]
-                        if isinstance(t.prompt, str)
-                        else list(t.prompt or [])
-                    ),
-                    {"role": "assistant", "content": t.response},
-                ]
-                for t in work
-            ]
-        }
+        inputs = {"conversations": [_conversation(t) for t in work]}
     if protocol == "remote-reward" and any(t.label is not None for t in work):
         inputs["labels"] = [t.label for t in work]
     return inputs

@@ -2,7 +2,9 @@
 tools and thinking reach tiny Llama reward models whose chat templates render them in three
 families' styles (``chat_templates.TOOL_FAMILIES``), and every score equals an independent
 computation: the test renders each item with the template itself (arguments as objects, the
-thinking removed by hand) and runs one unpadded forward pass per item.
+thinking removed by hand) and runs one unpadded forward pass per item (the trajectories and
+that reference are :mod:`agent_trajectories`, shared with the vLLM engine's
+``tests/e2e/test_vllm_agents.py``).
 
 Also: a template that cannot render tool calls is a 422 naming the model; the plain-text
 rendering (``tool_rendering: text``) is the documented text; ``<think>x</think>answer``
@@ -11,140 +13,33 @@ reaches the template's own reasoning_content rendering."""
 
 from __future__ import annotations
 
-import copy
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import torch
 import yaml
+from agent_trajectories import (
+    TIME,
+    WEATHER,
+    by_hand,
+    longer,
+    parallel,
+    reference,
+    rendered,
+    trajectories,
+    trajectory,
+    variants,
+)
 from chat_templates import TOOL_FAMILIES
 from server_proc import running_server
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import tiny_models
 
 TOL = 1e-5
 FAMILIES = tuple(TOOL_FAMILIES)
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The local time in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-
-
-def call(name: str, arguments: Any, id_: str = "call00001") -> dict[str, Any]:
-    """An OpenAI tool call (``arguments`` a JSON string or an object, as sent)."""
-    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def trajectory(city: str, *, as_string: bool = True, answer: str = "It is 18C.") -> list[dict]:
-    """user -> assistant calling get_weather (content null) -> tool result -> answer."""
-    arguments: Any = {"city": city}
-    return [
-        {"role": "system", "content": "You are a weather bot."},
-        {"role": "user", "content": f"What is the weather in {city}?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [call("get_weather", json.dumps(arguments) if as_string else arguments)],
-        },
-        {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "18C"},
-        {"role": "assistant", "content": answer},
-    ]
-
-
-def parallel() -> list[dict]:
-    """Two calls in one assistant turn, two results, an answer with its thinking as a block
-    and as reasoning_content."""
-    return [
-        {"role": "user", "content": "Weather and time in Rome?"},
-        {
-            "role": "assistant",
-            "content": "<think>two tools</think>Checking.",
-            "tool_calls": [
-                call("get_weather", '{"city": "Rome", "unit": "C"}', "call00001"),
-                call("get_time", {"city": "Rome"}, "call00002"),
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call00001", "content": "21C"},
-        {"role": "tool", "tool_call_id": "call00002", "content": "14:05"},
-        {
-            "role": "assistant",
-            "content": "<think>\nsum it up\n</think>\n\n21C at 14:05.",
-            "reasoning_content": "also this",
-        },
-    ]
-
-
-def by_hand(conversation: list[dict]) -> list[dict]:
-    """The conversation as the template should get it, written out independently: content
-    null as "", arguments as objects, the thinking (blocks and reasoning_content) removed."""
-    out = copy.deepcopy(conversation)
-    for message in out:
-        message.pop("reasoning_content", None)
-        content = message.get("content") or ""
-        if message["role"] == "assistant" and "</think>" in content:
-            content = content.split("</think>", 1)[1].lstrip()
-        message["content"] = content
-        for c in message.get("tool_calls", []):
-            if isinstance(c["function"]["arguments"], str):
-                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
-    return out
-
-
-@torch.inference_mode()
-def reference(folder: Path, texts: Sequence[str]) -> list[float]:
-    """Float32, one unpadded text at a time, the head at the last token (BOS rule as the
-    server's: no special tokens added to a text that starts with BOS)."""
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
-    out = []
-    for text in texts:
-        add = not text.startswith(tok.bos_token)
-        ids = torch.tensor([tok(text, add_special_tokens=add)["input_ids"]])
-        hidden = model.model(input_ids=ids).last_hidden_state  # (1, T, H)
-        out.append(float(model.score(hidden[0, -1])[0]))
-    return out
-
-
-def rendered(folder: Path, conversations: Sequence[list[dict]], tools: Any = None) -> list[str]:
-    tok = AutoTokenizer.from_pretrained(folder)
-    return [tok.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations]
-
-
-def longer(folder: Path, limit: int = 2048) -> Path:
-    """The saved model's position and tokenizer limits raised to ``limit`` (tools written
-    out as JSON make long texts for a tokenizer this small; Llama's rotary positions have no
-    table to outgrow)."""
-    for name, key in (
-        ("config.json", "max_position_embeddings"),
-        ("tokenizer_config.json", "model_max_length"),
-    ):
-        path = folder / name
-        data = json.loads(path.read_text())
-        data[key] = limit
-        path.write_text(json.dumps(data))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -198,9 +93,7 @@ def scores(url: str, model: str, **body: Any) -> list[float]:
 def test_trajectories_equal_the_template_rendered_by_hand(
     server: str, folders: dict[str, Path], family: str
 ) -> None:
-    convs = [trajectory("Paris"), trajectory("London", as_string=False)]
-    if family != "llama31":  # Llama 3.1's template refuses parallel calls (test below)
-        convs.append(parallel())
+    convs = trajectories(family)
     got = scores(server, family, conversations=convs, tools=[WEATHER, TIME])
     want = reference(
         folders[family], rendered(folders[family], [by_hand(c) for c in convs], [WEATHER, TIME])
@@ -211,19 +104,7 @@ def test_trajectories_equal_the_template_rendered_by_hand(
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_argument_one_result_one_tool_each_change_the_score(server: str, family: str) -> None:
-    base = trajectory("Paris")
-    other_result = copy.deepcopy(base)
-    other_result[3]["content"] = "19C"
-    other_unit = copy.deepcopy(base)
-    other_unit[2]["tool_calls"][0]["function"]["arguments"] = '{"city": "Paris", "unit": "F"}'
-    items = [
-        {"messages": base, "tools": [WEATHER]},
-        {"messages": other_result, "tools": [WEATHER]},
-        {"messages": other_unit, "tools": [WEATHER]},
-        {"messages": base, "tools": [WEATHER, TIME]},  # one more tool offered
-        {"messages": base},  # no tools
-    ]
-    got = scores(server, family, conversations=items)
+    got = scores(server, family, conversations=variants())
     assert len(set(got)) == len(got), got
 
 
@@ -366,3 +247,21 @@ def test_malformed_messages_are_422_naming_the_field(server: str) -> None:
         body = post(server, {"model": "hermes", "conversations": [conv]}, 422)
         assert body["type"] == "invalid_request"
         assert said in body["error"], body["error"]
+
+
+def test_a_remote_component_forwards_the_trajectory(server: str, tmp_path: Path) -> None:
+    """A second server whose remote component is the first: tool calls, tool results, tools
+    and kept reasoning arrive there as sent (its hermes model's own score comes back); a
+    protocol that cannot carry them is a 422 naming the component."""
+    entries = [
+        {"name": "far", "kind": "remote", "url": server, "model": "hermes"},
+        {"name": "far_tei", "kind": "remote", "url": server, "protocol": "tei"},
+    ]
+    path = tmp_path / "remote.yaml"
+    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    convs = [trajectory("Paris"), parallel()]
+    with running_server(None, "--models", str(path)) as proc:
+        got = scores(proc.url, "far", conversations=convs, tools=[WEATHER])
+        body = post(proc.url, {"model": "far_tei", "conversations": convs}, 422)
+    assert got == pytest.approx(scores(server, "hermes", conversations=convs, tools=[WEATHER]))
+    assert body["type"] == "unrenderable" and "'far_tei'" in body["error"]
