@@ -178,7 +178,7 @@ test: setup lint
 		--dist loadfile --no-loadscope-reorder -m "not soak and not exclusive" --durations=25
 	$(TEST_GATES) $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder \
 		-m "exclusive and not soak" --durations=10 tests/e2e/test_vllm_engine.py \
-		tests/e2e/test_vllm_rollout.py tests/e2e/test_ppo_accelerate.py tests/e2e/test_bench.py
+		tests/e2e/test_vllm_rollout.py tests/e2e/test_ppo_accelerate.py tests/e2e/test_bench.py tests/e2e/test_vllm_agents.py
 
 # The unit tests alone (tests/unit: no server, no subprocess, no socket, tiny models at most),
 # in well under a minute: what to run while editing. No lint, no counterpart gates (none of
