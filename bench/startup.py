@@ -1,6 +1,8 @@
 """Server start-up, cold against warm: how long ``reward-server`` takes from the start call
 until ``/health`` answers, and the CPU its process spent by then, when it runs the console
-script (cold) and when the launcher forks it from its warm process (``warm=True``).
+script (cold) and when the test suite's warm launcher (``tests/warm_launcher.py``) forks it
+from its process that has imported torch, transformers and the server once: what that test
+machinery saves the suite.
 
     python -m bench.startup [--model PATH] [--starts 5] [--threads 1]
 
@@ -11,29 +13,44 @@ not in the warm figures. Cold and warm starts alternate so that both see the sam
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psutil
 
 from bench.common import machine_info, server_env, summary
-from reward_server.launcher import WarmProcess, running_server
+from reward_server.launcher import running_server, spawn_process
 
 logger = logging.getLogger(__name__)
+
+#: The folder of the test suite's helpers, warm_launcher.py among them.
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+
+
+def _warm_launcher() -> ModuleType:
+    """The tests' ``warm_launcher`` module, as the tests import it (one launcher per process)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    return importlib.import_module("warm_launcher")
 
 
 def _start_once(model: Path, *, warm: bool) -> dict[str, float]:
     """Seconds from the start call to a healthy server, and the server's CPU seconds then."""
+    launcher = _warm_launcher()
+    spawn = launcher.spawn if warm else spawn_process
     started = time.perf_counter()
-    with running_server(model, timeout=180, warm=warm) as server:
+    with running_server(model, timeout=180, spawn=spawn) as server:
         ready = time.perf_counter() - started
         times = psutil.Process(server.proc.pid).cpu_times()
-        if isinstance(server.proc, WarmProcess) != warm:
+        if isinstance(server.proc, launcher.WarmProcess) != warm:
             raise RuntimeError(f"a start asked {'warm' if warm else 'cold'} was not")
     return {"ready_s": ready, "cpu_s": times.user + times.system}
 

@@ -1,23 +1,18 @@
 """Start the real ``reward-server`` console script in a subprocess and wait until it serves.
 
-Used by the demo, the benchmarks and the end-to-end tests; handy in a user's own scripts
-(a notebook that wants a server next to it). Imports neither torch nor FastAPI.
+Used by the demo, the benchmarks and the tests; handy in a user's own scripts (a notebook
+that wants a server next to it). Imports neither torch nor FastAPI.
 
-``warm=True`` forks each server from a process that has imported torch, transformers and
-the server once (:mod:`reward_server.warm_start`): for a script or test suite that starts many
-servers, each start after the first skips seconds of imports.
+``spawn`` is the seam for another way of starting the process than ``subprocess.Popen``
+(the test suite forks its servers from a process that has imported torch once:
+``tests/warm_launcher.py``).
 """
 
 from __future__ import annotations
 
-import array
-import atexit
 import contextlib
-import json
-import logging
 import os
 import random
-import select
 import signal
 import socket
 import ssl
@@ -26,13 +21,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
-
-logger = logging.getLogger(__name__)
 
 #: The console script installed next to the running interpreter.
 REWARD_SERVER = Path(sys.executable).parent / "reward-server"
@@ -146,171 +139,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class WarmProcess:
-    """A server forked by the warm launcher: what ``subprocess.Popen`` offers for it.
+class Process(Protocol):
+    """What :class:`ServerProcess` needs of a started server's process (``subprocess.Popen``
+    has it)."""
 
-    The launcher, not this process, is its parent: it sends the return code on ``reply``
-    once the server has exited. Where the launcher ends first (killed), the server lives on
-    and is watched by its pid; its return code is then unknown: ``LOST_RETURNCODE``.
-    """
+    pid: int
 
-    #: The return code of a server whose launcher ended before it did.
-    LOST_RETURNCODE = 255
+    @property
+    def returncode(self) -> int | None: ...
 
-    def __init__(self, reply: socket.socket, pid: int, args: list[str]) -> None:
-        self.reply: socket.socket | None = reply
-        self.pid = pid
-        self.args = args
-        self.returncode: int | None = None
+    def poll(self) -> int | None: ...
 
-    def _collect(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: for ever) for the exit; whether it came."""
-        if self.returncode is not None:
-            return True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if self.reply is not None:
-            ready, _, _ = select.select([self.reply], [], [], timeout)
-            if not ready:
-                return False
-            data = self.reply.recv(4096)
-            self.reply.close()
-            self.reply = None
-            if data:
-                self.returncode = int(json.loads(data)["returncode"])
-                return True
-            logger.warning("warm launcher gone before server %d exited", self.pid)
-        while _alive(self.pid):
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        self.returncode = self.LOST_RETURNCODE
-        return True
+    def wait(self, timeout: float | None = None) -> int: ...
 
-    def poll(self) -> int | None:
-        self._collect(0)
-        return self.returncode
+    def send_signal(self, sig: int) -> None: ...
 
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._collect(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        assert self.returncode is not None
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+    def kill(self) -> None: ...
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs: a zombie (an orphan whose new parent does not reap
-    it, as a container's first process may not) counts as ended."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc here
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+#: Starts a server's process: ``(argv, env, log_fd)``, where ``log_fd`` is the open file its
+#: stdout and stderr go to.
+Spawn = Callable[[list[str], dict[str, str], int], Process]
 
 
-#: The variables a warm server's environment may change (prefixes): the server's settings,
-#: and the name of the running test that pytest sets anew for every test.
-WARM_FREE_ENV = ("REWARD_SERVER_", "PYTEST_CURRENT_TEST")
-
-
-class WarmLauncher:
-    """The process that forks warm servers (:mod:`reward_server.warm_start`), for one caller.
-
-    It serves requests whose environment is the one it started with but for the variables
-    of ``WARM_FREE_ENV`` (see :meth:`serves`).
-    """
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.owner = os.getpid()
-        with theirs:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "reward_server.warm_start", str(theirs.fileno())],
-                env=env,
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-            )
-
-    @staticmethod
-    def _base(env: dict[str, str]) -> dict[str, str]:
-        return {k: v for k, v in env.items() if not k.startswith(WARM_FREE_ENV)}
-
-    def serves(self, env: dict[str, str]) -> bool:
-        """Whether a server with ``env`` may be forked here: the libraries imported here read
-        some variables at import, so all but those of ``WARM_FREE_ENV`` must be the same."""
-        return self._base(env) == self._base(self.env)
-
-    def start(self, argv: list[str], env: dict[str, str], log_fd: int) -> WarmProcess:
-        """Fork ``argv`` (the console script's) with ``env``, output to ``log_fd``."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
-        fds = array.array("i", [theirs.fileno(), log_fd])
-        with theirs:  # one SEQPACKET record: sent whole, never interleaved with another's
-            self.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-        # The launcher answers at once, after its imports on the first request.
-        ready, _, _ = select.select([mine], [], [], 300)
-        data = mine.recv(4096) if ready else b""
-        if not data:
-            mine.close()
-            raise RuntimeError(
-                f"the warm launcher did not start {argv[0]} (code {self.proc.poll()})"
-            )
-        return WarmProcess(mine, int(json.loads(data)["pid"]), argv)
-
-    def close(self) -> None:
-        if self.owner != os.getpid():  # a forked copy of the caller: not its launcher
-            return
-        self.control.close()  # the launcher ends on it
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-
-
-#: This process's warm launchers, one per environment this process has had (a variable set
-#: since the first started, by a test or a library): each lives until this process ends. A
-#: forked copy of this process starts its own.
-_WARM: list[WarmLauncher] = []
-_WARM_LOCK = threading.Lock()
-#: At most this many launchers per process (each holds its own torch and transformers):
-#: beyond, servers start cold.
-MAX_WARM_LAUNCHERS = 4
-
-
-def _warm_launcher(env: dict[str, str]) -> WarmLauncher | None:
-    """A warm launcher with this process's environment as it is now (started if there is
-    none) when it can start a server with ``env``; None where it cannot: ``env`` changes more
-    than ``WARM_FREE_ENV``, this process has had too many environments, or this platform
-    has no fork."""
-    if not hasattr(os, "fork") or not hasattr(socket, "SOCK_SEQPACKET"):
-        return None
-    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with _WARM_LOCK:
-        mine = [w for w in _WARM if w.owner == os.getpid() and w.proc.poll() is None]
-        launcher = next((w for w in mine if w.serves(base)), None)
-        if launcher is None and len(mine) < MAX_WARM_LAUNCHERS:
-            launcher = WarmLauncher(base)
-            _WARM.append(launcher)
-            atexit.register(launcher.close)
-        if launcher is not None and launcher.serves(env):
-            return launcher
-    logger.debug("starting reward-server cold: no warm launcher has its environment")
-    return None
+def spawn_process(argv: list[str], env: dict[str, str], log_fd: int) -> subprocess.Popen[bytes]:
+    """Run ``argv`` (the console script's) with ``env``, output to ``log_fd``."""
+    return subprocess.Popen(argv, stdout=log_fd, stderr=subprocess.STDOUT, env=env)
 
 
 class ServerProcess:
@@ -322,7 +176,7 @@ class ServerProcess:
 
     def __init__(
         self,
-        proc: subprocess.Popen[bytes] | WarmProcess,
+        proc: Process,
         port: int,
         log_path: Path,
         *,
@@ -384,17 +238,15 @@ def start_server(
     port: int | None = None,
     log_path: str | Path | None = None,
     verify: ssl.SSLContext | bool = True,
-    warm: bool = False,
+    spawn: Spawn = spawn_process,
 ) -> ServerProcess:
     """Start ``reward-server --model model_path --port P *args`` without waiting for it.
 
     Output goes to ``log_path`` (a temporary file when not given). ``model_path`` may be
     None when the model comes from ``REWARD_SERVER_MODEL`` in ``env``. A server given
     ``--ssl-certfile`` (or ``REWARD_SERVER_SSL_CERTFILE``) gets an ``https://`` URL, polled
-    with ``verify`` (an ``ssl.SSLContext`` trusting its CA, or False). ``warm``: fork it from
-    this process's warm launcher where its environment differs from the one the launcher
-    started with only in ``REWARD_SERVER_*`` settings (else, and by default, run the console
-    script).
+    with ``verify`` (an ``ssl.SSLContext`` trusting its CA, or False). ``spawn`` starts the
+    process (by default :func:`spawn_process`: ``subprocess.Popen``).
     """
     port = port or free_port()
     if log_path is None:
@@ -406,16 +258,8 @@ def start_server(
     cmd = [str(REWARD_SERVER), "--port", str(port), "--host", "127.0.0.1", *args]
     if model_path is not None:
         cmd[1:1] = ["--model", str(model_path)]
-    launcher = _warm_launcher(full_env) if warm else None
     with log_path.open("wb") as log_file:
-        proc: subprocess.Popen[bytes] | WarmProcess | None = None
-        if launcher is not None:
-            try:
-                proc = launcher.start(cmd, full_env, log_file.fileno())
-            except (OSError, RuntimeError):  # the launcher has gone: a cold start still works
-                logger.warning("warm launcher failed; starting reward-server cold", exc_info=True)
-        if proc is None:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+        proc = spawn(cmd, full_env, log_file.fileno())
     return ServerProcess(proc, port, log_path, tls=_serves_tls(args, full_env), verify=verify)
 
 
@@ -427,15 +271,15 @@ def running_server(
     timeout: float = 60,
     log_path: str | Path | None = None,
     verify: ssl.SSLContext | bool = True,
-    warm: bool = False,
+    spawn: Spawn = spawn_process,
 ) -> Iterator[ServerProcess]:
     """Start the real server on a free loopback port, wait for health, stop it on exit.
 
     ``args`` are extra CLI flags; ``env`` is added to the inherited environment; ``verify``
-    checks an HTTPS server's certificate and ``warm`` forks it from a warm launcher (see
-    :func:`start_server`). A port
-    taken between choosing and binding it is retried with another port. A temporary log
-    file is removed at the end; a ``log_path`` given by the caller is kept.
+    checks an HTTPS server's certificate and ``spawn`` starts the process (see
+    :func:`start_server`). A port taken between choosing and binding it is retried with
+    another port. A temporary log file is removed at the end; a ``log_path`` given by the
+    caller is kept.
     """
     keep_log = log_path is not None
     server: ServerProcess | None = None
@@ -443,7 +287,7 @@ def running_server(
         for attempt in range(3):
             with deferred_signals():
                 server = start_server(
-                    model_path, *args, env=env, log_path=log_path, verify=verify, warm=warm
+                    model_path, *args, env=env, log_path=log_path, verify=verify, spawn=spawn
                 )
             try:
                 server.wait_ready(timeout)

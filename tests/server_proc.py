@@ -2,11 +2,11 @@
 
 The implementation lives in :mod:`reward_server.launcher` (the demo and the benchmarks use
 it too); this module keeps the tests' import path short, starts the servers from the
-launcher's warm process (``warm=True``: the suite starts over a hundred servers, each of
-which would import torch and transformers anew), and reads what a running server counted
-from its /metrics. A test of the console script itself runs ``REWARD_SERVER`` or passes
-``warm=False``; a server whose environment changes more than its ``REWARD_SERVER_*``
-settings starts cold anyway.
+suite's warm launcher (``warm=True``, :mod:`warm_launcher`: the suite starts over a hundred
+servers, each of which would import torch and transformers anew), and reads what a running
+server counted from its /metrics. A test of the console script itself runs
+``REWARD_SERVER`` or passes ``warm=False``; a server whose environment changes more than its
+``REWARD_SERVER_*`` settings starts cold anyway.
 """
 
 import contextlib
@@ -21,9 +21,10 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from warm_launcher import spawn as warm_spawn
 
 from reward_server import launcher
-from reward_server.launcher import REWARD_SERVER, ServerProcess, free_port
+from reward_server.launcher import REWARD_SERVER, ServerProcess, free_port, spawn_process
 
 __all__ = [
     "REWARD_SERVER",
@@ -43,14 +44,18 @@ def start_server(
     model_path: str | Path | None, *args: str, warm: bool = True, **kwargs: Any
 ) -> ServerProcess:
     """:func:`reward_server.launcher.start_server`, warm unless told otherwise."""
-    return launcher.start_server(model_path, *args, warm=warm, **kwargs)
+    return launcher.start_server(model_path, *args, spawn=_spawn(warm), **kwargs)
 
 
 def running_server(
     model_path: str | Path | None, *args: str, warm: bool = True, **kwargs: Any
 ) -> contextlib.AbstractContextManager[ServerProcess]:
     """:func:`reward_server.launcher.running_server`, warm unless told otherwise."""
-    return launcher.running_server(model_path, *args, warm=warm, **kwargs)
+    return launcher.running_server(model_path, *args, spawn=_spawn(warm), **kwargs)
+
+
+def _spawn(warm: bool) -> launcher.Spawn:
+    return warm_spawn if warm else spawn_process
 
 
 def metric(url: str, name: str, **labels: str) -> float:

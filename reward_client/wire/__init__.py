@@ -50,8 +50,7 @@ from reward_client.wire.base import (
 from reward_client.wire.detect import chunk_size, detect
 from reward_client.wire.vllm import VLLM_PROBES, VllmSpecials, vllm_specials
 
-# The header names live in .base: not in __all__, which ppo_client.protocols (deprecated)
-# mirrors.
+# The header names live in .base, not in __all__.
 __all__ = [
     "LABELLED",
     "PROTOCOLS",

@@ -1,6 +1,7 @@
-"""The warm launcher (``start_server(..., warm=True)``): servers forked from one process that
-has imported torch and transformers behave as the console script's do, to the caller (its
-handle, signals, return codes, output) and to clients (scores, settings)."""
+"""The tests' warm launcher (``tests/warm_launcher.py``; ``server_proc.start_server(...,
+warm=True)``): servers forked from one process that has imported torch and transformers
+behave as the console script's do, to the caller (its handle, signals, return codes, output)
+and to clients (scores, settings)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-
-from reward_server.launcher import WarmProcess, running_server, start_server
+import warm_launcher
+from server_proc import running_server, start_server
+from warm_launcher import WarmProcess
 
 TEXTS = ["a kind answer", "a rude answer"]
+#: The file the launcher's process runs.
+WARM_LAUNCHER = Path(warm_launcher.__file__).resolve()
 
 
 def scores(url: str, **headers: str) -> httpx.Response:
@@ -41,7 +45,7 @@ def test_warm_servers_come_from_one_launcher_not_the_caller(bert_rm: Path) -> No
         parents = {psutil.Process(s.proc.pid).ppid() for s in (one, two)}
         assert len(parents) == 1 and os.getpid() not in parents
         launcher = psutil.Process(parents.pop())
-        assert "reward_server.warm_start" in launcher.cmdline()
+        assert str(WARM_LAUNCHER) in launcher.cmdline()
         # named as the console script in ps, top and pkill; the launcher is not
         assert {psutil.Process(s.proc.pid).name() for s in (one, two)} == {"reward-server"}
         assert launcher.name() != "reward-server"
@@ -82,7 +86,9 @@ def test_the_launcher_ends_with_its_caller(bert_rm: Path, tmp_path: Path) -> Non
     """A process that used warm starts leaves no launcher behind when it exits."""
     script = textwrap.dedent(f"""
         import psutil
-        from reward_server.launcher import running_server
+        import sys
+        sys.path.insert(0, {str(WARM_LAUNCHER.parent)!r})
+        from server_proc import running_server
         with running_server({str(bert_rm)!r}, warm=True) as server:
             print(psutil.Process(server.proc.pid).ppid(), flush=True)
     """)

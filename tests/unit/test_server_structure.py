@@ -36,10 +36,6 @@ NEEDS_TORCH = {
     "reward_server.engines._checkpoint",
     "reward_server.engines.vllm",
     "reward_server.http.ray_serve",
-    "reward_server.ray_serve",
-    "reward_server.model",
-    "reward_server.app",
-    "reward_server.exceptions",
 }
 
 
