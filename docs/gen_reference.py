@@ -18,6 +18,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from settings_cli import flag, spellings
+
 __all__ = [
     "GENERATORS",
     "errors_table",
@@ -94,9 +96,8 @@ def flags_table(settings: type[BaseModel], env_prefix: str) -> str:
         "|---|---|---|---|---|",
     ]
     for name, field in settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
         rows.append(
-            f"| `{flag}` | `{env_prefix}{name.upper()}` | {type_name(field.annotation)} "
+            f"| `{flag(name)}` | `{env_prefix}{name.upper()}` | {type_name(field.annotation)} "
             f"| {_cell(_default(field))} | {_cell(field.description or '')} |"
         )
     return "\n".join(rows)
@@ -111,7 +112,8 @@ def keys_table(model: type[BaseModel], *, flags: bool = False) -> str:
     )
     rows = [head, "|---|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        middle = f"`--{name}`" if flags else None
+        # the dashed flag as --help shows it, then the key's own spelling, which works too
+        middle = ", ".join(f"`{spelling}`" for spelling in spellings(name)) if flags else None
         cells = [f"`{name}`"]
         if middle:
             cells.append(middle)

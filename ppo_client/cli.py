@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NoReturn
 from ppo_client.config import ConfigError, PPOConfig, reject_unknown_args
 from ppo_client.stopping import TrainingStopped, stop_at_once, stop_in_chain
 from reward_client import RewardClientError
+from settings_cli import EPILOG, HelpFormatter
 
 if TYPE_CHECKING:
     from ppo_client.trainer import PPOTrainer
@@ -53,10 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         usage="%(prog)s [--config FILE] [--log-level LEVEL] [--KEY VALUE ...]",
         description="Run PPO. Options come from --config (YAML) and any --key value "
-        "overrides (also --key=value, and a bare --flag for booleans); keys are the PPOConfig "
+        "overrides (--learning-rate 1e-6, --learning_rate=1e-6); keys are the PPOConfig "
         "fields listed below (see the README). The environment variables REWARD_URL and "
         "REWARD_API_KEY, when set, override the file's reward_url and reward_api_key (flags "
         "override both).",
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
     )
     train.add_argument("--config", metavar="FILE", help="YAML file of PPOConfig options")
     train.add_argument(

@@ -2,7 +2,8 @@
 
 A pydantic model: pydantic converts and checks every value, whether it comes from Python,
 a YAML file, the environment or ``--key value`` flags (argparse flags generated from the
-model's fields, see :meth:`PPOConfig.add_arguments`). :meth:`PPOConfig.from_sources` layers
+model's fields by :mod:`settings_cli`, spelt as ``reward-server``'s flags are: see
+:meth:`PPOConfig.add_arguments`). :meth:`PPOConfig.from_sources` layers
 them as ``ppo-client train`` does: flags > environment (:class:`RewardEnvironment`) > YAML.
 """
 
@@ -11,9 +12,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import types
 import typing
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -29,6 +29,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from settings_cli import add_flags, union_members
 
 __all__ = [
     "ConfigError",
@@ -295,7 +297,7 @@ class PPOConfig(BaseModel):
         if isinstance(value, os.PathLike):
             return os.fspath(value)
         name = info.field_name or ""
-        if isinstance(value, bool) and bool not in _members(cls.model_fields[name].annotation):
+        if isinstance(value, bool) and bool not in union_members(cls.model_fields[name].annotation):
             raise PydanticCustomError("bool_for_number", "a boolean where a number is expected")
         return value
 
@@ -389,29 +391,14 @@ class PPOConfig(BaseModel):
 
     @classmethod
     def add_arguments(cls, parser: argparse._ActionsContainer) -> None:
-        """Add a ``--key`` flag (also spelt ``--key-with-dashes``) for every key to ``parser``
-        (an argument parser or group).
+        """Add a flag for every key to ``parser`` (an argument parser or group), spelt as
+        :mod:`settings_cli` spells them (``--learning-rate``, also ``--learning_rate``).
 
         Given flags land in the namespace under the key's name, absent ones not at all;
         values stay text for pydantic to convert, except the null words of a key that may
         be null, a YAML list (``[a, b]``) for a list key, and a bare boolean flag (true).
         """
-        for name in cls.field_names():
-            field = cls.model_fields[name]
-            members = _members(field.annotation)
-            kwargs: dict[str, Any] = {
-                "dest": name,
-                "default": argparse.SUPPRESS,
-                "type": _flag_value(members),
-                "metavar": _type_name(field.annotation).replace(" ", ""),
-            }
-            if bool in members:
-                kwargs.update(nargs="?", const=True)
-            default = "" if field.default is None else f" [default: {field.default}]"
-            help_text = f"{field.description or ''}{default}".replace("%", "%%")
-            parser.add_argument(f"--{name}", help=help_text, **kwargs)
-            if "_" in name:  # the same key with dashes, left out of --help
-                parser.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS, **kwargs)
+        add_flags(parser, cls)
 
 
 # ------------------------------------------------------------------------- YAML and flags
@@ -455,7 +442,6 @@ def reject_unknown_args(rest: Sequence[str]) -> None:
     raise ConfigError(_unknown_key(key, PPOConfig.field_names()))
 
 
-_NONE_WORDS = frozenset({"none", "null", "~", ""})
 #: Keys that only rollout_engine vllm reads (stream_rewards, reward_stream_size: both engines).
 _VLLM_ONLY = (
     "vllm_memory_share",
@@ -463,24 +449,6 @@ _VLLM_ONLY = (
     "vllm_lora",
     "rollout_is_cap",
 )
-
-
-def _flag_value(members: Collection[Any]) -> Callable[[str], Any]:
-    """argparse ``type`` for a key whose annotation has these union ``members``."""
-    nullable = type(None) in members
-    listable = any(typing.get_origin(m) is list for m in members)
-
-    def convert(text: str) -> Any:
-        if nullable and text.strip().lower() in _NONE_WORDS:
-            return None
-        if listable and text.lstrip().startswith("["):
-            try:
-                return yaml.safe_load(text)
-            except yaml.YAMLError:
-                return text
-        return text
-
-    return convert
 
 
 # ---------------------------------------------------------------------------- messages
@@ -520,17 +488,10 @@ def _describe(error: Any, name: str, model: type[PPOConfig]) -> str:
     return f"{name}: expected {_type_name(model.model_fields[name].annotation)}, {got}"
 
 
-def _members(annotation: Any) -> list[Any]:
-    """The alternatives of a union annotation (or the annotation itself)."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return list(typing.get_args(annotation))
-    return [annotation]
-
-
 def _type_name(annotation: Any) -> str:
     """``str | list[str] | None`` -> "str | list | null"; Literal values are quoted."""
     names: list[str] = []
-    for member in _members(annotation):
+    for member in union_members(annotation):
         if typing.get_origin(member) is Literal:
             names += [repr(arg) for arg in typing.get_args(member)]
         elif member is type(None):

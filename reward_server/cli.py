@@ -1,8 +1,8 @@
 """``reward-server``: load a reward model, then serve it with uvicorn.
 
 Every flag is derived from a ``ServerSettings`` field (so flags, env vars and settings never
-drift apart): ``--max-batch-tokens`` <-> ``max_batch_tokens`` <-> ``REWARD_SERVER_MAX_BATCH_TOKENS``.
-Flags override the environment.
+drift apart): ``--max-batch-tokens`` <-> ``max_batch_tokens`` <-> ``REWARD_SERVER_MAX_BATCH_TOKENS``,
+spelt as ``ppo-client train``'s flags are (:mod:`settings_cli`). Flags override the environment.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
 
 import uvicorn
-from pydantic import SecretStr, ValidationError
-from pydantic.fields import FieldInfo
+from pydantic import ValidationError
 
+import settings_cli
 from reward_server import __version__
-from reward_server.config import ENV_PREFIX, ServerSettings, field_help
+from reward_server.config import ENV_PREFIX, ServerSettings
 from reward_server.errors import ModelLoadError
+from settings_cli import EPILOG, HelpFormatter, add_flags
 
 if typing.TYPE_CHECKING:
     from reward_server.scoring.registry import ModelRegistry
@@ -42,68 +42,18 @@ _TRACE = 5
 KEEP_ALIVE_S = 75
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _unwrap_optional(annotation: Any) -> Any:
-    """``X | None`` -> ``X``."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def _argument(name: str, field: FieldInfo) -> tuple[list[str], dict[str, Any]]:
-    """argparse ``add_argument`` arguments for one settings field."""
-    annotation = _unwrap_optional(field.annotation)
-    env = ENV_PREFIX + name.upper()
-    kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
-    if annotation is bool:
-        # A switch that is on by default also gets its --no-... form.
-        kwargs["action"] = argparse.BooleanOptionalAction if field.default else "store_true"
-        default_text = "default: on" if field.default else ""
-    elif typing.get_origin(annotation) is list:
-        kwargs.update(action="append", type=str, metavar="KEY=VALUE")
-        default_text = "repeatable"
-    else:
-        if typing.get_origin(annotation) is Literal:
-            choices = typing.get_args(annotation)
-            kwargs["choices"] = choices
-            kwargs["type"] = type(choices[0])
-        elif annotation is SecretStr:
-            kwargs["type"] = str
-            kwargs["metavar"] = "KEY"
-        elif annotation in (int, float, str):
-            kwargs["type"] = annotation
-        else:  # pragma: no cover - a new field type needs a mapping here
-            raise TypeError(f"no CLI mapping for field {name}: {annotation!r}")
-        if "metavar" not in kwargs and "choices" not in kwargs:
-            kwargs["metavar"] = name.upper()
-        if field.is_required():
-            default_text = "required"
-        elif field.default is None:
-            default_text = "default: none"
-        else:
-            default_text = f"default: {field.default}"
-    details = "; ".join(part for part in (default_text, f"env {env}") if part)
-    kwargs["help"] = f"{field_help(name)} [{details}]".replace("%", "%%")
-    return [_flag(name)], kwargs
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, one flag per ServerSettings field."""
+    """The argument parser, one flag per ServerSettings field (:mod:`settings_cli`)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Serve a sequence-classification reward model over HTTP: POST /score "
         "takes texts, query/response pairs or conversations and returns raw reward logits.",
         epilog=f"Every flag can also be set through its environment variable "
-        f"({ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}MAX_BATCH_TOKENS); flags win.",
+        f"({ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}MAX_BATCH_TOKENS); flags win. {EPILOG}",
+        formatter_class=HelpFormatter,
+        allow_abbrev=False,
     )
-    for name, field in ServerSettings.model_fields.items():
-        flags, kwargs = _argument(name, field)
-        parser.add_argument(*flags, **kwargs)
+    add_flags(parser, ServerSettings, env_prefix=ENV_PREFIX)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
@@ -123,9 +73,11 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
                 continue
             name = str(err["loc"][0])
             if err["type"] == "missing":
-                problems.append(f"{_flag(name)} is required (or set {ENV_PREFIX}{name.upper()})")
+                problems.append(
+                    f"{settings_cli.flag(name)} is required (or set {ENV_PREFIX}{name.upper()})"
+                )
             else:
-                problems.append(f"{_flag(name)}: {err['msg']}")
+                problems.append(f"{settings_cli.flag(name)}: {err['msg']}")
         parser.error("; ".join(problems))
 
 

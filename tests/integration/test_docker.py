@@ -1006,11 +1006,18 @@ class K:
 
 # The code each image runs (the demo: examples/demo*.py and tiny_models.py, beside both).
 IMAGE_CODE = {
-    "server": ["reward_client", "reward_server"],
-    "server-vllm": ["reward_client", "reward_server"],
-    "server-code": ["reward_client", "reward_server"],
-    "trainer": ["reward_client", "ppo_client"],
-    "demo": ["reward_client", "reward_server", "ppo_client", "examples/demo*.py", "tiny_models.py"],
+    "server": ["reward_client", "reward_server", "settings_cli"],
+    "server-vllm": ["reward_client", "reward_server", "settings_cli"],
+    "server-code": ["reward_client", "reward_server", "settings_cli"],
+    "trainer": ["reward_client", "ppo_client", "settings_cli"],
+    "demo": [
+        "reward_client",
+        "reward_server",
+        "ppo_client",
+        "settings_cli",
+        "examples/demo*.py",
+        "tiny_models.py",
+    ],
 }
 # Imported only by a feature that comes with an extra the image leaves out on purpose.
 OPTIONAL_IMPORTS = {

@@ -8,6 +8,7 @@ import pytest
 
 from ppo_client import cli
 from ppo_client.config import ConfigError, PPOConfig
+from settings_cli import flag
 
 YAML = "model_name_or_path: m\nreward_url: http://from-yaml:8000\nreward_api_key: y\n"
 
@@ -157,5 +158,7 @@ def test_help_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     out = capsys.readouterr().out
-    missing = [name for name in PPOConfig.field_names() if f"--{name} " not in out]
+    # as reward-server's: --learning-rate shown, --learning_rate taken too (the epilog says so)
+    missing = [name for name in PPOConfig.field_names() if f"{flag(name)} " not in out]
     assert not missing
+    assert "also spelt with underscores" in " ".join(out.split())
