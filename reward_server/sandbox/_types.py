@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,10 +50,12 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("run_timeout_s", "compile_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.cpu_s is not None and not self.cpu_s > 0:
-            raise ValueError(f"Limits.cpu_s must be > 0 or None, got {self.cpu_s!r}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(
+                    f"Limits.{name} must be > 0 and finite, got {getattr(self, name)!r}"
+                )
+        if self.cpu_s is not None and not 0 < self.cpu_s < math.inf:
+            raise ValueError(f"Limits.cpu_s must be > 0 and finite, or None, got {self.cpu_s!r}")
         for name in (
             "memory_mb",
             "processes",

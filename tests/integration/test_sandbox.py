@@ -5,6 +5,7 @@ test_sandbox_hostile.py."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import tempfile
@@ -385,6 +386,11 @@ def test_limits_are_checked() -> None:
         Limits(memory_mb=0)
     with pytest.raises(ValueError, match="run_timeout_s"):
         Limits(run_timeout_s=-1)
+    for bad in (math.nan, math.inf):  # a runner never gets a deadline that is not one
+        with pytest.raises(ValueError, match="compile_timeout_s"):
+            Limits(compile_timeout_s=bad)
+        with pytest.raises(ValueError, match="cpu_s"):
+            Limits(cpu_s=bad)
     assert Limits(run_timeout_s=3).cpu_limit_s == 3
     assert Limits(run_timeout_s=3, cpu_s=1.5).cpu_limit_s == 1.5
 
