@@ -1,9 +1,11 @@
 """The server's end of one item's runner: its process, its control socket, its jobs.
 
-The runner (``_runner.py``) gets messages on a SOCK_SEQPACKET socket, and with each job
-the three pipe ends of its stdin, stdout and stderr (SCM_RIGHTS): the program's output
+The runner (``_serve.c`` for executables, ``_runner.py`` for Python programs) gets
+messages on a SOCK_SEQPACKET socket (NUL-separated fields, :func:`encode`), and with each
+job the three pipe ends of its stdin, stdout and stderr (SCM_RIGHTS): the program's output
 streams straight into the server's capped buffers (:mod:`._streams`), never through the
-runner. Nothing here blocks the event loop; every process started is reaped.
+runner. Its answers are JSON objects (the server never unpickles or unmarshals what a
+sandbox sent). Nothing here blocks the event loop; every process started is reaped.
 """
 
 from __future__ import annotations
@@ -14,12 +16,10 @@ import contextlib
 import itertools
 import json
 import logging
-import marshal
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,45 +37,29 @@ BACKSTOP_S = 5.0
 OUTPUT_GRACE_S = 1.0
 
 
-#: The runner reads the server's messages with marshal (json's import would double its
-#: start-up time); version 4 reads the same from Python 3.4 on, whatever the two versions.
-#: The runner's answers are JSON: the server never unmarshals what a sandbox sent.
-MARSHAL_VERSION = 4
+#: A job's whole-number limits, in the order the runners read them after its CPU time.
+_LIMITS = ("as_bytes", "fsize_bytes", "nofile", "stack_bytes", "nproc")
 
 
-def runner_config(config: dict[str, Any]) -> str:
-    """The runner's configuration as its command-line argument."""
-    return marshal.dumps(config, MARSHAL_VERSION).hex()
-
-
-def python_message(msg: dict[str, Any]) -> bytes:
-    """A message to the Python runner (``_runner.py``)."""
-    return marshal.dumps(msg, MARSHAL_VERSION)
-
-
-#: A job's whole-number limits, in the order the native runner reads them after its CPU time.
-_NATIVE_LIMITS = ("as_bytes", "fsize_bytes", "nofile", "stack_bytes", "nproc")
-
-
-def native_message(msg: dict[str, Any]) -> bytes:
-    """A message to the native runner (``_serve.c``): its fields separated by NUL bytes.
-    It runs executables only (``kind`` exec)."""
+def encode(msg: dict[str, Any]) -> bytes:
+    """A message to a runner: its fields separated by NUL bytes (``_launch.h`` says which;
+    the runners check each). ``kind`` ``exec`` goes to the native runner, ``python`` and
+    ``pycheck`` (``argv``: the program's path) to the Python runner."""
     op = msg["op"]
     head = [op, str(int(msg["id"]))]
     if op != "job":
         return _nul_fields(head)
-    if msg["kind"] != "exec":
-        raise ValueError(f"the native runner runs executables, not {msg['kind']!r} jobs")
     lim = msg["limits"]
     env = [f"{key}={value}" for key, value in (msg.get("env") or {}).items()]
     return _nul_fields(
         [
             *head,
+            msg["kind"],
             "prog" if msg["cwd"] == "prog" else "test",
             "1" if msg.get("seal") else "0",
             repr(float(lim["timeout_s"])),
             repr(float(lim["cpu_s"])),  # the runner rounds it up to whole seconds
-            *(str(int(lim.get(key) or 0)) for key in _NATIVE_LIMITS),
+            *(str(int(lim.get(key) or 0)) for key in _LIMITS),
             str(len(env)),
             *env,
             *msg["argv"],
@@ -85,7 +69,7 @@ def native_message(msg: dict[str, Any]) -> bytes:
 
 def _nul_fields(fields: list[str]) -> bytes:
     if any("\0" in field for field in fields):
-        raise ValueError("a NUL byte in a field of a message to the native runner")
+        raise ValueError("a NUL byte in a field of a message to the sandbox's runner")
     return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
 
 
@@ -107,8 +91,7 @@ class JobOutcome:
 class Channel:
     """One runner process and the socket to it."""
 
-    def __init__(self, encode: Callable[[dict[str, Any]], bytes] = python_message) -> None:
-        self._encode = encode
+    def __init__(self) -> None:
         self._sock, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock.setblocking(False)
         self.proc: asyncio.subprocess.Process | None = None
@@ -229,7 +212,7 @@ class Channel:
 
     # -- messages and jobs ------------------------------------------------------------
     async def _send(self, msg: dict[str, Any], fds: list[int]) -> None:
-        data = self._encode(msg)
+        data = encode(msg)
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + BACKSTOP_S
@@ -255,7 +238,7 @@ class Channel:
         """Best effort, for a kill on the way out of a cancelled job."""
         if not self._closed:
             with contextlib.suppress(OSError):
-                self._sock.send(self._encode(msg))
+                self._sock.send(encode(msg))
 
     async def control(self, msg: dict[str, Any]) -> dict[str, Any]:
         """A message without pipes, and the runner's answer."""

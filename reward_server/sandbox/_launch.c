@@ -32,6 +32,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+extern char **environ;
+
 static _Noreturn void fail(const char *what) {
   char msg[512];
   int n = snprintf(msg, sizeof msg, "%s: %s", what, strerror(errno));
@@ -53,18 +55,6 @@ int put_file(const char *path, const char *text) {
   if (written == (ssize_t)len) return 0;
   errno = written < 0 ? saved : EIO;
   return -1;
-}
-
-int parse_number(const char *text, rlim_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long value = strtoull(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
-    errno = EINVAL;
-    return -1;
-  }
-  *out = (rlim_t)value;
-  return 0;
 }
 
 int own_user_namespace(int extra, const char **what) {
@@ -151,12 +141,7 @@ void start_program(const struct run *run) {
   limit(RLIMIT_CORE, 0, 0, "RLIMIT_CORE");
   if (run->nproc > 0) limit(RLIMIT_NPROC, run->nproc, run->nproc, "RLIMIT_NPROC");
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("prctl NO_NEW_PRIVS");
+  environ = run->envp; /* execvp looks for the program on the run's own PATH */
   execvp(run->argv[0], run->argv);
   fail(run->argv[0]);
-}
-
-int main(int argc, char **argv) {
-  if (argc > 1 && strcmp(argv[1], "serve") == 0) return serve(argc - 1, argv + 1);
-  fprintf(stderr, "usage: launch serve MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE...\n");
-  return 2;
 }

@@ -1,19 +1,22 @@
-"""The Python runner inside one item's sandbox: builds the program once, then starts each run
-as a fork of itself: for Python the warm path (the code compiled once, run in the fork); for
-an executable only where the native runner (``_serve.c``, which does this module's job for
-executables without an interpreter's start) could not be built.
+"""The Python runner inside one item's sandbox whose program is in Python: it checks the
+program once, then starts each run as a fork of itself that runs the code compiled once (the
+warm path: no interpreter start per run). Items whose programs are executables have the
+native runner (``_serve.c``), which does this module's job for them without an interpreter;
+the two read the same messages (``_launch.h``) and write the same reports.
 
 Not imported by the server: the sandbox's interpreter gets ``_runner_job.py``'s text then
-this one's as ``python3 -I -S -c SOURCE CONFIG``. In ``bwrap`` mode it is PID 1 of the
-item's PID namespace (``--as-pid-1``): the kernel drops signals to a namespace's init that
-has no handler for them (SIGKILL included), so programs cannot kill it; orphans are
-re-parented to it and killed; when it exits, everything left in the namespace dies. At start
-it enters a user and mount namespace of its own, with the right to mount: the work
-directory becomes a tmpfs with a size and an inode cap (bwrap cannot cap inodes), and the
-program's folder is remounted read-only once built. It kills a job at its wall-clock
-deadline (its process group, then whatever escaped it) and reports its wait status, CPU and
-wall time over the control socket (SOCK_SEQPACKET: marshal from the server, JSON to it; a
-job's pipes come with SCM_RIGHTS). When the socket closes, it kills everything and exits.
+this one's as ``python3 -I -S -c SOURCE MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE...``
+(the native runner's arguments). In ``bwrap`` mode it is PID 1 of the item's PID namespace
+(``--as-pid-1``): the kernel drops signals to a namespace's init that has no handler for
+them (SIGKILL included), so programs cannot kill it; orphans are re-parented to it and
+killed; when it exits, everything left in the namespace dies. At start it enters a user and
+mount namespace of its own, with the right to mount: the work directory becomes a tmpfs
+with a size and an inode cap (bwrap cannot cap inodes), and the program's folder is
+remounted read-only once built. It kills a job at its wall-clock deadline (its process
+group, then whatever escaped it) and reports its wait status, CPU and wall time over the
+control socket (SOCK_SEQPACKET: NUL-separated fields from the server, every one checked,
+JSON to it; a job's pipes come with SCM_RIGHTS). When the socket closes, it kills
+everything and exits.
 """
 
 # Cheap imports only (see _runner_job.py).
@@ -21,7 +24,6 @@ import _signal as signal
 import _sitebuiltins
 import _socket as socket
 import builtins
-import marshal
 import os
 import select
 import sys
@@ -49,6 +51,10 @@ if __name__ != "__main__":  # imported by the server's checks; in the sandbox, d
 
 MAX_FDS = 3
 SCAN_S = 0.2  # seconds between scans for processes that escaped their job's group
+# What a message may hold (_launch.h): the same bounds as the native runner's.
+MAX_MESSAGE, MAX_FIELDS, MAX_ENV, JOB_FIELDS = 1 << 20, 4096, 64, 13
+MAX_SECONDS, MAX_LIMIT = 1e9, 1 << 48
+LIMITS = ("as_bytes", "fsize_bytes", "nofile", "stack_bytes", "nproc")
 
 
 def _rmtree(top):
@@ -86,17 +92,84 @@ def _json(value):
     return "{" + ",".join(parts) + "}"
 
 
+class BadMessage(Exception):
+    """A message the runner refuses; its text is the answer."""
+
+
+def _count(text, top, what="bad job message"):
+    """A whole number in decimal digits only (no sign, no space, no underscore), <= top."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 20) or int(text) > top:
+        raise BadMessage(what)
+    return int(text)
+
+
+def _seconds(text, what):
+    """Seconds as repr() writes a float: digits first, finite, from 0 to MAX_SECONDS."""
+    try:
+        if not (text[:1].isdigit() and text.isascii() and not set(text) - set("0123456789.eE+-")):
+            raise ValueError(text)
+        value = float(text)
+    except ValueError:
+        raise BadMessage(what) from None
+    if not 0.0 <= value <= MAX_SECONDS:  # NaN is neither
+        raise BadMessage(what)
+    return value
+
+
+def fields_of(data):
+    """A message's fields (NUL-separated), decoded as the server encoded them."""
+    fields = data.split(b"\0")
+    if fields and not fields[-1]:
+        fields.pop()
+    if len(data) >= MAX_MESSAGE or len(fields) > MAX_FIELDS:
+        raise BadMessage("bad message")
+    return [os.fsdecode(field) for field in fields]
+
+
+def parse_id(text):
+    job_id = _count(text, (1 << 63) - 1, "bad message")
+    if job_id == 0:
+        raise BadMessage("bad message")
+    return job_id
+
+
+def parse_job(f):
+    """job ID KIND CWD SEAL TIMEOUT_S CPU_S AS FSIZE NOFILE STACK NPROC NENV ENV... PATH,
+    checked as the native runner checks it (``parse_job`` in ``_message.c``)."""
+    n = len(f)
+    if n < JOB_FIELDS + 1:
+        raise BadMessage("bad job message")
+    nenv = _count(f[12], MAX_ENV)
+    if n != JOB_FIELDS + nenv + 1:
+        raise BadMessage("bad job message")
+    if f[2] not in ("python", "pycheck"):
+        raise BadMessage("bad job message: the Python runner runs Python programs")
+    if f[3] not in ("prog", "test") or f[4] not in ("0", "1"):
+        raise BadMessage("bad job message")
+    job = {"id": parse_id(f[1]), "kind": f[2], "in_test": f[3] == "test", "seal": f[4] == "1"}
+    job["timeout_s"] = _seconds(f[5], "bad job message: timeout_s")
+    job["cpu_s"] = _seconds(f[6], "bad job message: cpu_s")
+    for i, name in enumerate(LIMITS):
+        job[name] = _count(f[7 + i], MAX_LIMIT, "bad job message: limits")
+    env = f[JOB_FIELDS : JOB_FIELDS + nenv]
+    if not all("=" in entry for entry in env):
+        raise BadMessage("bad job message: environment")
+    job["env"] = dict(entry.split("=", 1) for entry in env)
+    job["path"] = f[-1]
+    return job
+
+
 class Job:
     """One forked job, from its start to its report."""
 
     def __init__(self, msg, pid, tdir, err_r):
         self.id = msg["id"]
         self.kind = msg["kind"]
-        self.seal = bool(msg.get("seal"))
-        self.path = msg.get("path")
+        self.seal = msg["seal"]
+        self.path = msg["path"]
         self.pid = pid
         self.started = time.monotonic()
-        self.deadline = self.started + float(msg["limits"]["timeout_s"])
+        self.deadline = self.started + msg["timeout_s"]
         self.timed_out = False
         self.killed = False
         self.tdir = tdir
@@ -104,22 +177,27 @@ class Job:
 
 
 class Runner:
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.bwrap = cfg["mode"] == "bwrap"
-        self.root = cfg["root"]
+    def __init__(self, args):
+        """``args``: MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE..."""
+        if len(args) < 6 or args[0] not in ("bwrap", "none") or args[5] != "--":
+            raise ValueError("usage: MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE...")
+        self.bwrap = args[0] == "bwrap"
+        self.root = args[1]
+        control_fd = _count(args[2], (1 << 31) - 1, "bad control descriptor")
+        self.workdir_bytes = _count(args[3], MAX_LIMIT, "bad work directory size")
+        self.inodes = _count(args[4], MAX_LIMIT, "bad inode count")
+        self.files = list(args[6:])
         self.prog = os.path.join(self.root, "prog")
         self.work = os.path.join(self.root, "work")
-        self.ctl = socket.socket(fileno=cfg["control_fd"])
+        self.ctl = socket.socket(fileno=control_fd)
         self.ctl.setblocking(True)
         # Every descriptor of the runner is close-on-exec (Python's default for its own;
-        # this one came from bwrap): a job's exec leaves only its three pipes open.
-        os.set_inheritable(cfg["control_fd"], False)
+        # this one came from bwrap).
+        os.set_inheritable(control_fd, False)
         self.jobs = {}
         self.code = None
         self.counter = 0
-        self.env = dict(cfg["env"])
-        self.files = list(cfg["files"])
+        self.env = dict(os.environ)  # the sandbox's: the programs' environment
 
     # -- setup ------------------------------------------------------------------------
     def setup(self):
@@ -134,7 +212,7 @@ class Runner:
                 self.work,
                 "tmpfs",
                 MS_NOSUID | MS_NODEV,
-                f"size={self.cfg['workdir_bytes']},nr_inodes={self.cfg['inodes']},mode=0700",
+                f"size={self.workdir_bytes},nr_inodes={self.inodes},mode=0700",
             )
         else:
             # Orphans of the programs come back to the runner, which kills them.
@@ -167,25 +245,34 @@ class Runner:
         return data, fds
 
     def handle(self, data, fds):
+        job_id = None
         try:
-            msg = marshal.loads(data)
-            op = msg.get("op")
-            if op == "job" and self.start(msg, fds):
-                fds = []  # the job's now
-            elif op == "seal":
+            f = fields_of(data)
+            if len(f) < 2:
+                raise BadMessage("bad message")
+            job_id = parse_id(f[1])
+            if f[0] == "job":
+                if self.start(parse_job(f), fds):
+                    fds = []  # the job's now
+            elif f[0] == "seal" and len(f) == 2:
                 error = None
                 try:
                     self.seal()
                 except OSError as exc:
                     error = f"seal: {exc}"
-                self.send({"op": "done", "id": msg["id"], "error": error})
-            elif op == "kill":
-                job = self._job_by_id(msg["id"])
+                self.send({"op": "done", "id": job_id, "error": error})
+            elif f[0] == "kill" and len(f) == 2:
+                job = self._job_by_id(job_id)
                 if job is not None:
                     job.killed = True
                     self.kill_job(job)
+            else:
+                raise BadMessage("bad message")
         except Exception as exc:  # a bad message must not end the item's sandbox
-            sys.stderr.write(f"runner: bad message: {type(exc).__name__}: {exc}\n")
+            if isinstance(exc, BadMessage) and job_id is not None:
+                self.send({"op": "done", "id": job_id, "error": str(exc)})
+            else:
+                sys.stderr.write(f"runner: bad message: {type(exc).__name__}: {exc}\n")
         finally:
             for fd in fds:
                 os.close(fd)
@@ -203,7 +290,7 @@ class Runner:
             self.send({"op": "done", "id": msg["id"], "error": "expected 3 pipes"})
             return False
         self.counter += 1
-        tdir = None if msg["cwd"] == "prog" else os.path.join(self.work, f"t{self.counter}")
+        tdir = os.path.join(self.work, f"t{self.counter}") if msg["in_test"] else None
         try:
             if tdir:
                 self.make_test_dir(tdir)
@@ -370,7 +457,7 @@ class Runner:
         poller = select.poll()
         poller.register(self.ctl.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
-        self.send({"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+        self.send({"op": "ready", "pid": os.getpid(), "runner": "python"})
         orphans = False
         self.next_scan = 0.0
         while True:
@@ -402,13 +489,10 @@ class Runner:
 
 
 def main():
-    cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
-    if cfg.get("code_fd") is not None:  # the runner's own bytecode came on it (see _session)
-        os.close(cfg["code_fd"])
     # What site would add with -S left out: exit() and quit().
     builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
     builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
-    runner = Runner(cfg)
+    runner = Runner(sys.argv[1:])
     try:
         runner.setup()
     except BaseException as exc:

@@ -1,16 +1,16 @@
 """The forked side of the Python runner (``_runner.py``): one job, from the fork to the
-program (the native runner's jobs do the same steps in C: ``start_program`` in
-``_launch.c``).
+program (the native runner's jobs, which exec executables, do the same steps in C:
+``start_program`` in ``_launch.c``).
 
 The sandbox's interpreter gets this text followed by ``_runner.py``'s as one ``-c`` source
-(standard library only, Python 3.8+). A job (build, syntax check, run) is a fork of the
+(standard library only, Python 3.8+). A job (the syntax check, a run) is a fork of the
 runner that starts a session (its process group is killed as one), enters a user namespace
 of its own (``RLIMIT_NPROC`` counts per user namespace, so each run has its own count, and it
 may create no further namespaces), takes the three pipes the server passed as 0-2 and keeps
 no other descriptor, sets its rlimits, ``no_new_privs`` and default signals in its work
-directory, then ``exec``s the program, or (Python) drops its capabilities and runs the code
-object the runner compiled once, as ``__main__``. A failure before the program starts is
-written on a pipe the runner reads (close-on-exec: EOF with no data means it started).
+directory, drops its capabilities and runs the code object the runner compiled once, as
+``__main__``. A failure before the program starts is written on a pipe the runner reads
+(closed once the program starts: EOF with no data means it started).
 """
 
 # Only modules that cost nothing to import (C modules, no enum, no re): the runner starts
@@ -84,17 +84,12 @@ def _drop_capabilities():
 
 
 def child(runner, msg, fds, cwd, err_w):
-    """The forked job: isolate, limit, then exec or run the code. Never returns."""
+    """The forked job: isolate, limit, then run the code. Never returns."""
     code = 127
     started = False
     try:
         _isolate(runner, msg, fds, cwd, err_w)
-        kind = msg["kind"]
         default_signals()
-        if kind == "exec":
-            env = dict(runner.env)
-            env.update(msg.get("env") or {})
-            os.execvpe(msg["argv"][0], msg["argv"], env)
         # What Python's own start sets: SIGINT raises KeyboardInterrupt, SIGPIPE and SIGXFSZ
         # are ignored (a write fails with an error instead).
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -104,16 +99,17 @@ def child(runner, msg, fds, cwd, err_w):
             _drop_capabilities()
         os.environ.clear()
         os.environ.update(runner.env)
+        os.environ.update(msg["env"])
         started = True
         os.close(err_w)
-        if kind == "pycheck":
+        if msg["kind"] == "pycheck":
             code = check_python(msg["path"])
         else:
             code = run_python(runner.code, msg["path"])
     except BaseException as exc:
         text = f"{type(exc).__name__}: {exc}"
         try:
-            if started:  # the program's own failure (Python path): its stderr
+            if started:  # the program's own failure: its stderr
                 os.write(2, text.encode() + b"\n")
             else:  # the sandbox's: reported to the runner
                 os.write(err_w, text.encode()[:4000])
@@ -125,8 +121,7 @@ def child(runner, msg, fds, cwd, err_w):
 def default_signals():
     """Every signal's action back to the default, whatever the runner inherited from the
     server's start (``nohup`` ignores SIGHUP) or set itself (SIGINT ignored, SIGCHLD
-    handled): an exec keeps ignored signals. glibc keeps 32 and 33 for its threads and
-    refuses them here; the native runner resets those too."""
+    handled). glibc keeps 32 and 33 for its threads and refuses them here."""
     for sig in range(1, signal.NSIG):
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
             try:  # noqa: SIM105 (no contextlib: see the imports)
@@ -151,18 +146,12 @@ def _isolate(runner, msg, fds, cwd, err_w):
         os.dup2(fd, target)
     for fd in fds:
         os.close(fd)
-    if msg["kind"] != "exec":  # exec closes the runner's own (all close-on-exec)
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) > 2 and int(name) != err_w:
-                quietly(os.close, int(name))
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2 and int(name) != err_w:
+            quietly(os.close, int(name))
     os.chdir(cwd)
-    set_limits(msg["limits"])
+    set_limits(msg)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-
-
-def cpu_seconds(lim):
-    """RLIMIT_CPU's whole seconds for a job's limits (at least one)."""
-    return max(1, math.ceil(float(lim["cpu_s"])))
 
 
 def set_limits(lim):
@@ -173,7 +162,7 @@ def set_limits(lim):
             value = min(value, hard)
         resource.setrlimit(which, (value, value))
 
-    cpu = cpu_seconds(lim)
+    cpu = max(1, math.ceil(lim["cpu_s"]))  # RLIMIT_CPU's whole seconds, at least one
     # SIGXCPU at the limit, SIGKILL a second later if the program ignores it.
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     limit(resource.RLIMIT_AS, lim["as_bytes"])

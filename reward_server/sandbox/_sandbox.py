@@ -39,11 +39,12 @@ class Sandbox:
     the machine's cores); ``python``: the interpreter of the runner and of Python programs
     (default: the server's own if the sandbox user can run it, else ``/usr/bin/python3``);
     ``uid``: the user bwrap runs as when the server is root (default
-    :data:`~reward_server.sandbox.SANDBOX_UID`); ``launcher``: run items whose programs are
-    executables (compiled programs, compilers, node, java) under a small native runner built
-    at construction with the host's C compiler (``_launch.c``, ``_serve.c``), which starts
-    in a fraction of a Python runner's time and forks for each run; False, or no compiler,
-    runs them under the Python runner (same isolation).
+    :data:`~reward_server.sandbox.SANDBOX_UID`). Items whose programs are executables
+    (compiled programs, compilers, node, java) run under a small native runner built at
+    construction with the host's C compiler (``_launcher.py``), which starts in a fraction
+    of a Python runner's time and forks for each run; without a C compiler those languages
+    are unavailable (:meth:`why_unavailable` says so). Python programs run under a warm
+    Python runner, forked for each run.
     """
 
     def __init__(
@@ -54,7 +55,6 @@ class Sandbox:
         workers: int | None = None,
         python: str | None = None,
         uid: int | None = None,
-        launcher: bool = True,
     ) -> None:
         if mode not in ("bwrap", "none"):
             raise ValueError(f"sandbox mode must be 'bwrap' or 'none', got {mode!r}")
@@ -76,7 +76,7 @@ class Sandbox:
         self.bwrap: str | None = None
         self._binds = tool_binds([self.python])
         self._runner_code = compile_runner(self.python)
-        self._launcher = build_launcher() if launcher else None
+        self._launcher, self._no_launcher = build_launcher()
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
         self._slots = weakref.WeakKeyDictionary()
         if mode == "bwrap":
@@ -149,8 +149,11 @@ class Sandbox:
 
     def why_unavailable(self, name: str) -> str | None:
         """None when programs in language ``name`` can be built and run here, else why
-        (its toolchain is missing, or closed to the sandbox user)."""
+        (its toolchain is missing, or closed to the sandbox user, or it is not Python and no
+        native runner could be built)."""
         lang = language(name)
+        if not lang.warm and self._launcher is None:
+            return f"{lang.name}: {self._no_launcher}"
         for tool in lang.tools():
             if tool == "{python}":
                 continue  # the runner's own interpreter: checked at construction

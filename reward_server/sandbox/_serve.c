@@ -1,13 +1,13 @@
 /*
  * The native runner: PID 1 of an item's sandbox whose programs are executables (compiled
- * programs, node, java). It does _runner.py's job without an interpreter's start, which is
- * most of such an item's start-up:
+ * programs, node, java; Python programs have the warm Python runner, _runner.py). It does
+ * without an interpreter's start, which would be most of such an item's start-up:
  *
  *   launch serve MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE...
  *
  * MODE "bwrap" (PID 1 of the sandbox's PID namespace) or "none" (a plain process, a
  * subreaper); ROOT holds prog/ (the item's FILEs) and work/; CONTROL_FD is its end of the
- * server's SOCK_SEQPACKET socket.
+ * server's SOCK_SEQPACKET socket (_message.c: the messages and reports).
  *
  * At start, in bwrap mode, it enters a user and mount namespace of its own: the work
  * directory becomes a tmpfs with a size and an inode cap (bwrap cannot cap inodes), and
@@ -17,13 +17,6 @@
  * deadline (its process group, then whatever escaped it: orphans come back to PID 1, and a
  * scan kills them five times a second) and reports its wait status, CPU and wall time.
  * When the socket closes, it kills everything and exits.
- *
- * Messages from the server (reward_server/sandbox/_channel.py's native_message): fields
- * separated by NUL bytes,
- *   job ID CWD(prog|test) SEAL(0|1) TIMEOUT_S CPU_S AS FSIZE NOFILE STACK NPROC
- *       NENV KEY=VALUE... PROGRAM ARGS...     with the job's stdin, stdout, stderr attached
- *   seal ID        kill ID
- * and to it JSON objects, the Python runner's: ready, fatal, done.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -49,7 +42,6 @@
 #include "_launch.h"
 
 #define MAX_JOBS 256
-#define MAX_MESSAGE (1 << 20)
 #define MAX_CHILDREN 8192
 #define SCAN_S 0.2   /* seconds between scans for processes that escaped their job */
 #define SETTLE_S 0.25 /* at most this long killing a finished job's leftovers at once */
@@ -92,60 +84,14 @@ static double now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* -- JSON to the server ------------------------------------------------------------------ */
-struct out {
-  char buf[16384];
-  size_t len;
-};
-
-static void put(struct out *o, const char *fmt, ...) {
-  if (o->len >= sizeof o->buf) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(o->buf + o->len, sizeof o->buf - o->len, fmt, ap);
-  va_end(ap);
-  if (n > 0) o->len += (size_t)n;
-  if (o->len > sizeof o->buf - 1) o->len = sizeof o->buf - 1;
-}
-
-/* A JSON string; control characters, quotes, backslashes and every byte above ASCII
- * escaped (the server parses UTF-8, and a program's bytes need not be). */
-static void put_string(struct out *o, const char *text) {
-  if (text == NULL) {
-    put(o, "null");
-    return;
-  }
-  put(o, "\"");
-  for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
-    if (*c < 0x20 || *c >= 0x7f || *c == '"' || *c == '\\')
-      put(o, "\\u%04x", *c);
-    else
-      put(o, "%c", *c);
-  }
-  put(o, "\"");
-}
-
-static void send_out(struct out *o) {
-  /* MSG_NOSIGNAL: a server gone is seen as EOF by the loop, not as SIGPIPE. */
-  ssize_t sent = send(R.ctl, o->buf, o->len, MSG_NOSIGNAL);
-  (void)sent;
-}
-
-static void reply(long id, const char *error) {
-  struct out o = {.len = 0};
-  put(&o, "{\"op\":\"done\",\"id\":%ld,\"error\":", id);
-  put_string(&o, error);
-  put(&o, "}");
-  send_out(&o);
-}
-
+static void replyf(long id, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void replyf(long id, const char *fmt, ...) {
   char text[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
-  reply(id, text);
+  reply(R.ctl, id, text);
 }
 
 /* -- the item's folders ------------------------------------------------------------------ */
@@ -185,7 +131,7 @@ static int make_test_dir(const char *tdir) {
 static int remove_tree(int parent, const char *name, int depth) {
   if (unlinkat(parent, name, 0) == 0) return 0;
   if (errno != EISDIR && errno != EPERM) return errno == ENOENT ? 0 : -1;
-  fchmodat(parent, name, 0700, 0);
+  (void)!fchmodat(parent, name, 0700, 0); /* best effort: unlinkat below says if it went */
   int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd >= 0) {
     DIR *dir = depth < RMTREE_DEPTH ? fdopendir(fd) : NULL;
@@ -295,119 +241,108 @@ static void settle(void) {
 }
 
 /* -- jobs -------------------------------------------------------------------------------- */
-/* The job's environment: the runner's (the sandbox's), with the message's entries over it. */
+/* The job's environment: the runner's (the sandbox's), with the message's entries over it;
+ * static, in the forked job only (the runner's own was counted at start: at most MAX_ENV). */
 static char **job_environment(char **entries, int count) {
-  int base = 0;
-  while (environ[base] != NULL) base++;
-  char **env = calloc((size_t)(base + count + 1), sizeof *env);
-  if (env == NULL) return environ;
+  static char *env[2 * MAX_ENV + 1];
   int n = 0;
-  for (int i = 0; i < base; i++) {
-    size_t key = strcspn(environ[i], "=");
+  for (char **base = environ; *base != NULL; base++) {
+    size_t key = strcspn(*base, "=");
     int replaced = 0;
     for (int j = 0; j < count && !replaced; j++)
-      replaced = strncmp(entries[j], environ[i], key + 1) == 0;
-    if (!replaced) env[n++] = environ[i];
+      replaced = strncmp(entries[j], *base, key + 1) == 0;
+    if (!replaced) env[n++] = *base;
   }
   for (int j = 0; j < count; j++) env[n++] = entries[j];
+  env[n] = NULL;
   return env;
 }
 
 /* The forked job: the run's pipes as 0-2 and the report pipe as 3 (moved above 9 first so
  * that no move overwrites a later one's source), then the launcher's steps. */
-static _Noreturn void job_child(const int fds[3], int err_w, struct run *run, char **env,
-                                int nenv) {
+static _Noreturn void job_child(const int fds[3], int err_w, struct run *run) {
   int moved[4], sources[4] = {fds[0], fds[1], fds[2], err_w};
   for (int i = 0; i < 4; i++)
     if ((moved[i] = fcntl(sources[i], F_DUPFD_CLOEXEC, 10)) < 0) _exit(127);
   for (int i = 0; i < 4; i++)
     if (dup2(moved[i], i) != i) _exit(127);
-  environ = job_environment(env, nenv);
   start_program(run);
 }
 
-/* Start a job from its message; whether it took the descriptors. */
-static int start_job(char **f, int n, const int fds[3], int nfds) {
-  long id = strtol(f[1], NULL, 10);
-  rlim_t v[6], nenv;
-  double timeout_s, cpu_s;
-  /* job ID CWD SEAL TIMEOUT CPU AS FSIZE NOFILE STACK NPROC NENV ENV... ARGV... */
-  if (n < 13 || sscanf(f[4], "%lf", &timeout_s) != 1 || sscanf(f[5], "%lf", &cpu_s) != 1 ||
-      !(cpu_s >= 0 && cpu_s < 1e9) || parse_number(f[11], &nenv) != 0 || nenv > (rlim_t)n ||
-      (rlim_t)n < 13 + nenv) {
-    reply(id, "bad job message");
+/* The job's directory in `cwd`: work/tN (*test N), or prog/ for a build (*test 0); 0, or -1
+ * when it could not be made (answered). */
+static int job_dir(const struct job_message *msg, char cwd[PATH_MAX], unsigned *test) {
+  *test = 0;
+  if (!msg->in_test) {
+    snprintf(cwd, PATH_MAX, "%s", R.prog);
     return 0;
   }
-  /* RLIMIT_CPU's whole seconds: the limit rounded up (start_program makes it at least 1). */
-  v[0] = (rlim_t)cpu_s;
-  if ((double)v[0] < cpu_s) v[0]++;
-  for (int i = 1; i < 6; i++) {
-    if (parse_number(f[5 + i], &v[i]) != 0) {
-      reply(id, "bad job message: limits");
-      return 0;
-    }
-  }
+  *test = ++R.counter;
+  test_dir(cwd, PATH_MAX, *test);
+  if (make_test_dir(cwd) == 0) return 0;
+  replyf(msg->id, "work dir: %s", strerror(errno));
+  remove_tree(AT_FDCWD, cwd, 0);
+  return -1;
+}
+
+/* Start a job from its message; whether it took the descriptors. */
+static int start_job(const struct job_message *msg, const int fds[3], int nfds) {
   if (nfds != 3) {
-    reply(id, "expected 3 pipes");
+    reply(R.ctl, msg->id, "expected 3 pipes");
     return 0;
   }
   struct job *job = NULL;
   for (int i = 0; i < MAX_JOBS && job == NULL; i++)
     if (R.jobs[i].pid == 0) job = &R.jobs[i];
   if (job == NULL) {
-    reply(id, "too many jobs at once");
+    reply(R.ctl, msg->id, "too many jobs at once");
     return 0;
   }
-  int in_test = strcmp(f[2], "prog") != 0;
   char cwd[PATH_MAX];
-  unsigned test = 0;
-  if (in_test) {
-    test = ++R.counter;
-    test_dir(cwd, sizeof cwd, test);
-    if (make_test_dir(cwd) != 0) {
-      replyf(id, "work dir: %s", strerror(errno));
-      remove_tree(AT_FDCWD, cwd, 0);
-      return 0;
-    }
-  } else {
-    snprintf(cwd, sizeof cwd, "%s", R.prog);
-  }
+  unsigned test;
+  if (job_dir(msg, cwd, &test) != 0) return 0;
   int err[2];
   if (pipe2(err, O_CLOEXEC) != 0) {
-    replyf(id, "pipe: %s", strerror(errno));
+    replyf(msg->id, "pipe: %s", strerror(errno));
     if (test) remove_tree(AT_FDCWD, cwd, 0);
     return 0;
   }
+  /* RLIMIT_CPU's whole seconds: the limit rounded up (start_program makes it at least 1). */
+  rlim_t cpu = (rlim_t)msg->cpu_s;
+  if ((double)cpu < msg->cpu_s) cpu++;
   struct run run = {
       .mode = R.bwrap ? "u" : "p",
       .cwd = cwd,
-      .cpu = v[0],
-      .as = v[1],
-      .fsize = v[2],
-      .nofile = v[3],
-      .stack = v[4],
-      .nproc = v[5],
-      .argv = f + 12 + nenv,
+      .cpu = cpu,
+      .as = msg->as,
+      .fsize = msg->fsize,
+      .nofile = msg->nofile,
+      .stack = msg->stack,
+      .nproc = msg->nproc,
+      .argv = msg->argv,
   };
   pid_t pid = fork();
-  if (pid == 0) job_child(fds, err[1], &run, f + 12, (int)nenv);
+  if (pid == 0) {
+    run.envp = job_environment(msg->env, msg->nenv);
+    job_child(fds, err[1], &run);
+  }
   int saved = errno;
   close(err[1]);
   if (pid < 0) {
     close(err[0]);
-    replyf(id, "fork: %s", strerror(saved));
+    replyf(msg->id, "fork: %s", strerror(saved));
     if (test) remove_tree(AT_FDCWD, cwd, 0);
     return 0;
   }
   for (int i = 0; i < 3; i++) close(fds[i]);
   double started = now();
   *job = (struct job){
-      .id = id,
+      .id = msg->id,
       .pid = pid,
       .err_r = err[0],
-      .seal = strcmp(f[3], "1") == 0,
+      .seal = msg->seal,
       .started = started,
-      .deadline = started + timeout_s,
+      .deadline = started + msg->timeout_s,
       .test = test,
   };
   return 1;
@@ -432,17 +367,17 @@ static void finish(struct ended *e) {
     test_dir(tdir, sizeof tdir, e->job.test);
     remove_tree(AT_FDCWD, tdir, 0);
   }
-  struct out o = {.len = 0};
+  struct report r = {.len = 0};
   const struct rusage *u = &e->usage;
   double cpu = (double)u->ru_utime.tv_sec + (double)u->ru_utime.tv_usec / 1e6 +
                (double)u->ru_stime.tv_sec + (double)u->ru_stime.tv_usec / 1e6;
-  put(&o, "{\"op\":\"done\",\"id\":%ld,\"status\":%d,\"timed_out\":%s,\"killed\":%s,", e->job.id,
+  put(&r, "{\"op\":\"done\",\"id\":%ld,\"status\":%d,\"timed_out\":%s,\"killed\":%s,", e->job.id,
       e->status, e->job.timed_out ? "true" : "false", e->job.killed ? "true" : "false");
-  put(&o, "\"cpu_s\":%.6f,\"maxrss_kb\":%ld,\"wall_s\":%.6f,\"error\":", cpu, u->ru_maxrss,
+  put(&r, "\"cpu_s\":%.6f,\"maxrss_kb\":%ld,\"wall_s\":%.6f,\"error\":", cpu, u->ru_maxrss,
       e->at - e->job.started);
-  put_string(&o, why);
-  put(&o, "}");
-  send_out(&o);
+  put_string(&r, why);
+  put(&r, "}");
+  send_report(R.ctl, &r, e->job.id);
 }
 
 /* Collect every child that exited; report the jobs among them once whatever they left
@@ -488,87 +423,62 @@ static int next_timeout_ms(int orphans) {
     if (R.jobs[i].pid != 0 && !R.jobs[i].timed_out && R.jobs[i].deadline < wake)
       wake = R.jobs[i].deadline;
   double left = wake - now();
-  return left <= 0 ? 0 : (int)(left * 1000) + 1;
+  return left <= 0 ? 0 : left >= SCAN_S ? (int)(SCAN_S * 1000) + 1 : (int)(left * 1000) + 1;
 }
 
 /* -- messages ---------------------------------------------------------------------------- */
-/* One message and up to 3 descriptors; its length, 0 at EOF, -1 on error. */
-static ssize_t receive(int fds[3], int *nfds) {
-  struct iovec iov = {message, sizeof message - 1};
-  union {
-    char buf[CMSG_SPACE(3 * sizeof(int))];
-    struct cmsghdr align;
-  } control;
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-  mh.msg_control = control.buf;
-  mh.msg_controllen = sizeof control.buf;
-  *nfds = 0;
-  ssize_t n = recvmsg(R.ctl, &mh, MSG_CMSG_CLOEXEC);
-  if (n < 0) return -1;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; i++) {
-      int fd;
-      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      if (*nfds < 3)
-        fds[(*nfds)++] = fd;
-      else
-        close(fd);
-    }
-  }
-  if (mh.msg_flags & MSG_TRUNC) n = sizeof message; /* too long: handled as a bad message */
-  message[n < (ssize_t)sizeof message ? n : (ssize_t)sizeof message - 1] = '\0';
-  return n;
-}
-
-static void handle(size_t len, int fds[3], int nfds) {
-  size_t count = 0;
-  for (size_t at = 0; at < len && len < sizeof message; at += strlen(message + at) + 1) count++;
-  char **f = calloc(count + 1, sizeof *f);
-  int n = 0;
-  if (f != NULL && len < sizeof message) {
-    for (size_t at = 0; at < len; at += strlen(message + at) + 1) f[n++] = message + at;
-  }
+static void handle(ssize_t len, int fds[3], int nfds) {
+  static char *f[MAX_FIELDS + 1];
+  int n = len < MAX_MESSAGE ? split_fields(message, (size_t)len, f) : -1;
+  long id = 0;
   int taken = 0;
-  if (n >= 2 && strcmp(f[0], "job") == 0) {
-    taken = start_job(f, n, fds, nfds);
-  } else if (n >= 2 && strcmp(f[0], "seal") == 0) {
-    long id = strtol(f[1], NULL, 10);
+  if (n < 2 || parse_id(f[1], &id) != 0) {
+    /* A bad message must not end the item's sandbox. */
+    fprintf(stderr, "runner: bad message of %zd bytes\n", len);
+  } else if (strcmp(f[0], "job") == 0) {
+    struct job_message msg;
+    const char *bad = parse_job(f, n, &msg);
+    if (bad != NULL)
+      reply(R.ctl, id, bad);
+    else
+      taken = start_job(&msg, fds, nfds);
+  } else if (strcmp(f[0], "seal") == 0 && n == 2) {
     if (seal() != 0)
       replyf(id, "seal: %s", strerror(errno));
     else
-      reply(id, NULL);
-  } else if (n >= 2 && strcmp(f[0], "kill") == 0) {
-    struct job *job = job_by_id(strtol(f[1], NULL, 10));
+      reply(R.ctl, id, NULL);
+  } else if (strcmp(f[0], "kill") == 0 && n == 2) {
+    struct job *job = job_by_id(id);
     if (job != NULL) {
       job->killed = 1;
       kill_job(job);
     }
   } else {
-    /* A bad message must not end the item's sandbox. */
-    fprintf(stderr, "runner: bad message of %zu bytes\n", len);
+    reply(R.ctl, id, "bad message");
   }
   if (!taken)
     for (int i = 0; i < nfds; i++) close(fds[i]);
-  free(f);
 }
 
 /* -- start and loop ---------------------------------------------------------------------- */
 static _Noreturn void fatal(const char *what) {
-  struct out o = {.len = 0};
+  struct report r = {.len = 0};
   char text[1024];
   snprintf(text, sizeof text, "%s: %s", what, strerror(errno));
-  put(&o, "{\"op\":\"fatal\",\"error\":");
-  put_string(&o, text);
-  put(&o, "}");
-  send_out(&o);
+  put(&r, "{\"op\":\"fatal\",\"error\":");
+  put_string(&r, text);
+  put(&r, "}");
+  send_report(R.ctl, &r, 0);
   fprintf(stderr, "runner: %s\n", text);
   exit(1);
 }
 
 static void setup(rlim_t workdir_bytes, rlim_t inodes) {
   char path[PATH_MAX + 8];
+  int entries = 0;
+  while (environ[entries] != NULL) entries++;
+  errno = E2BIG;
+  if (entries > MAX_ENV) fatal("the runner's environment");
   put_file("/proc/self/oom_score_adj", "1000"); /* taken before the server */
   signal(SIGINT, SIG_IGN);
   signal(SIGPIPE, SIG_IGN);
@@ -593,33 +503,24 @@ static void setup(rlim_t workdir_bytes, rlim_t inodes) {
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fatal("prctl DUMPABLE");
 }
 
-int serve(int argc, char **argv) {
-  /* serve MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE... */
-  rlim_t ctl, workdir_bytes, inodes;
-  if (argc < 7 || strcmp(argv[6], "--") != 0 || parse_number(argv[3], &ctl) != 0 ||
-      parse_number(argv[4], &workdir_bytes) != 0 || parse_number(argv[5], &inodes) != 0) {
-    fprintf(stderr, "usage: launch serve MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE...\n");
-    return 2;
-  }
-  R.bwrap = strcmp(argv[1], "bwrap") == 0;
-  R.root = argv[2];
-  R.ctl = (int)ctl;
-  R.files = argv + 7;
-  R.nfiles = argc - 7;
-  snprintf(R.prog, sizeof R.prog, "%s/prog", R.root);
-  snprintf(R.work, sizeof R.work, "%s/work", R.root);
-  /* Every descriptor of the runner is close-on-exec; jobs get only their own. */
-  fcntl(R.ctl, F_SETFD, FD_CLOEXEC);
-  setup(workdir_bytes, inodes);
+/* The server gone: every job and whatever escaped killed; PID 1's exit kills the rest. */
+static void shutdown_jobs(const int fds[3], int nfds) {
+  for (int i = 0; i < nfds; i++) close(fds[i]);
+  for (int i = 0; i < MAX_JOBS; i++)
+    if (R.jobs[i].pid != 0) kill_job(&R.jobs[i]);
+  kill_orphans(0);
+}
+
+static int loop(void) {
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
   sigprocmask(SIG_BLOCK, &chld, NULL);
   int sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sfd < 0) fatal("signalfd");
-  struct out ready = {.len = 0};
+  struct report ready = {.len = 0};
   put(&ready, "{\"op\":\"ready\",\"pid\":%d,\"runner\":\"native\"}", (int)getpid());
-  send_out(&ready);
+  send_report(R.ctl, &ready, 0);
   int orphans = 0;
   for (;;) {
     struct pollfd polled[2] = {{R.ctl, POLLIN, 0}, {sfd, POLLIN, 0}};
@@ -632,15 +533,12 @@ int serve(int argc, char **argv) {
     }
     if (ready_fds > 0 && polled[0].revents) {
       int fds[3], nfds;
-      ssize_t len = receive(fds, &nfds);
+      ssize_t len = receive_message(R.ctl, message, fds, &nfds);
       if (len == 0 || (len < 0 && errno != EINTR && errno != EAGAIN)) {
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        for (int i = 0; i < MAX_JOBS; i++)
-          if (R.jobs[i].pid != 0) kill_job(&R.jobs[i]);
-        kill_orphans(0);
-        return 0; /* PID 1 gone: the kernel kills whatever is left in the namespace */
+        shutdown_jobs(fds, nfds);
+        return 0;
       }
-      if (len > 0) handle((size_t)len, fds, nfds);
+      if (len > 0) handle(len, fds, nfds);
     }
     reap();
     check_deadlines();
@@ -649,4 +547,30 @@ int serve(int argc, char **argv) {
       R.next_scan = now() + SCAN_S;
     }
   }
+}
+
+int main(int argc, char **argv) {
+  /* launch serve MODE ROOT CONTROL_FD WORKDIR_BYTES INODES -- FILE... */
+  unsigned long long ctl, workdir_bytes, inodes;
+  if (argc < 8 || strcmp(argv[1], "serve") != 0 || strcmp(argv[7], "--") != 0 ||
+      (strcmp(argv[2], "bwrap") != 0 && strcmp(argv[2], "none") != 0) ||
+      strlen(argv[3]) + sizeof "/prog" > sizeof R.prog ||
+      parse_count(argv[4], INT_MAX, &ctl) != 0 ||
+      parse_count(argv[5], MAX_LIMIT, &workdir_bytes) != 0 ||
+      parse_count(argv[6], MAX_LIMIT, &inodes) != 0) {
+    fprintf(stderr, "usage: launch serve bwrap|none ROOT CONTROL_FD WORKDIR_BYTES INODES -- "
+                    "FILE...\n");
+    return 2;
+  }
+  R.bwrap = strcmp(argv[2], "bwrap") == 0;
+  R.root = argv[3];
+  R.ctl = (int)ctl;
+  R.files = argv + 8;
+  R.nfiles = argc - 8;
+  snprintf(R.prog, sizeof R.prog, "%s/prog", R.root);
+  snprintf(R.work, sizeof R.work, "%s/work", R.root);
+  /* Every descriptor of the runner is close-on-exec; jobs get only their own. */
+  fcntl(R.ctl, F_SETFD, FD_CLOEXEC);
+  setup((rlim_t)workdir_bytes, (rlim_t)inodes);
+  return loop();
 }

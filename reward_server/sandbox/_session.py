@@ -1,7 +1,7 @@
 """One item's sandbox: bwrap (or, in mode none, a plain process) with a runner in it, the
 program built once, then each test started by the runner: for Python a fork of the warm
 Python runner (``_runner.py``), for an executable a fork of the native runner
-(``_serve.c``), or of the Python runner where no native one could be built."""
+(``_serve.c``)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from reward_server.sandbox._channel import (
-    Channel,
-    RunnerGone,
-    native_message,
-    python_message,
-    runner_config,
-)
+from reward_server.sandbox._channel import Channel, RunnerGone
 from reward_server.sandbox._host import SANDBOX_ENV, SANDBOX_ROOT, bwrap_argv, drop_privileges
 from reward_server.sandbox._languages import Language, language
 from reward_server.sandbox._launcher import LAUNCHER_NAME
@@ -46,7 +40,10 @@ _COMPILE = (
     "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(compile("
     "sys.stdin.buffer.read(), '<sandbox runner>', 'exec', dont_inherit=True)))"
 )
-_BOOT = "import marshal, os; exec(marshal.loads(os.pread({fd}, {size}, 0)))"
+_BOOT = (
+    "import marshal, os; code = marshal.loads(os.pread({fd}, {size}, 0)); os.close({fd}); "
+    "exec(code)"
+)
 
 
 def compile_runner(python: str) -> bytes | None:
@@ -134,10 +131,12 @@ class Session:
     async def _start(self) -> str | None:
         """Start the sandbox and its runner; None when ready, else what went wrong."""
         sandbox = self.sandbox
-        # Executables are served by the native runner (_serve.c) where there is one: no
-        # interpreter to start per item. Python programs need the warm Python runner.
-        native = sandbox._launcher is not None and not self.language.warm
-        self._channel = channel = Channel(native_message if native else python_message)
+        # Executables are served by the native runner (_serve.c): no interpreter to start
+        # per item. Python programs need the warm Python runner.
+        native = not self.language.warm
+        self._channel = channel = Channel()
+        if native and sandbox._launcher is None:
+            return sandbox._no_launcher
         memfds: list[int] = []
         try:
             if sandbox.mode == "bwrap":
@@ -145,22 +144,14 @@ class Session:
             else:
                 self._fill_host_folder(native)
                 argv = []
+            if native:
+                argv += [f"{self._root}/{LAUNCHER_NAME}", "serve"]
+            else:
+                argv += self._python_runner(memfds)
             workdir_bytes = self.limits.workdir_mb * _MB
             inodes = max(1024, self.limits.workdir_mb * INODES_PER_MB)
-            if native:
-                argv += [
-                    f"{self._root}/{LAUNCHER_NAME}",
-                    "serve",
-                    sandbox.mode,
-                    self._root,
-                    str(channel.runner_fd),
-                    str(workdir_bytes),
-                    str(inodes),
-                    "--",
-                    *sorted(self.files),
-                ]
-            else:
-                argv += self._python_runner(memfds, workdir_bytes, inodes)
+            argv += [sandbox.mode, self._root, str(channel.runner_fd), str(workdir_bytes)]
+            argv += [str(inodes), "--", *sorted(self.files)]
             user: dict[str, Any] = {}
             if sandbox.mode == "bwrap" and sandbox.uid not in (None, os.geteuid()):
                 prefix, user = drop_privileges(sandbox.uid)
@@ -170,30 +161,17 @@ class Session:
             for fd in memfds:
                 os.close(fd)
 
-    def _python_runner(self, memfds: list[int], workdir_bytes: int, inodes: int) -> list[str]:
-        """The Python runner's command line (its bytecode in a memfd, appended to
-        ``memfds``)."""
+    def _python_runner(self, memfds: list[int]) -> list[str]:
+        """The Python runner's command line up to its arguments (which are the native
+        runner's); its bytecode in a memfd, appended to ``memfds``."""
         sandbox = self.sandbox
-        assert self._channel is not None
-        config = {
-            "mode": sandbox.mode,
-            "root": self._root,
-            "control_fd": self._channel.runner_fd,
-            "workdir_bytes": workdir_bytes,
-            "inodes": inodes,
-            "env": SANDBOX_ENV,
-            "files": sorted(self.files),
-        }
         code = sandbox._runner_code
-        if code is not None:
-            fd = os.memfd_create("sandbox-runner")
-            memfds.append(fd)
-            _write_all(fd, code)
-            config["code_fd"] = fd
-            boot = _BOOT.format(fd=fd, size=len(code))
-        else:
-            boot = RUNNER_SOURCE
-        return [sandbox.python, "-I", "-S", "-c", boot, runner_config(config)]
+        if code is None:
+            return [sandbox.python, "-I", "-S", "-c", RUNNER_SOURCE]
+        fd = os.memfd_create("sandbox-runner")
+        memfds.append(fd)
+        _write_all(fd, code)
+        return [sandbox.python, "-I", "-S", "-c", _BOOT.format(fd=fd, size=len(code))]
 
     def _bwrap_argv(self, memfds: list[int], native: bool) -> list[str]:
         """bwrap's command line for this item: its files and (``native``) the native
@@ -212,7 +190,8 @@ class Session:
         placed = [(memfd(rel, content), rel) for rel, content in self.files.items()]
         files_bytes = sum(len(c) for c in self.files.values())
         tools = []
-        if native and sandbox._launcher is not None:
+        if native:
+            assert sandbox._launcher is not None
             tools.append((memfd(LAUNCHER_NAME, sandbox._launcher), LAUNCHER_NAME))
             files_bytes += len(sandbox._launcher)
         return bwrap_argv(
@@ -231,7 +210,8 @@ class Session:
             path = Path(self._host_dir, "prog", rel)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
-        if native and self.sandbox._launcher is not None:
+        if native:
+            assert self.sandbox._launcher is not None
             tool = Path(self._host_dir, LAUNCHER_NAME)
             tool.write_bytes(self.sandbox._launcher)
             tool.chmod(0o555)
@@ -270,7 +250,7 @@ class Session:
         began = time.monotonic()
         msg: dict[str, Any] = {"cwd": "prog", "seal": True, "env": dict(lang.env)}
         if lang.warm:
-            msg.update(kind="pycheck", path=f"{values['prog']}/{lang.source}")
+            msg.update(kind="pycheck", argv=[f"{values['prog']}/{lang.source}"])
         elif lang.compile is not None:
             msg.update(kind="exec", argv=_fill(lang.compile, values))
         else:  # nothing to build: seal the folder
@@ -310,7 +290,7 @@ class Session:
             "env": dict(lang.env),
         }
         if lang.warm:
-            msg.update(kind="python", path=f"{values['prog']}/{lang.source}")
+            msg.update(kind="python", argv=[f"{values['prog']}/{lang.source}"])
         else:
             msg.update(kind="exec", argv=_fill(lang.run, values))
         data = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)

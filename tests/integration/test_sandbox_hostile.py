@@ -73,17 +73,12 @@ def isolated(
     yield sandbox
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["native", "python-runner"])
+@pytest.fixture(scope="module")
 def isolated_exec(
-    request: pytest.FixtureRequest,
-    sandbox: Sandbox,
-    listener: socket.socket,
-    host_files: dict[str, Path],
+    sandbox: Sandbox, listener: socket.socket, host_files: dict[str, Path]
 ) -> Sandbox:
-    """An isolated sandbox whose executables run under the native runner (the default), or
-    one whose Python runner forks for them (``launcher=False``)."""
-    chosen = sandbox if request.param else Sandbox(workers=2, launcher=False)
-    _check_isolated(chosen, listener, host_files)
+    """An isolated sandbox, with its executables' runner (the native runner) checked."""
+    _check_isolated(sandbox, listener, host_files)
     # And a compiled program, under the runner that executables get, in namespaces of its
     # own with that runner as its parent.
     probe = """
@@ -100,13 +95,13 @@ def isolated_exec(
             printf("%d\\n", (int)getppid());
         }
     """
-    result = _run(chosen, probe, language="c", name="main.c")
+    result = _run(sandbox, probe, language="c", name="main.c")
     assert result.status == "ok", result
     *seen, ppid = result.stdout.splitlines()
     host = [os.readlink(f"/proc/self/ns/{ns}") for ns in ("pid", "net", "mnt", "user")]
     assert all(ns and ns != mine for ns, mine in zip(seen, host, strict=True)), seen
     assert ppid == "1"
-    return chosen
+    return sandbox
 
 
 def _check_isolated(sandbox: Sandbox, listener: socket.socket, host_files: dict[str, Path]) -> None:
@@ -572,9 +567,9 @@ EXEC_VIEW = """
 
 
 def test_executables_start_isolated_and_limited(isolated_exec: Sandbox) -> None:
-    """Under the native runner or a fork of the Python one, a compiled program starts in a session
-    of its own under the runner, with only its three pipes, default signals, no privileges,
-    no new namespaces, a process count of its own run, and every limit of its Limits."""
+    """Under the native runner, a compiled program starts in a session of its own under the
+    runner, with only its three pipes, default signals, no privileges, no new namespaces, a
+    process count of its own run, and every limit of its Limits."""
     limits = Limits(
         run_timeout_s=30.0, cpu_s=2.5, memory_mb=256, processes=32, file_size_mb=8, open_files=40
     )
@@ -586,11 +581,10 @@ def test_executables_start_isolated_and_limited(isolated_exec: Sandbox) -> None:
     assert lines[1:4] == ["unshare -1", "session 1 ppid 1", "fds 3"], lines
     assert lines[4].startswith("cwd /sandbox/work/"), lines[4]
     status = {k: v.strip() for k, v in (line.split(":", 1) for line in lines[5:9])}
-    # No signal ignored or blocked, however the server was started (nohup ignores SIGHUP);
-    # glibc's own two (32, 33) are its threads' business; only the native runner resets them.
-    reserved = 3 << 31
+    # No signal ignored or blocked, however the server was started (nohup ignores SIGHUP),
+    # glibc's own two (32, 33) included.
     ignored = int(status.pop("SigIgn"), 16)
-    assert ignored == 0 if isolated_exec._launcher is not None else ignored & ~reserved == 0
+    assert ignored == 0
     assert status == {"NoNewPrivs": "1", "CapEff": "0" * 16, "SigBlk": "0" * 16}
     seen = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in lines[9:]}
     mb = str(1 << 20)
@@ -657,9 +651,9 @@ SLEEPER_EXEC = (
 
 
 def test_hostile_executables_leave_their_runner_alone(isolated_exec: Sandbox) -> None:
-    """Against the native runner (or the Python one, forked): PID 1 cannot be read or
-    traced, a daemon that leaves its run dies with it, and kill(-1, SIGKILL) reaches
-    neither the runner, nor another item running at the same time, nor the host."""
+    """Against the native runner: PID 1 cannot be read or traced, a daemon that leaves its
+    run dies with it, and kill(-1, SIGKILL) reaches neither the runner, nor another item
+    running at the same time, nor the host."""
     marker = subprocess.Popen(["sleep", "60"])  # a host process kill(-1) must not reach
 
     async def side_by_side() -> tuple[list[RunResult], list[str], RunResult]:
@@ -688,8 +682,7 @@ def test_hostile_executables_leave_their_runner_alone(isolated_exec: Sandbox) ->
         marker.wait()
     assert all(r.status == "ok" for r in (probe, daemon, killer, again, other))
     lines = probe.stdout.splitlines()
-    native = isolated_exec._launcher is not None
-    runner = "/sandbox/launch serve bwrap /sandbox" if native else f"{isolated_exec.python} -I"
+    runner = "/sandbox/launch serve bwrap /sandbox"
     assert lines[0].startswith(f"init {runner}"), lines[0]
     assert lines[1:4] == [f"/proc/1/{name} no" for name in ("mem", "environ", "maps")]
     assert lines[4].split()[1] == "-1", lines[4]  # ptrace refused
