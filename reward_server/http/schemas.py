@@ -471,7 +471,10 @@ class ScoreResponse(BaseModel):
 
 
 class GetRewardRequest(BaseModel):
-    """OpenRLHF remote reward request: ``query`` holds complete texts."""
+    """OpenRLHF remote reward request: ``query`` holds complete texts.
+
+    Checked beyond this schema (a 422 invalid_request each): labels, when given, one per
+    query; prompts one per query, or none."""
 
     model_config = ConfigDict(
         extra="ignore",
@@ -484,14 +487,20 @@ class GetRewardRequest(BaseModel):
     )
     prompts: list[StrictStr] | None = Field(
         default=None,
-        description="The policy-templated prompt of each query: with --policy-tokenizer it "
-        "marks where the response begins; ignored otherwise.",
+        description="The policy-templated prompt of each query (one per query, or none: an "
+        "empty list): with --policy-tokenizer it marks where the response begins; ignored "
+        "otherwise.",
     )
     labels: list[Any] | None = labels_field("query (OpenRLHF's labels)")
 
     @model_validator(mode="after")
     def _labels_fit(self) -> GetRewardRequest:
         check_labels(self.labels, len(self.query), "queries")
+        if self.prompts and len(self.prompts) != len(self.query):
+            raise ValueError(
+                f"{len(self.prompts)} prompts for {len(self.query)} queries: send one prompt "
+                "per query or none"
+            )
         return self
 
 

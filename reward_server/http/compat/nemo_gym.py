@@ -175,13 +175,21 @@ def _text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _reasoning_text(item: dict[str, Any]) -> str:
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
     """A reasoning item's thinking: its reasoning_text content, else its summary texts."""
+    found = []
     for key in ("content", "summary"):
         parts = item.get(key)
-        texts = [p["text"] for p in parts or [] if isinstance(p, dict) and p.get("text")]
-        if texts:
-            return "\n\n".join(texts)
+        if parts is not None and not isinstance(parts, list):
+            raise ValueError(f"{where}.{key}: expected a list of parts")
+        for j, part in enumerate(parts or []):
+            text = part.get("text") if isinstance(part, dict) else None
+            if not isinstance(part, dict) or not isinstance(text, str | None):
+                raise ValueError(f"{where}.{key}[{j}]: expected a part {{text: a string}}")
+            if text:
+                found.append(text)
+        if found:
+            return "\n\n".join(found)
     return ""
 
 
@@ -258,7 +266,10 @@ def _message(turns: _Turns, item: dict[str, Any], where: str) -> None:
     turns.started = True
     if item.get("content") is not None:
         turns.texts.append(_text(item["content"], where))
-    for j, call in enumerate(item.get("tool_calls") or []):
+    calls = item.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise ValueError(f"{where}.tool_calls: expected a list of calls")
+    for j, call in enumerate(calls or []):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             raise ValueError(f"{where}.tool_calls[{j}]: expected {{id, function: {{name, ...}}}}")
@@ -287,7 +298,7 @@ def _item(turns: _Turns, item: Any, where: str) -> None:
         _function_call_output(turns, item, where)
     elif kind == "reasoning":
         turns.started = True
-        thought = _reasoning_text(item)
+        thought = _reasoning_text(item, where)
         if thought:
             turns.thoughts.append(thought)
     else:

@@ -40,7 +40,7 @@ async def get_reward(
     if not texts:
         # OpenRLHF before 0.11.2 sends empty shards to all but one of several servers.
         return GetRewardResponse(rewards=[], scores=[], extra_logs={})
-    prompts = None if body.prompts is None else tuple(body.prompts)
+    prompts = tuple(body.prompts) if body.prompts else None  # an empty list: none
     labels = None if body.labels is None else tuple(body.labels)
     items = PolicyTexts(tuple(texts), prompts, labels)
     scored = await score(request, "/get_reward", items)
