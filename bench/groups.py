@@ -136,7 +136,7 @@ def _models_file(folder: Path, entries: tuple[str, ...], path: Path) -> Path:
             "template": TEMPLATE,
             "answer_tokens": ["A", "B"],
             "pairs": PAIRS[name],
-            "aggregate": "win_rate",
+            "pairwise_aggregate": "win_rate",
         }
         for name in entries
     ]

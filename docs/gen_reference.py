@@ -12,7 +12,7 @@ import json
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -149,20 +149,51 @@ def ppo_environment() -> str:
     return "\n".join(rows)
 
 
-def models_file_tables() -> str:
-    """The models file's top-level keys and the keys of one ``models:`` entry."""
-    from reward_server.config.models_file import ModelsFile, ModelSpec, Normalize
+def _fields_table(
+    model: type[BaseModel], names: Iterable[str], types: Mapping[str, str] | None = None
+) -> str:
+    """The fields ``names`` of ``model`` as keys: type (``types``' where given), default,
+    checks and docstring."""
+    rows = ["| Key | Type | Default | Checks | Meaning |", "|---|---|---|---|---|"]
+    for name in names:
+        field = model.model_fields[name]
+        shown = (types or {}).get(name) or type_name(field.annotation)
+        cells = [f"`{name}`", shown, _cell(_default(field))]
+        cells += [_cell(_constraints(field)), _cell(field.description or "")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
-    return "\n\n".join(
-        [
-            "### Top level",
-            keys_table(ModelsFile),
-            "### One entry of `models:`",
-            keys_table(ModelSpec),
-            "### `normalize`",
-            keys_table(Normalize),
-        ]
-    )
+
+def _own(model: type[BaseModel], base: type[BaseModel]) -> list[str]:
+    """The fields ``model`` has beyond ``base``'s (its selector, kind/verifier/mode, left out)."""
+    selectors = {"kind", "verifier", "mode"}
+    return [n for n in model.model_fields if n not in base.model_fields and n not in selectors]
+
+
+def models_file_tables() -> str:
+    """The models file's top-level keys, then one table per kind of entry: what every entry
+    has, what every entry that loads a model has, and each kind's (and verifier's, and judge
+    mode's) own keys (the classes of :mod:`reward_server.config.entries`,
+    :mod:`~reward_server.config.verifier_entries` and :mod:`~reward_server.config.remote_entry`)."""
+    from reward_server.config import entries
+    from reward_server.config.models_file import KINDS, ModelsFile, Normalize
+
+    listed = {"models": "list of entries (below, by kind)"}
+    parts = ["### Top level", _fields_table(ModelsFile, ModelsFile.model_fields, listed)]
+    parts += ["### Every entry", _fields_table(entries.Entry, _own(entries.Entry, BaseModel))]
+    loaded = _own(entries.LoadedEntry, entries.Entry)
+    parts += ["### Every entry that loads a model (sequence, process, judge)"]
+    parts += [_fields_table(entries.LoadedEntry, loaded)]
+    for cls in KINDS:
+        base = entries.LoadedEntry if issubclass(cls, entries.LoadedEntry) else entries.Entry
+        kind = get_args(cls.model_fields["kind"].annotation)[0]
+        title = (
+            cls.SELECTOR if cls.SELECTOR.startswith("kind:") else f"kind: {kind}, {cls.SELECTOR}"
+        )
+        summary = (cls.__doc__ or "").strip().split("\n\n")[0]
+        parts += [f"### `{title}`", " ".join(summary.split()), _fields_table(cls, _own(cls, base))]
+    parts += ["### `normalize`", keys_table(Normalize)]
+    return "\n\n".join(parts)
 
 
 def errors_table() -> str:

@@ -205,7 +205,8 @@ def validation_problem(err: Mapping[str, Any]) -> str:
     """One pydantic validation error (an item of ``ValidationError.errors()``) as ``where:
     what``, unknown keys and missing ones by name. Never the input value: in a keys file it
     may be a key."""
-    loc = tuple(err.get("loc", ()))
+    # A union told apart by a key puts the variant it took in the path ("<kind: judge>").
+    loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("<")))
     kind = err.get("type")
     if kind == "extra_forbidden":
         return f"{field_path(loc[:-1]) or 'top level'}: unknown key {loc[-1]!r}"

@@ -35,6 +35,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from reward_client.wire.openai_chat import parse_score
+from reward_server.config.entries import (
+    GenerateJudge,
+    JudgeEntry,
+    LogprobsJudge,
+    PairwiseJudge,
+)
 from reward_server.engines import DEFAULT_ENGINE, Scorer
 from reward_server.errors import ModelLoadError
 from reward_server.scoring.item_result import ItemResult
@@ -44,7 +50,7 @@ from reward_server.scoring.served import BatchedModel, Tokenized, _check_rows
 from reward_server.text.judge_prompt import JudgeTemplate
 
 if TYPE_CHECKING:
-    from reward_server.config import LoadOptions, ModelSpec
+    from reward_server.config import LoadOptions
 
 __all__ = ["JudgeModel", "JudgeScorer", "load_judge"]
 
@@ -72,12 +78,14 @@ class JudgeModel(BatchedModel):
 
     kind = "judge"
 
-    def __init__(self, spec: ModelSpec, scorer: JudgeScorer, template: JudgeTemplate) -> None:
+    def __init__(
+        self, spec: LogprobsJudge | GenerateJudge, scorer: JudgeScorer, template: JudgeTemplate
+    ) -> None:
         super().__init__(spec, scorer)
         self.judge = scorer
         self.template = template
-        self.generates = spec.mode == "generate"
-        self.pattern = re.compile(spec.score_pattern) if spec.score_pattern else None
+        self.generates = isinstance(spec, GenerateJudge)
+        self.pattern = re.compile(spec.score_pattern) if isinstance(spec, GenerateJudge) else None
 
     @property
     def labels(self) -> list[str]:
@@ -142,18 +150,13 @@ class JudgeModel(BatchedModel):
     def info(self) -> dict[str, object]:
         """The judge's facts for /info: the model's, and its mode, score tokens (or pattern,
         generation settings and on_error) and template."""
-        keys = {"weight", "normalize", "mode", "template"}
-        if self.generates:
-            keys |= {"score_pattern", "max_new_tokens", "temperature", "top_p", "on_error"}
-        else:
-            keys.add("score_tokens")
-        entry = self.spec.model_dump(include=keys)
+        entry = self.spec.shown()
         own = {"name": self.name, "kind": self.kind, "labels": self.labels}
         return {**self.scorer.info(), **entry, **own}
 
 
 def load_judge(
-    spec: ModelSpec, options: LoadOptions, engine: str
+    spec: JudgeEntry, options: LoadOptions, engine: str
 ) -> JudgeModel | PairwiseJudgeModel:
     """Load the judge of a ``kind: judge`` entry on the calling thread (the registry's compute
     thread): its template, then its causal LM; ModelLoadError when either fails."""
@@ -162,10 +165,10 @@ def load_judge(
         raise ModelLoadError(f"judges run on the {' or '.join(modules)} engine, not {engine!r}")
     assert spec.template is not None
     module = importlib.import_module(f"reward_server.engines.{modules[engine]}")
-    if spec.mode == "pairwise":
+    if isinstance(spec, PairwiseJudge):
         return _load_pairwise(spec, options, module)
     template = JudgeTemplate.from_setting(spec.template, spec.name)
-    if spec.mode == "generate":
+    if isinstance(spec, GenerateJudge):
         generation = module.Generation(spec.max_new_tokens, spec.temperature, spec.top_p)
         scorer = cast("JudgeScorer", module.load(options, None, generation))
         if scorer.max_length - spec.max_new_tokens < 1:
@@ -175,12 +178,12 @@ def load_judge(
                 f"max_length {scorer.max_length} of {spec.name!r}"
             )
     else:
-        assert spec.score_tokens is not None
+        assert isinstance(spec, LogprobsJudge) and spec.score_tokens is not None
         scorer = cast("JudgeScorer", module.load(options, spec.score_tokens))
     return JudgeModel(spec, scorer, template)
 
 
-def _load_pairwise(spec: ModelSpec, options: LoadOptions, module: Any) -> PairwiseJudgeModel:
+def _load_pairwise(spec: PairwiseJudge, options: LoadOptions, module: Any) -> PairwiseJudgeModel:
     """A pairwise judge: its template (with response_a and response_b), and its causal LM
     loaded as a logprobs judge whose score tokens are the answer tokens, valued 1 and 0."""
     assert spec.template is not None and spec.answer_tokens is not None

@@ -34,4 +34,4 @@ def load_model(spec: ModelSpec, base: LoadOptions, engine: str, *, from_file: bo
     try:
         return load(spec, spec.load_options(base), engine)
     except ModelLoadError as exc:
-        raise ModelLoadError(f"model {spec.name!r} ({spec.model}): {exc}") from exc
+        raise ModelLoadError(f"model {spec.name!r} ({getattr(spec, 'model', '')}): {exc}") from exc

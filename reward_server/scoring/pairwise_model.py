@@ -53,7 +53,7 @@ from reward_server.scoring.served import BatchedModel, Tokenized
 from reward_server.text.judge_prompt import JudgePrompt, fit_prompt
 
 if TYPE_CHECKING:
-    from reward_server.config import ModelSpec
+    from reward_server.config.entries import PairwiseJudge
     from reward_server.scoring.judge_model import JudgeScorer
     from reward_server.text.judge_prompt import JudgeTemplate
 
@@ -80,7 +80,7 @@ class PairwiseJudgeModel(BatchedModel):
 
     kind = "judge"
 
-    def __init__(self, spec: ModelSpec, scorer: JudgeScorer, template: JudgeTemplate) -> None:
+    def __init__(self, spec: PairwiseJudge, scorer: JudgeScorer, template: JudgeTemplate) -> None:
         super().__init__(spec, scorer)
         self.judge = scorer
         self.template = template
@@ -187,7 +187,7 @@ class PairwiseJudgeModel(BatchedModel):
         first_better = {
             (row.first, row.second): r.score for row, r in zip(prepared, judged, strict=True)
         }
-        made = aggregate(groups, self.spec.pairs, first_better, self.spec.aggregate)
+        made = aggregate(groups, self.spec.pairs, first_better, self.spec.pairwise_aggregate)
         tokens = [0] * count
         truncated = [False] * count
         for row in prepared:
@@ -214,8 +214,7 @@ class PairwiseJudgeModel(BatchedModel):
     def info(self) -> dict[str, object]:
         """The judge's facts for /info: the model's, its mode, answer tokens, pairs,
         aggregate, on_error and template."""
-        keys = {"weight", "normalize", "mode", "template", "answer_tokens", "pairs"}
-        entry = self.spec.model_dump(include=keys | {"aggregate", "on_error"})
+        entry = self.spec.shown()
         facts = dict(self.scorer.info())
         facts["answer_token_ids"] = facts.pop("score_token_ids", None)
         facts.pop("score_tokens", None)

@@ -297,7 +297,7 @@ async def _score_one(
 
 def _needs_groups(model: ServedModel) -> bool:
     """Whether ``model`` scores within groups (a pairwise judge, group normalisation)."""
-    return isinstance(model.spec.normalize, str) or model.spec.mode == "pairwise"
+    return model.spec.scores_in_groups
 
 
 def _aggregate(

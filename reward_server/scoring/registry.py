@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from reward_server.config import AggregateName, LoadOptions, ServerSettings
+from reward_server.config.entries import SequenceEntry
 from reward_server.config.models_file import ModelSpec
 from reward_server.engines import Scorer
 from reward_server.errors import ModelLoadError, UnknownModelError
@@ -65,7 +66,7 @@ def model_specs(settings: ServerSettings) -> list[ModelSpec]:
     if settings.models_file is not None:
         return list(settings.models_file.models)
     name = str(settings.model)
-    return [ModelSpec.model_construct(name=name, model=name, reasoning=settings.reasoning)]
+    return [SequenceEntry.model_construct(name=name, model=name, reasoning=settings.reasoning)]
 
 
 class ModelRegistry:

@@ -42,7 +42,7 @@ from reward_server.text.judge_prompt import JudgeTemplate
 from reward_server.text.messages import ToolRendering
 
 if TYPE_CHECKING:
-    from reward_server.config import ModelSpec
+    from reward_server.config.remote_entry import RemoteEntry
     from reward_server.scoring.served import ServingContext
     from reward_server.verifiers import Task
 
@@ -163,7 +163,7 @@ class RemoteModel:
 
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: RemoteEntry,
         template: JudgeTemplate | None,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -172,9 +172,7 @@ class RemoteModel:
         self.spec = spec
         self.name = spec.name
         self.template = template
-        self.timeout_s = (
-            spec.timeout_s if "timeout_s" in spec.model_fields_set else DEFAULT_REMOTE_TIMEOUT_S
-        )
+        self.timeout_s = spec.call_timeout_s or DEFAULT_REMOTE_TIMEOUT_S
         self.running = False
         self._transport = transport  # the test seam (default: httpx's)
         self._rate = rate
@@ -270,13 +268,13 @@ class RemoteModel:
 
     async def _reward(self, client: AsyncRewardClient, work: list[Task]) -> list[ItemResult]:
         inputs = _inputs(work, self.spec.protocol)
-        if self.spec.model is not None:
-            inputs["model"] = self.spec.model
+        if self.spec.remote_model is not None:
+            inputs["model"] = self.spec.remote_model
         deadline = current_deadline.get()
         if deadline is not None:
             # The remote gets what is left of this request's time (the client sends it on,
             # and stops retrying at it), never more than the entry's own budget.
-            inputs["deadline"] = max(0.001, min(self.spec.timeout_s, deadline - time.monotonic()))
+            inputs["deadline"] = max(0.001, min(self.timeout_s, deadline - time.monotonic()))
         try:
             result = await client.score_detailed(**inputs)
         except (RewardClientError, ValueError, TypeError) as exc:
@@ -300,7 +298,7 @@ class RemoteModel:
     async def _judge(
         self, client: AsyncRewardClient, items: Items, ctx: ServingContext
     ) -> list[ItemResult]:
-        assert self.template is not None and self.spec.model is not None
+        assert self.template is not None and self.spec.remote_model is not None
         prompts = await asyncio.get_running_loop().run_in_executor(
             ctx.tokenizer, judge_prompts, items, ctx.policy_template
         )
@@ -310,8 +308,10 @@ class RemoteModel:
 
     async def _judge_one(self, client: AsyncRewardClient, text: str) -> ItemResult:
         spec = self.spec
-        assert spec.model is not None and self._pattern is not None
-        body = chat_body(spec.model, text, max_tokens=spec.max_tokens, temperature=spec.temperature)
+        assert spec.remote_model is not None and self._pattern is not None
+        body = chat_body(
+            spec.remote_model, text, max_tokens=spec.max_new_tokens, temperature=spec.temperature
+        )
         try:
             answer = await client.chat_completion(body)
             reply = reply_text(answer)
@@ -328,18 +328,19 @@ class RemoteModel:
 
     def info(self) -> dict[str, object]:
         """The entry's settings for /info: the URL, protocol and model, never the key."""
-        shown = ("weight", "normalize", "url", "protocol", "model", "max_concurrent", "max_rpm")
-        chat = ("template", "score_pattern", "max_tokens", "temperature")
-        keys = {*shown, "on_error", *(chat if self.spec.protocol == "openai-chat" else ())}
-        entry = self.spec.model_dump(include=keys)
-        entry["timeout_s"] = self.timeout_s
+        entry = self.spec.shown()
+        entry.pop("api_key_env", None)  # the key's variable is the server machine's business
+        if self.spec.protocol != "openai-chat":
+            for key in ("template", "score_pattern", "max_new_tokens", "temperature"):
+                entry.pop(key, None)
+        entry["call_timeout_s"] = self.timeout_s
         return {"name": self.name, "kind": self.kind, "labels": self.labels, **entry}
 
     def close(self) -> None:
         """Nothing left to close: stop() closed the client."""
 
 
-def load_remote(spec: ModelSpec) -> RemoteModel:
+def load_remote(spec: RemoteEntry) -> RemoteModel:
     """A ``kind: remote`` entry: its template compiled and its key's variable checked now
     (ModelLoadError); the client is made when the registry starts."""
     template = None

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from reward_server.config.entries import GenerateJudge
 from reward_server.config.models_file import ModelSpec
 from reward_server.scoring.metrics import CacheState
 
@@ -72,9 +73,9 @@ def caches_kind(spec: ModelSpec) -> bool:
     """
     if spec.kind in ("sequence", "process"):
         return True
-    if spec.kind == "judge":
-        return spec.mode == "logprobs" or spec.temperature == 0
-    return False
+    if isinstance(spec, GenerateJudge):
+        return spec.temperature == 0
+    return spec.kind == "judge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ def model_identity(spec: ModelSpec, info: Mapping[str, object], engine: str) -> 
     engine (the scorer's class) that computes its values. Reads the file system (stat calls,
     no file contents)."""
     model = str(info.get("model") or spec.model or spec.name)
-    adapter = info.get("adapter") or spec.adapter
+    adapter = info.get("adapter") or getattr(spec, "adapter", None)
     adapter_name = None if adapter is None else str(adapter)
     entry = spec.model_dump(exclude=_PRESENTATION_KEYS)
     facts = json.dumps(

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from reward_server.config import LoadOptions
+from reward_server.config.entries import ProcessEntry
 from reward_server.config.models_file import ModelSpec
 from reward_server.engines import (
     MultiLabel,
@@ -389,7 +390,11 @@ class BatchedModel(abc.ABC):
 
     def info(self) -> dict[str, object]:
         """The scorer's facts with the entry's: name, kind, weight, labels, objectives, ..."""
-        entry = self.spec.model_dump(include={"weight", "objectives", "normalize"})
+        entry = {
+            key: value
+            for key, value in self.spec.model_dump().items()
+            if key in ("weight", "objectives", "normalize")
+        }
         own = {"name": self.name, "kind": self.kind, "labels": self.labels}
         return {**self.scorer.info(), **entry, **own}
 
@@ -427,14 +432,15 @@ class SequenceModel(BatchedModel):
             self._labels = list(scorer.labels) if self._all_labels else [scorer.labels[index]]
             self._label_in_row = index if self._all_labels else 0
         self._weights: list[float] | None = None
-        if spec.objectives is not None:
+        objectives = getattr(spec, "objectives", None)
+        if objectives is not None:
             if not self._all_labels:
                 raise ModelLoadError(
                     f"model {spec.name!r}: objectives need every label's logit, which this "
                     "engine does not give"
                 )
             try:
-                self._weights = label_weights(self._labels, spec.objectives)
+                self._weights = label_weights(self._labels, objectives)
             except ValueError as exc:
                 raise ModelLoadError(f"model {spec.name!r}: {exc}") from None
 
@@ -551,7 +557,7 @@ def load_served_model(spec: ModelSpec, options: LoadOptions, engine: str) -> Ser
     """Load the model of ``spec`` with ``options`` as a served model, on the calling thread (the
     registry's compute thread); raises ModelLoadError."""
     scorer: Scorer | StepScorer
-    if spec.kind == "process":
+    if isinstance(spec, ProcessEntry):
         steps = StepOptions(spec.step_separator, spec.step_tag, spec.step_aggregate)
         scorer = load_process_scorer(options, steps, engine)
     else:

@@ -21,7 +21,15 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from reward_server.config.models_file import CODE_KEYS
+from reward_server.config.verifier_entries import (
+    CodeVerifierEntry,
+    FormatVerifier,
+    PooledVerifier,
+    PythonVerifier,
+    RegexVerifier,
+    ToolCallVerifier,
+    VerifierEntry,
+)
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.item_result import ItemResult
@@ -29,7 +37,6 @@ from reward_server.scoring.items import Items, tasks
 from reward_server.scoring.metrics import ModelState
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
 from reward_server.verifiers.code import (
-    DEFAULT_TIMEOUT_S,
     CodeOptions,
     CodeVerifier,
     default_workers,
@@ -39,7 +46,6 @@ from reward_server.verifiers.sandboxed import SandboxedFunction
 from reward_server.verifiers.tool_calls import ToolCallOptions
 
 if TYPE_CHECKING:
-    from reward_server.config import ModelSpec
     from reward_server.scoring.served import ServingContext
 
 __all__ = ["Verifier", "VerifierModel", "code_options", "load_verifier", "rule_options"]
@@ -59,13 +65,13 @@ def _result(verdict: Verdict) -> ItemResult:
     )
 
 
-def rule_options(spec: ModelSpec) -> dict[str, Any]:
+def rule_options(spec: VerifierEntry) -> dict[str, Any]:
     """A tool_call or format entry's own options, as its verifier takes them (ValueError
     for a bad combination)."""
-    if spec.verifier == "tool_call":
+    if isinstance(spec, ToolCallVerifier):
         options = ToolCallOptions(spec.credit, spec.tool_call_tags, spec.check_schema)
         return {"tool_call": options, "trajectory": spec.calls == "trajectory"}
-    if spec.verifier == "format":
+    if isinstance(spec, FormatVerifier):
         shape = FormatOptions(
             spec.reasoning_tags, spec.answer_tags, spec.require_reasoning, spec.pattern
         )
@@ -112,7 +118,7 @@ class VerifierModel:
     #: Its one value: the score.
     labels: ClassVar[list[str]] = ["score"]
 
-    def __init__(self, spec: ModelSpec, pool: Verifier) -> None:
+    def __init__(self, spec: VerifierEntry, pool: Verifier) -> None:
         self.spec = spec
         self.name = spec.name
         self.pool = pool
@@ -163,25 +169,19 @@ class VerifierModel:
 
     def info(self) -> dict[str, object]:
         """The entry's settings for /info (a python verifier's function path, no label; a
-        code verifier's limits as it applies them)."""
-        keys = {"weight", "normalize", "verifier", "function", "pattern", "workers"}
-        entry = self.spec.model_dump(include={*keys, "timeout_s", "on_error"})
-        if self.spec.verifier == "python":
-            entry["sandbox"] = self.spec.sandbox
-            if self.spec.sandbox == "bwrap":
-                entry["memory_mb"] = self.spec.memory_mb
+        code verifier's limits as it applies them; never a path of the server's machine such
+        as bwrap)."""
+        entry = self.spec.shown()
+        entry.pop("bwrap", None)
         if isinstance(self.pool, CodeVerifier):
-            entry = self.spec.model_dump(include={*keys, *CODE_KEYS})
             options = self.pool.options
             entry.update(
                 languages=list(options.languages),
-                workers=options.workers,
+                parallel_tests=options.workers,
                 timeout_s=options.timeout_s,
-                on_error=self.spec.on_error,
             )
-            entry.pop("bwrap", None)  # a path of the server's machine
-            entry.pop("function", None)
-            entry.pop("pattern", None)
+        elif getattr(self.spec, "sandbox", "none") == "none":
+            entry.pop("memory_mb", None)  # a python function in the workers: no limit of its own
         return {"name": self.name, "kind": self.kind, "labels": self.labels, **entry}
 
     def close(self) -> None:
@@ -189,27 +189,26 @@ class VerifierModel:
         self.pool.close()
 
 
-def code_options(spec: ModelSpec) -> CodeOptions:
-    """A ``verifier: code`` entry's options, defaults applied: ``workers`` the machine's
-    cores and ``timeout_s`` DEFAULT_TIMEOUT_S unless the entry gives them."""
-    given = spec.model_fields_set
+def code_options(spec: CodeVerifierEntry) -> CodeOptions:
+    """A ``verifier: code`` entry's options, ``parallel_tests`` the machine's cores unless the
+    entry gives it."""
     return CodeOptions(
         languages=tuple(spec.languages),
         score=spec.score,
         stop_on_failure=spec.stop_on_failure,
         test_timeout_s=spec.test_timeout_s,
-        timeout_s=spec.timeout_s if "timeout_s" in given else DEFAULT_TIMEOUT_S,
+        timeout_s=spec.timeout_s,
         memory_mb=spec.memory_mb,
         output_bytes=spec.output_bytes,
         float_tolerance=spec.float_tolerance,
         sandbox=spec.sandbox,
         bwrap=spec.bwrap,
-        workers=spec.workers if "workers" in given else default_workers(),
+        workers=spec.parallel_tests or default_workers(),
         on_error=spec.error_score,
     )
 
 
-def _load_code(spec: ModelSpec) -> VerifierModel:
+def _load_code(spec: CodeVerifierEntry) -> VerifierModel:
     try:
         verifier = CodeVerifier(code_options(spec), spec.name)
     except ValueError as exc:
@@ -226,26 +225,27 @@ def _load_code(spec: ModelSpec) -> VerifierModel:
     return VerifierModel(spec, verifier)
 
 
-def load_verifier(spec: ModelSpec) -> VerifierModel:
+def load_verifier(spec: VerifierEntry) -> VerifierModel:
     """Start the worker pool of a ``kind: verifier`` entry (ModelLoadError when its function
     cannot be imported, or a code verifier's sandbox, or a sandboxed python function's,
     cannot be made)."""
-    assert spec.verifier is not None
-    if spec.verifier == "code":
+    if isinstance(spec, CodeVerifierEntry):
         return _load_code(spec)
-    sandboxed = spec.verifier == "python" and spec.sandbox == "bwrap"
+    assert isinstance(spec, PooledVerifier)
+    python = isinstance(spec, PythonVerifier)
+    sandboxed = python and spec.sandbox == "bwrap"
     pool: Verifier
     try:
         options = VerifierOptions(
-            verifier=spec.verifier,
-            function=spec.function,
-            pattern=spec.pattern if spec.verifier == "regex" else None,
+            verifier=spec.verifier,  # type: ignore[arg-type]
+            function=spec.function if python else None,
+            pattern=spec.pattern if isinstance(spec, RegexVerifier) else None,
             workers=spec.workers,
             timeout_s=spec.timeout_s,
             on_error=spec.error_score,
             sandbox="bwrap" if sandboxed else "none",
             bwrap=spec.bwrap if sandboxed else None,
-            memory_mb=spec.memory_mb,
+            memory_mb=spec.memory_mb if python else 1024,
             **rule_options(spec),
         )
         pool = (

@@ -34,7 +34,8 @@ from pydantic import Field
 from server_proc import ServerProcess, free_port, running_server
 
 from ppo_client.config import PPOConfig
-from reward_server.config.models_file import ModelSpec, parse_models_file
+from reward_server.config.entries import SequenceEntry
+from reward_server.config.models_file import KINDS, parse_models_file
 from reward_server.config.settings import ENV_PREFIX, ServerSettings
 from reward_server.config.tenants import parse_tenants_file
 from reward_server.http.errors import ERRORS
@@ -209,7 +210,7 @@ class _MoreKeys(PPOConfig):
     """A run key added after the docs were written."""
 
 
-class _MoreModelKeys(ModelSpec):
+class _MoreModelKeys(SequenceEntry):
     docs_probe_entry: str = "x"
 
 
@@ -234,7 +235,10 @@ def test_the_generated_tables_cover_the_code() -> None:
     keys = gen_reference.ppo_tables()
     assert all(f"`{name}`" in keys for name in PPOConfig.field_names())
     entries = gen_reference.models_file_tables()
-    assert all(f"`{name}`" in entries for name in ModelSpec.model_fields)
+    for kind in KINDS:  # every key of every kind (the kind, verifier and mode name their tables)
+        keys = set(kind.model_fields) - {"kind", "verifier", "mode"}
+        assert all(f"`{name}`" in entries for name in keys), kind
+        assert kind.SELECTOR in entries
     errors = gen_reference.errors_table()
     assert all(f"`{kind}`" in errors for _, kind in ERRORS.values())
 

@@ -43,7 +43,7 @@ def judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(judge: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     entries = [
-        entry(judge, name, pairs=pairs, aggregate=how, weight=float(name == "win"))
+        entry(judge, name, pairs=pairs, pairwise_aggregate=how, weight=float(name == "win"))
         for name, (pairs, how) in SETUPS.items()
     ]
     path = tmp_path_factory.mktemp("vllm_pairwise_models") / "models.yaml"
@@ -96,6 +96,6 @@ def test_a_group_shares_its_prompt_through_the_prefix_cache(
 def test_info_lists_the_pairwise_judges_on_vllm(server: ServerProcess) -> None:
     info = httpx.get(f"{server.url}/info", timeout=10).json()
     win, bt2 = info["models"]
-    assert win["mode"] == "pairwise" and win["pairs"] == "all" and win["aggregate"] == "win_rate"
-    assert bt2["pairs"] == 2 and bt2["aggregate"] == "bradley_terry"
+    assert win["mode"] == "pairwise" and win["pairs"] == "all" and win["pairwise_aggregate"] == "win_rate"
+    assert bt2["pairs"] == 2 and bt2["pairwise_aggregate"] == "bradley_terry"
     assert win["engine_settings"]["enable_prefix_caching"] is True

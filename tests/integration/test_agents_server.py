@@ -254,7 +254,7 @@ def test_a_remote_component_forwards_the_trajectory(server: str, tmp_path: Path)
     and kept reasoning arrive there as sent (its hermes model's own score comes back); a
     protocol that cannot carry them is a 422 naming the component."""
     entries = [
-        {"name": "far", "kind": "remote", "url": server, "model": "hermes"},
+        {"name": "far", "kind": "remote", "url": server, "remote_model": "hermes"},
         {"name": "far_tei", "kind": "remote", "url": server, "protocol": "tei"},
     ]
     path = tmp_path / "remote.yaml"

@@ -104,7 +104,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
                 "score": "all_pass",
                 "stop_on_failure": True,
                 "float_tolerance": 1e-6,
-                "workers": 1,
+                "parallel_tests": 1,
                 "on_error": -1.0,
             },
         ]
@@ -209,7 +209,7 @@ def test_all_pass_stop_on_failure_and_float_tolerance(server: ServerProcess) -> 
     answer = score(server, responses, [floats, STDIO], "strict")
     assert answer["scores"] == [1.0, 0.0]  # all_pass: 2 of 3 is 0
     assert answer["tests"]["strict"] == [["passed", "passed"], ["passed", "passed", "wrong_answer"]]
-    # One test at a time (workers: 1): after a first failure the others never start.
+    # One test at a time (parallel_tests: 1): after a first failure the others never start.
     first_fails = {"inputs": ["-1 1\n", "1 2\n", "3 4\n"], "outputs": ["0\n", "3\n", "7\n"]}
     answer = score(server, [responses[1]], [first_fails], "strict")
     assert answer["tests"]["strict"] == [["wrong_answer", "skipped", "skipped"]]
@@ -220,10 +220,10 @@ def test_info_shows_the_entries_as_applied(server: ServerProcess) -> None:
     info = httpx.get(f"{server.url}/info", timeout=30).json()
     code, strict = info["models"]
     assert code["languages"] == ["python", "cpp", "javascript"]
-    assert code["workers"] == len(psutil.Process(server.proc.pid).cpu_affinity() or [1])
+    assert code["parallel_tests"] == len(psutil.Process(server.proc.pid).cpu_affinity() or [1])
     assert code["timeout_s"] == 60.0 and code["test_timeout_s"] == TEST_TIMEOUT_S
     assert code["sandbox"] == "bwrap"
-    assert strict["workers"] == 1 and strict["score"] == "all_pass"
+    assert strict["parallel_tests"] == 1 and strict["score"] == "all_pass"
     assert "bwrap" not in code  # a path of the server's machine
 
 

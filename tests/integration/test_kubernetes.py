@@ -608,9 +608,9 @@ def test_code_rewards_component_serves_a_code_verifier_sized_to_its_pod(overlay:
     models = parse_models_file(yaml.safe_load(text))
     (code,) = [m for m in models.models if m.verifier == "code"]
     assert code.sandbox == "bwrap"
-    assert code.workers == int(spec["resources"]["requests"]["cpu"])
+    assert code.parallel_tests == int(spec["resources"]["requests"]["cpu"])
     limit = _bytes(spec["resources"]["limits"]["memory"])
-    assert code.workers * code.memory_mb * 2**20 < limit
+    assert code.parallel_tests * code.memory_mb * 2**20 < limit
     assert spec["image"].endswith(":code")
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     assert re.search(r"^FROM \S+ AS server-code$", dockerfile, re.MULTILINE)

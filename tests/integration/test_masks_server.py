@@ -58,7 +58,7 @@ def server(
                 "name": "down",
                 "kind": "remote",
                 "url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
-                "timeout_s": 1.0,
+                "call_timeout_s": 1.0,
                 "weight": 0.0,
             },
             {

@@ -184,7 +184,7 @@ def test_pairwise_scores_equal_an_independent_computation(
         "bt2": (2, "bradley_terry"),
     }
     entries = [
-        entry(folder, n, pairs=k, aggregate=a, weight=float(n == "win"))
+        entry(folder, n, pairs=k, pairwise_aggregate=a, weight=float(n == "win"))
         for n, (k, a) in setups.items()
     ]
     path = models_file(tmp_path, entries)
@@ -209,7 +209,7 @@ def test_pairwise_scores_equal_an_independent_computation(
     assert f'reward_server_score_cache_misses_total{{model="win"}} {float(2 * 35)}' in metrics
     first = info[0]
     assert first["mode"] == "pairwise" and first["answer_tokens"] == ANSWERS
-    assert first["pairs"] == "all" and first["aggregate"] == "win_rate"
+    assert first["pairs"] == "all" and first["pairwise_aggregate"] == "win_rate"
     assert "score_tokens" not in first and len(first["answer_token_ids"]) == 2
 
 

@@ -25,7 +25,7 @@ import yaml
 from pydantic import ValidationError
 from server_proc import REWARD_SERVER, ServerProcess, free_port, running_server
 
-from reward_server.config.models_file import ModelSpec
+from reward_server.config.models_file import parse_entry
 from reward_server.sandbox import Sandbox
 from reward_server.verifiers.sandboxed import module_source
 
@@ -35,6 +35,7 @@ TIMEOUT_S = 1.5
 
 FUNCTIONS = """
 import math, os, socket, time
+
 
 
 def contains(prompt, response, label):
@@ -227,17 +228,22 @@ def test_a_function_that_cannot_import_in_the_sandbox_stops_the_server(tmp_path:
     assert "in its sandbox" in line and "No module named 'yaml'" in line
 
 
+def entry(**keys: Any) -> Any:
+    """One models-file entry, as the class of its kind."""
+    return parse_entry(keys)
+
+
 def test_models_file_defaults_and_refusals() -> None:
     python = {"name": "p", "kind": "verifier", "verifier": "python", "function": "m:f"}
-    assert ModelSpec(**python).sandbox == "none"
-    assert ModelSpec(**python, sandbox="bwrap", memory_mb=256).sandbox == "bwrap"
-    assert ModelSpec(name="c", kind="verifier", verifier="code").sandbox == "bwrap"
-    assert ModelSpec(name="e", kind="verifier", verifier="exact").sandbox is None
+    assert entry(**python).sandbox == "none"
+    assert entry(**python, sandbox="bwrap", memory_mb=256).sandbox == "bwrap"
+    assert entry(name="c", kind="verifier", verifier="code").sandbox == "bwrap"
+    assert not hasattr(entry(name="e", kind="verifier", verifier="exact"), "sandbox")
     for bad in ({"languages": ["cpp"]}, {"memory_mb": 256}, {"bwrap": "/usr/bin/bwrap"}):
         with pytest.raises(ValidationError):
-            ModelSpec(**python, **bad)
-    with pytest.raises(ValidationError, match="only for verifier: code"):
-        ModelSpec(name="e", kind="verifier", verifier="exact", sandbox="bwrap")
+            entry(**python, **bad)
+    with pytest.raises(ValidationError, match="sandbox: only for verifier: python or code"):
+        entry(name="e", kind="verifier", verifier="exact", sandbox="bwrap")
 
 
 def test_a_module_s_file_is_found_without_importing_its_package(

@@ -23,7 +23,7 @@ def test_remote_component_equals_the_other_servers_score(gpt2_rm: Path, tmp_path
                     "kind": "remote",
                     "url": other.url,
                     "api_key_env": "OTHER_RM_KEY",
-                    "timeout_s": 2,
+                    "call_timeout_s": 2,
                     "on_error": -1.5,
                     "weight": 0.5,
                 },
@@ -60,5 +60,6 @@ def test_remote_component_equals_the_other_servers_score(gpt2_rm: Path, tmp_path
     assert entry["kind"] == "remote"
     assert entry["url"] == other.url
     assert entry["protocol"] == "remote-reward"
-    assert entry["model"] is None
+    assert "remote_model" not in entry  # none: the remote's own model
+    assert entry["call_timeout_s"] == 2
     assert "api_key_env" not in entry

@@ -305,9 +305,12 @@ def test_generate_mode_without_a_pattern_is_refused_at_start(
         ({"score_tokens": {"Yes": 1.0}}, "score_tokens: Dictionary should have at least 2"),
         ({"score_tokens": {"Yes": 1.0, "No": float("nan")}}, "must be finite numbers (No)"),
         ({"mode": "vote"}, "mode: Input should be 'logprobs', 'generate' or 'pairwise'"),
-        ({"label_index": 1}, "label_index: not for kind: judge"),
-        ({"adapter": "/a"}, "adapter: not for kind: judge"),
-        ({"kind": "sequence"}, "template, score_tokens: only for kind: judge"),
+        ({"label_index": 1}, "label_index: only for kind: sequence or process"),
+        ({"adapter": "/a"}, "adapter: only for kind: sequence or process"),
+        (
+            {"kind": "sequence"},
+            "template: only for kind: judge or remote; score_tokens: only for kind: judge",
+        ),
         ({"model": None}, "'model' is required"),
     ],
 )

@@ -108,7 +108,7 @@ def test_per_model_options_default_to_the_servers(tmp_path: Path) -> None:
         ),
         (
             "models:\n  - {name: v, kind: verifier, verifier: math, pattern: x}\n",
-            "'pattern' is only for verifier: regex",
+            "pattern: only for verifier: regex or format",
         ),
         ("models:\n  - {name: a, model: m, timeout_s: 3}\n", "timeout_s: only for kind: verifier"),
         ("models:\n  - {name: a}\n", "'model' is required"),

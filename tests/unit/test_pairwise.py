@@ -133,11 +133,11 @@ def _entry(**extra: object) -> dict[str, object]:
 
 def test_a_pairwise_entry_and_its_defaults() -> None:
     (spec,) = parse_models_file({"models": [_entry()]}).models
-    assert (spec.pairs, spec.aggregate, spec.masks) == ("all", "win_rate", True)
+    assert (spec.pairs, spec.pairwise_aggregate, spec.masks) == ("all", "win_rate", True)
     (spec,) = parse_models_file(
-        {"models": [_entry(pairs=2, aggregate="bradley_terry", on_error=0.0)]}
+        {"models": [_entry(pairs=2, pairwise_aggregate="bradley_terry", on_error=0.0)]}
     ).models
-    assert (spec.pairs, spec.aggregate, spec.error_score) == (2, "bradley_terry", 0.0)
+    assert (spec.pairs, spec.pairwise_aggregate, spec.error_score) == (2, "bradley_terry", 0.0)
 
 
 @pytest.mark.parametrize(
@@ -149,9 +149,11 @@ def test_a_pairwise_entry_and_its_defaults() -> None:
         ({"pairs": 0}, "pairs: all or an integer k >= 1, not 0"),
         ({"pairs": "some"}, "pairs"),
         ({"pairs": True}, "pairs"),
-        ({"aggregate": "elo"}, "aggregate"),
-        ({"score_tokens": {"A": 1, "B": 0}}, "score_tokens: not for mode: pairwise"),
-        ({"score_pattern": "(x)"}, "score_pattern: not for mode: pairwise"),
+        ({"pairwise_aggregate": "elo"}, "pairwise_aggregate"),
+        # The old name of pairwise_aggregate (aggregate combines the models, at the top).
+        ({"aggregate": "win_rate"}, "'aggregate' is now 'pairwise_aggregate'"),
+        ({"score_tokens": {"A": 1, "B": 0}}, "score_tokens: only for mode: logprobs"),
+        ({"score_pattern": "(x)"}, "score_pattern: only for mode: generate"),
         ({"mode": "logprobs", "score_tokens": {"A": 1, "B": 0}}, "only for mode: pairwise"),
         ({"kind": "sequence", "template": None}, "only for kind: judge"),
     ],

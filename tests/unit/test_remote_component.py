@@ -53,7 +53,7 @@ def test_models_file_reads_a_remote_entry() -> None:
     chat = _entry(
         name="chat",
         protocol="openai-chat",
-        model="judge-lm",
+        remote_model="judge-lm",
         template=TEMPLATE,
         score_pattern=r"(\d+)",
         max_rpm=60,
@@ -70,15 +70,22 @@ def test_models_file_reads_a_remote_entry() -> None:
     ("entry", "message"),
     [
         ({"name": "x", "kind": "remote"}, "needs 'url'"),
-        (_entry(protocol="openai-chat", model="m"), "needs 'template' and 'score_pattern'"),
-        (_entry(protocol="openai-chat", template="t", score_pattern="(a)"), "needs 'model'"),
+        (_entry(protocol="openai-chat", remote_model="m"), "needs 'template' and 'score_pattern'"),
         (
-            _entry(protocol="openai-chat", model="m", template="t", score_pattern="a"),
+            _entry(protocol="openai-chat", template="t", score_pattern="(a)"),
+            "needs 'remote_model'",
+        ),
+        (
+            _entry(protocol="openai-chat", remote_model="m", template="t", score_pattern="a"),
             "exactly one group",
         ),
         (_entry(score_pattern="(a)"), "only for protocol: openai-chat"),
-        (_entry(protocol="tei", model="m"), "not for protocol: tei"),
-        (_entry(workers=2), "workers: not for kind: remote"),
+        (_entry(protocol="tei", remote_model="m"), "not for protocol: tei"),
+        (_entry(workers=2), "workers: only for kind: verifier"),
+        # Keys renamed when the entries became one class per kind name their new names.
+        (_entry(model="m"), "'model' is now 'remote_model'"),
+        (_entry(timeout_s=3), "'timeout_s' is now 'call_timeout_s'"),
+        (_entry(max_tokens=3), "'max_tokens' is now 'max_new_tokens'"),
         ({"name": "x", "model": "m", "max_rpm": 3}, "max_rpm: only for kind: remote"),
         (_entry(api_key_env="not a name"), "api_key_env"),
         (_entry(protocol="grpc"), "protocol"),
@@ -127,11 +134,11 @@ def _chat_spec(**over: Any) -> Any:
     base = {
         "url": "http://judge.test",
         "protocol": "openai-chat",
-        "model": "judge-lm",
+        "remote_model": "judge-lm",
         "template": TEMPLATE,
         "score_pattern": r"(\d+(?:\.\d+)?)",
-        "max_tokens": 8,
-        "timeout_s": 1,
+        "max_new_tokens": 8,
+        "call_timeout_s": 1,
         "on_error": -1.0,
     }
     entry = _entry(**(base | over))
@@ -222,7 +229,7 @@ def test_a_missing_key_variable_fails_at_load(monkeypatch: pytest.MonkeyPatch) -
 
 def test_max_concurrent_bounds_the_requests_in_flight() -> None:
     fake = FakeChat(lambda prompt: "5", delay=0.05)
-    results, _ = _score(_remote(_chat_spec(max_concurrent=3, timeout_s=30), fake), _pairs(12))
+    results, _ = _score(_remote(_chat_spec(max_concurrent=3, call_timeout_s=30), fake), _pairs(12))
     assert [r.score for r in results] == [5.0] * 12
     assert len(fake.requests) == 12
     assert fake.peak == 3
@@ -230,7 +237,7 @@ def test_max_concurrent_bounds_the_requests_in_flight() -> None:
 
 def test_max_concurrent_bounds_the_requests_of_concurrent_calls() -> None:
     fake = FakeChat(lambda prompt: "5", delay=0.05)
-    model = _remote(_chat_spec(max_concurrent=2, timeout_s=30), fake)
+    model = _remote(_chat_spec(max_concurrent=2, call_timeout_s=30), fake)
 
     async def run() -> None:
         with _context() as ctx:
@@ -275,7 +282,7 @@ def test_max_rpm_holds_in_every_window() -> None:
 
     fake = FakeChat(lambda prompt: "5")
     rate = Recording(4, clock=clock, sleep=clock.sleep)
-    spec = _chat_spec(max_rpm=4, max_concurrent=8, timeout_s=30)
+    spec = _chat_spec(max_rpm=4, max_concurrent=8, call_timeout_s=30)
     results, _ = _score(_remote(spec, fake, rate=rate), _pairs(10))
     assert [r.score for r in results] == [5.0] * 10
     assert len(seen) == len(fake.requests) == 10

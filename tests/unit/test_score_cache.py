@@ -18,7 +18,8 @@ import yaml
 from fastapi.testclient import TestClient
 from test_judge import TEMPLATE, YES_NO, save_judge
 
-from reward_server.config import ModelSpec, ServerSettings
+from reward_server.config import ServerSettings
+from reward_server.config.models_file import parse_entry
 from reward_server.http.app import create_app
 from reward_server.scoring.items import Texts
 from reward_server.scoring.metrics import Metrics
@@ -40,6 +41,11 @@ MISSES = "reward_server_score_cache_misses_total"
 DUPLICATES = "reward_server_score_cache_duplicates_total"
 #: Rows run through the model, every model together (the histogram's sum).
 ROWS = "reward_server_batch_rows_sum"
+
+
+def entry(**keys: Any) -> Any:
+    """One models-file entry, as the class of its kind."""
+    return parse_entry(keys)
 
 
 def size_of(ids: list[int], payload: int) -> int:
@@ -158,7 +164,7 @@ def test_a_local_folder_is_told_by_its_files(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"weights, retrained")
     assert local_fingerprint(tmp_path) != before
 
-    spec = ModelSpec(name="rm", model=str(tmp_path))
+    spec = entry(name="rm", model=str(tmp_path))
     info = {"model": str(tmp_path), "max_length": 512, "label_index": 0}
     one = model_identity(spec, info, "engine")
     assert one.revision == local_fingerprint(tmp_path) and one.model == str(tmp_path.resolve())
@@ -168,20 +174,20 @@ def test_a_local_folder_is_told_by_its_files(tmp_path: Path) -> None:
     assert model_identity(renamed, info, "engine").digest() == one.digest()
     for changed_info in ({**info, "max_length": 256}, {**info, "label_index": 1}):
         assert model_identity(spec, changed_info, "engine").digest() != one.digest()
-    steps = ModelSpec(name="rm", model=str(tmp_path), kind="process", step_aggregate="mean")
+    steps = entry(name="rm", model=str(tmp_path), kind="process", step_aggregate="mean")
     assert model_identity(steps, info, "engine").digest() != one.digest()
 
 
 def test_which_kinds_are_cached() -> None:
     judge = {"kind": "judge", "model": "m", "template": "{{ response }}"}
     generate = {**judge, "mode": "generate", "score_pattern": r"(\d+)"}
-    assert caches_kind(ModelSpec(name="a", model="m"))
-    assert caches_kind(ModelSpec(name="a", model="m", kind="process"))
-    assert caches_kind(ModelSpec(name="a", **judge, score_tokens={"Yes": 1.0, "No": 0.0}))
-    assert caches_kind(ModelSpec(name="a", **generate))  # greedy: one answer per prompt
-    assert not caches_kind(ModelSpec(name="a", **generate, temperature=0.7))
-    assert not caches_kind(ModelSpec(name="a", kind="verifier", verifier="exact"))
-    assert not caches_kind(ModelSpec(name="a", kind="remote", url="http://x:1"))
+    assert caches_kind(entry(name="a", model="m"))
+    assert caches_kind(entry(name="a", model="m", kind="process"))
+    assert caches_kind(entry(name="a", **judge, score_tokens={"Yes": 1.0, "No": 0.0}))
+    assert caches_kind(entry(name="a", **generate))  # greedy: one answer per prompt
+    assert not caches_kind(entry(name="a", **generate, temperature=0.7))
+    assert not caches_kind(entry(name="a", kind="verifier", verifier="exact"))
+    assert not caches_kind(entry(name="a", kind="remote", url="http://x:1"))
 
 
 # ---------------------------------------------------------------------- requests in flight
@@ -248,7 +254,7 @@ def _coalescing(cancel_owner: bool) -> tuple[list[list[list[int]]], dict[str, fl
 
     async def scenario() -> tuple[list[list[list[int]]], dict[str, float], list[Any]]:
         scorer = CharScorer()
-        model = served_model_for(ModelSpec(name="chars", model="chars"), scorer)  # type: ignore[arg-type]
+        model = served_model_for(entry(name="chars", model="chars"), scorer)  # type: ignore[arg-type]
         with ThreadPoolExecutor(1) as pool:
             metrics = Metrics()
             cache = ScoreCache(max_entries=100, max_bytes=10**6)
