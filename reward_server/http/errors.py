@@ -120,17 +120,47 @@ _HTTP_KINDS = {
     413: "body_too_large",
 }
 
-#: The error answers of the scoring routes, for the OpenAPI document.
+#: The error answers of the scoring routes, for the OpenAPI document: what each status
+#: means, by the error ``type`` of the table above. A route names its own 422 checks in front
+#: of the shared ones (its body's rules that JSON Schema cannot state).
 ERROR_DOCS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": kind}
-    for status, kind in (
-        (401, "Missing or wrong API key"),
-        (413, "Too many items, a text too long with truncation off, or a body too large"),
-        (422, "Malformed input"),
-        (429, "Queue full; retry after the Retry-After header"),
-        (500, "The model failed on this request"),
-        (503, "Not ready or shutting down"),
-    )
+    401: {
+        "model": ErrorResponse,
+        "description": "Missing or wrong API key (unauthorized)",
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}},
+    },
+    413: {
+        "model": ErrorResponse,
+        "description": "More items than --max-client-batch (too_many_items), a text over the "
+        "model's limit with truncation off (text_too_long), a process model's steps all cut "
+        "by truncation (steps_truncated), or a body over --max-body-bytes (body_too_large)",
+    },
+    422: {
+        "model": ErrorResponse,
+        "description": "Malformed input (invalid_request): a body this schema refuses, a "
+        "string that is not Unicode text (a lone surrogate escape); or input the served "
+        "models cannot score: a chat template refusing a conversation (chat_template) or "
+        "unable to show its tool calls, tool results or tools (unrenderable), an item that "
+        "encodes to no token (empty_text), a process model given texts or a conversation "
+        "not ending with the assistant's turn (response_not_found), a model scoring in groups "
+        "given none or a group it cannot compare (bad_groups), an X-Request-Timeout-Ms "
+        "header that is not a positive number (bad_deadline)",
+    },
+    429: {
+        "model": ErrorResponse,
+        "description": "The queue is full (queue_full) or the tenant is over its limit "
+        "(tenant_limit); retry after the Retry-After header's seconds",
+        "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}},
+    },
+    500: {
+        "model": ErrorResponse,
+        "description": "The model failed on this request (model_error), or the server did "
+        "(internal_error)",
+    },
+    503: {
+        "model": ErrorResponse,
+        "description": "Not ready (not_ready) or shutting down (shutting_down)",
+    },
 }
 
 

@@ -7,6 +7,8 @@ through :mod:`reward_server.http.errors`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -34,6 +36,18 @@ __all__ = ["router"]
 
 
 router = APIRouter(route_class=StrictJSONRoute)
+
+#: /score's error answers: the shared ones, and its own 422 checks (ScoreRequest's rules
+#: beyond its schema).
+SCORE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERROR_DOCS,
+    422: {
+        **ERROR_DOCS[422],
+        "description": ERROR_DOCS[422]["description"] + "; and here: queries and responses "
+        "of unequal length, labels not one per item, groups not a partition of some items "
+        "sharing their prompt (invalid_request), a model that is not served (unknown_model)",
+    },
+}
 
 
 def _request_items(body: ScoreRequest) -> Items:
@@ -77,7 +91,7 @@ def _score_response(scored: Scored, body: ScoreRequest) -> ScoreResponse:
     "/score",
     response_model=ScoreResponse,
     response_model_exclude_none=True,
-    responses=ERROR_DOCS,
+    responses=SCORE_ERRORS,
 )
 async def score(body: ScoreRequest, request: Request, _auth: Authorized) -> ScoreResponse:
     """Score texts, query/response pairs or conversations with the reward model(s)."""

@@ -7,10 +7,12 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     Tag,
@@ -37,6 +39,23 @@ Text = Annotated[StrictStr, AfterValidator(_encodable)]
 
 #: A non-empty list of strings (numbers, nulls and objects are rejected, not coerced).
 StrList = Annotated[list[Text], Field(min_length=1)]
+
+
+def _whole(value: Any) -> Any:
+    """A number without a fraction as an int (JSON Schema's integer: 3.0 is one)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(**constraints: Any) -> Any:
+    """An integer as JSON Schema has it (3 or 3.0, never "3" or true), with ``Field``'s
+    ``constraints`` (ge=...; inside, so that the schema states them)."""
+    return Annotated[Annotated[StrictInt, Field(**constraints)], BeforeValidator(_whole)]
+
+
+#: An integer as JSON Schema has it: 3 or 3.0, never "3" or true.
+Integer = integer()
+#: A number: never "3" or true.
+Number = StrictFloat
 
 
 def _json_type(value: Any) -> str | None:
@@ -133,7 +152,21 @@ class Message(BaseModel):
     (keys not listed here as they are); a template that cannot render tool calls, tool
     results or tools is a 422 naming the model (see the agents guide)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        # _fits_role's rules: content only an assistant may leave out, tool_calls only an
+        # assistant may make.
+        json_schema_extra={
+            "if": {"required": ["role"], "properties": {"role": {"const": "assistant"}}},
+            "else": {
+                "required": ["content"],
+                "properties": {
+                    "content": {"not": {"type": "null"}},
+                    "tool_calls": {"type": "null"},
+                },
+            },
+        },
+    )
 
     role: Text = Field(min_length=1, examples=["user"])
     content: (
@@ -229,12 +262,34 @@ def check_labels(labels: list[Any] | None, count: int, what: str) -> None:
         )
 
 
+_NULL = {"type": "null"}
+_INPUT_FIELDS = ("texts", "queries", "responses", "conversations")
+
+
+def _only(*given: str, **more: Any) -> dict[str, Any]:
+    """JSON Schema of a request giving the input fields ``given`` and no other (null is not
+    given), its other properties constrained by ``more``."""
+    fields = {name: {"type": "array"} if name in given else _NULL for name in _INPUT_FIELDS}
+    return {"required": list(given), "properties": {**fields, **more}}
+
+
 class ScoreRequest(BaseModel):
-    """Exactly one input form: texts, queries + responses, or conversations."""
+    """Exactly one input form: texts, queries + responses, or conversations; tools and
+    groups need turns (not texts).
+
+    Checked beyond this schema (a 422 invalid_request each): queries and responses of
+    equal length; labels, when given, one per item; groups a partition of some items (each
+    index below the item count, in one group at most) whose prompts are equal."""
 
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
+            # _exactly_one_form's rules that JSON Schema states.
+            "oneOf": [
+                _only("texts", tools={"anyOf": [_NULL, {"maxItems": 0}]}, groups=_NULL),
+                _only("queries", "responses"),
+                _only("conversations"),
+            ],
             "examples": [
                 {"texts": ["a complete text scored as given"]},
                 {"queries": ["Say hi."], "responses": ["Hello!"]},
@@ -246,7 +301,7 @@ class ScoreRequest(BaseModel):
                         ]
                     ]
                 },
-            ]
+            ],
         },
     )
 
@@ -293,7 +348,7 @@ class ScoreRequest(BaseModel):
         description="Return each model's own score (always returned when several score).",
     )
     labels: list[Any] | None = labels_field("item")
-    groups: list[list[StrictInt]] | None = Field(
+    groups: list[list[Integer]] | None = Field(
         default=None,
         description="Which items form a group (GRPO's responses to one prompt): lists of "
         "item indices. An item is in at most one group; a group's items share their prompt "
@@ -302,8 +357,10 @@ class ScoreRequest(BaseModel):
         "answer); items in none are groups of one. Read by "
         "pairwise judges and by models with normalize: group or group_rank.",
         examples=[[[0, 1, 2, 3], [4, 5, 6, 7]]],
+        # check_groups' rules that JSON Schema states (its messages stay the server's).
+        json_schema_extra={"items": {"minItems": 1, "uniqueItems": True, "items": {"minimum": 0}}},
     )
-    timeout_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+    timeout_ms: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None,
         description="The request's deadline: milliseconds the client still waits (as the "
         "X-Request-Timeout-Ms header, for clients that cannot set headers; this wins over "

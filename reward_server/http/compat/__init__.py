@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import PurePath
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -29,6 +29,7 @@ from reward_server.scoring.scored import Scored
 
 __all__ = [
     "AGGREGATE_LABEL",
+    "ANSWER_HEADERS",
     "MASKED_HEADER",
     "MASK_FILL",
     "TRUNCATED_HEADER",
@@ -57,6 +58,19 @@ MASKED_HEADER = "X-Reward-Masked"
 
 #: The value a masked item gets in the shapes that cannot carry null.
 MASK_FILL = 0.0
+
+#: The headers of a scoring answer, for the OpenAPI document (``responses={200: ...}``).
+ANSWER_HEADERS: dict[str, dict[str, Any]] = {
+    TRUNCATED_HEADER: {
+        "description": "Per item in order, 1 where a model truncated it, else 0: 0,1,0",
+        "schema": {"type": "string", "pattern": "^([01](,[01])*)?$"},
+    },
+    MASKED_HEADER: {
+        "description": "The masked items' indices (no reward could be computed): 0,5,7; "
+        "absent when none is",
+        "schema": {"type": "string", "pattern": "^([0-9]+(,[0-9]+)*)?$"},
+    },
+}
 
 
 def rows(scored: Scored) -> list[list[float]]:

@@ -63,7 +63,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from reward_server.errors import field_path
 from reward_server.http.auth import Authorized
-from reward_server.http.compat import MASK_FILL, masked_header, truncated_header
+from reward_server.http.compat import ANSWER_HEADERS, MASK_FILL, masked_header, truncated_header
+from reward_server.http.compat.responses_schema import INPUT, ITEM, TOOL
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.scoring import score
 from reward_server.http.strict_json import StrictJSONRoute
@@ -388,7 +389,8 @@ class ResponsesCreateParams(BaseModel):
 
     input: str | list[dict[str, Any]] = Field(
         description="The prompt: a text (one user message), or Responses-API input items "
-        "(message, function_call, function_call_output, reasoning)."
+        "(message, function_call, function_call_output, reasoning).",
+        json_schema_extra=INPUT,
     )
     instructions: str | None = Field(
         default=None, description="A system message in front of the input."
@@ -397,6 +399,7 @@ class ResponsesCreateParams(BaseModel):
         default_factory=list,
         description="Responses-API function tools ({type: function, name, description, "
         "parameters}), given to the chat template as OpenAI function specs.",
+        json_schema_extra={"items": TOOL},
     )
 
 
@@ -408,7 +411,8 @@ class ResponsesResponse(BaseModel):
 
     output: list[dict[str, Any]] = Field(
         description="The response's items in order: message, function_call, "
-        "function_call_output, reasoning."
+        "function_call_output, reasoning.",
+        json_schema_extra={"items": ITEM},
     )
 
 
@@ -549,7 +553,11 @@ def verify_answer(request: dict[str, Any], scored: Scored) -> dict[str, Any]:
 # --- routes ----------------------------------------------------------------------------
 
 
-@router.post("/verify", response_model=NemoGymVerifyResponse, responses=ERROR_DOCS)
+@router.post(
+    "/verify",
+    response_model=NemoGymVerifyResponse,
+    responses={200: {"headers": ANSWER_HEADERS}, **ERROR_DOCS},
+)
 async def verify(body: NemoGymVerifyRequest, request: Request, _auth: Authorized) -> JSONResponse:
     """NeMo Gym's /verify: the rollout's reward (with several models, their combined score)
     and, for a masked item, mask_sample with its failure_kind and failure_reason."""
@@ -562,7 +570,11 @@ async def verify(body: NemoGymVerifyRequest, request: Request, _auth: Authorized
 @router.post(
     "/seed_session",
     response_model=dict[str, Any],
-    responses={status: ERROR_DOCS[status] for status in (401, 422)},
+    responses={
+        401: ERROR_DOCS[401],
+        413: {**ERROR_DOCS[413], "description": "A body over --max-body-bytes (body_too_large)"},
+        422: {**ERROR_DOCS[422], "description": "The body is not a JSON object (invalid_request)"},
+    },
 )
 async def seed_session(body: dict[str, Any], _auth: Authorized) -> dict[str, Any]:
     """NeMo Gym's /seed_session, which its simple_agent calls before each rollout: this

@@ -14,10 +14,12 @@ item answers :data:`~reward_server.http.compat.MASK_FILL` (0.0) in ``rewards`` a
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request, Response
 
 from reward_server.http.auth import Authorized
-from reward_server.http.compat import MASK_FILL, masked_header
+from reward_server.http.compat import ANSWER_HEADERS, MASK_FILL, MASKED_HEADER, masked_header
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.schemas import GetRewardRequest, GetRewardResponse
 from reward_server.http.scoring import score
@@ -28,8 +30,20 @@ __all__ = ["router"]
 
 router = APIRouter(route_class=StrictJSONRoute)
 
+#: /get_reward's answers: a success's header, the shared errors and its own 422 checks.
+_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {"headers": {MASKED_HEADER: ANSWER_HEADERS[MASKED_HEADER]}},
+    **ERROR_DOCS,
+    422: {
+        **ERROR_DOCS[422],
+        "description": ERROR_DOCS[422]["description"] + "; and here: labels, or prompts, "
+        "not one per query (invalid_request), with --policy-tokenizer a query not in the "
+        "policy's chat template (policy_template)",
+    },
+}
 
-@router.post("/get_reward", response_model=GetRewardResponse, responses=ERROR_DOCS)
+
+@router.post("/get_reward", response_model=GetRewardResponse, responses=_ANSWERS)
 async def get_reward(
     body: GetRewardRequest, request: Request, response: Response, _auth: Authorized
 ) -> GetRewardResponse:

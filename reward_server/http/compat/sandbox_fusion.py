@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reward_server.errors import RunRefusedError
 from reward_server.http.auth import Authorized
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import ErrorResponse
+from reward_server.http.schemas import ErrorResponse, Integer, Number
 from reward_server.http.scoring import run_code as run_in_sandbox
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult
@@ -67,9 +67,9 @@ class RunCodeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    compile_timeout: float = Field(10, description="compile timeout for compiled languages")
-    run_timeout: float = Field(10, description="code run timeout")
-    memory_limit_MB: int = Field(-1, description="maximum memory allowed in megabytes")
+    compile_timeout: Number = Field(10, description="compile timeout for compiled languages")
+    run_timeout: Number = Field(10, description="code run timeout")
+    memory_limit_MB: Integer = Field(-1, description="maximum memory allowed in megabytes")
     code: str = Field(..., examples=["print(int(input()) * 2)"], description="the code to run")
     stdin: str | None = Field(None, examples=[""], description="optional string to pass into stdin")
     language: str = Field(
@@ -79,7 +79,16 @@ class RunCodeRequest(BaseModel):
         "names; javascript and other aliases too), among the server's code verifier's",
     )
     files: dict[str, str | None] = Field(
-        {}, description="a dict from file path to base64 encoded file content"
+        {},
+        description="a dict from file path to base64 encoded file content",
+        json_schema_extra={
+            "additionalProperties": {
+                "anyOf": [
+                    {"type": "string", "contentEncoding": "base64", "format": "byte"},
+                    {"type": "null"},
+                ]
+            }
+        },
     )
     fetch_files: list[str] = Field(
         [],
@@ -205,10 +214,19 @@ def _decoded(files: dict[str, str | None]) -> dict[str, bytes]:
     return out
 
 
-#: /run_code's error answers: the scoring routes', and 404 on a server without code rewards.
+#: /run_code's error answers: the scoring routes' but for what a run cannot meet, and 404 on a
+#: server without code rewards.
 RUN_CODE_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERROR_DOCS,
     404: {"model": ErrorResponse, "description": "No verifier: code entry on this server"},
+    413: {**ERROR_DOCS[413], "description": "A body over --max-body-bytes (body_too_large)"},
+    422: {
+        **ERROR_DOCS[422],
+        "description": "Malformed input (invalid_request): a body this schema refuses, a string "
+        "that is not Unicode text (a lone surrogate escape); a language the server's code "
+        "verifier does not run, a file that is not base64 or not a path inside the work "
+        "directory (run_refused)",
+    },
 }
 
 

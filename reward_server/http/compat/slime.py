@@ -19,9 +19,9 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from reward_server.http.auth import Authorized
-from reward_server.http.compat import MASK_FILL, masked_header, truncated_header
+from reward_server.http.compat import ANSWER_HEADERS, MASK_FILL, masked_header, truncated_header
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import Conversation, Text, plain_conversation
+from reward_server.http.schemas import Conversation, Text, one_of, plain_conversation
 from reward_server.http.scoring import score
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.items import Conversations, Items, Pairs
@@ -48,7 +48,7 @@ class SlimeRewardRequest(BaseModel):
         },
     )
 
-    prompt: Text | Conversation = Field(
+    prompt: one_of("a text or a list of messages", string=Text, list=Conversation) = Field(
         description="The prompt: a text, or the chat messages before the response."
     )
     response: Text = Field(description="The policy's response.")
@@ -68,7 +68,11 @@ class SlimeRewardRequest(BaseModel):
         return Conversations((conversation,), labels)
 
 
-@router.post("/slime/reward", response_model=float, responses=ERROR_DOCS)
+@router.post(
+    "/slime/reward",
+    response_model=float,
+    responses={200: {"headers": ANSWER_HEADERS}, **ERROR_DOCS},
+)
 async def slime_reward(
     body: SlimeRewardRequest,
     request: Request,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from reward_server.http.auth import Authorized
 from reward_server.http.compat import (
+    ANSWER_HEADERS,
     ProtocolRoute,
     activate,
     fill_masked,
@@ -72,6 +73,7 @@ router = APIRouter(route_class=_TEIRoute, tags=["TEI"])
 
 #: One sequence: a text, or a text and its pair.
 Sequence_ = list[Text]
+_SEQUENCE = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}
 
 
 class PredictRequest(BaseModel):
@@ -88,7 +90,16 @@ class PredictRequest(BaseModel):
     )
 
     inputs: Text | list[Text] | list[Sequence_] = Field(
-        description="A text, one [text] or [text, text_pair], or a batch of those."
+        description="A text, one [text] or [text, text_pair], or a batch of those.",
+        # _sequences_fit's rule, a sequence of one or two strings, that the types alone
+        # leave out of the schema (the server's own messages stay).
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string"},
+                _SEQUENCE,
+                {"type": "array", "items": _SEQUENCE, "minItems": 1},
+            ]
+        },
     )
     raw_scores: StrictBool = Field(default=False, description="true: raw logits.")
     truncate: StrictBool | None = Field(
@@ -140,12 +151,14 @@ class Prediction(BaseModel):
 
 
 _ERRORS = {status: {**doc, "model": TEIErrorResponse} for status, doc in ERROR_DOCS.items()}
+#: /predict's answers: a success's headers, and the errors.
+_ANSWERS: dict[int | str, dict[str, Any]] = {200: {"headers": ANSWER_HEADERS}, **_ERRORS}
 
 
 @router.post(
     "/predict",
     response_model=list[Prediction] | list[list[Prediction]],
-    responses=_ERRORS,
+    responses=_ANSWERS,
 )
 async def predict(
     body: PredictRequest,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from pydantic import (
@@ -21,14 +21,13 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictInt,
-    field_validator,
     model_validator,
 )
 
 from reward_server.errors import NotReadyError
 from reward_server.http.auth import Authorized
 from reward_server.http.compat import (
+    ANSWER_HEADERS,
     ProtocolRoute,
     activate,
     check_model,
@@ -40,7 +39,14 @@ from reward_server.http.compat import (
     truncated_header,
 )
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import Conversation, StrList, plain_conversation
+from reward_server.http.schemas import (
+    Conversation,
+    StrList,
+    Text,
+    integer,
+    one_of,
+    plain_conversation,
+)
 from reward_server.http.scoring import RegistryDep, score
 from reward_server.scoring.items import Conversations, Items, Texts
 from reward_server.scoring.pipeline import ScoreOptions
@@ -107,6 +113,8 @@ class _VLLMRoute(ProtocolRoute):
 
 _ERRORS = {status: {**doc, "model": VLLMErrorResponse} for status, doc in ERROR_DOCS.items()}
 _ERRORS[404] = {"model": VLLMErrorResponse, "description": "The model named is not served"}
+#: The answers of /classify and /pooling: a success's headers, and the errors.
+_ANSWERS: dict[int | str, dict[str, Any]] = {200: {"headers": ANSWER_HEADERS}, **_ERRORS}
 
 router = APIRouter(route_class=_VLLMRoute, tags=["vLLM"])
 
@@ -114,21 +122,28 @@ router = APIRouter(route_class=_VLLMRoute, tags=["vLLM"])
 
 
 class VLLMRequest(BaseModel):
-    """``/classify`` (and ``/pooling``): ``input`` (texts) or ``messages`` (one conversation,
-    rendered with the reward model's chat template)."""
+    """``/classify`` (and ``/pooling``): exactly one of ``input`` (a text or texts) and
+    ``messages`` (one conversation, rendered with the reward model's chat template)."""
 
     model_config = ConfigDict(
         extra="ignore",  # vLLM accepts (and logs) unknown fields
         json_schema_extra={
+            # _one_input's rule (null is not given).
+            "oneOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("input", "messages")
+            ],
             "examples": [
                 {"input": ["a complete text"], "use_activation": False},
                 {"messages": [{"role": "user", "content": "hi"}]},
-            ]
+            ],
         },
     )
 
     model: str | None = Field(default=None, description="The served model or its alias.")
-    input: StrList | None = Field(default=None, description="A text or a list of texts.")
+    input: one_of("a text or a list of texts", string=Text, list=StrList) | None = Field(
+        default=None, description="A text or a list of texts."
+    )
     messages: Conversation | None = Field(
         default=None, description="One conversation, rendered with the model's chat template."
     )
@@ -139,17 +154,11 @@ class VLLMRequest(BaseModel):
     activation: StrictBool | None = Field(
         default=None, description="The old name of use_activation (verl sends it); false wins."
     )
-    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1)] | None = Field(
+    truncate_prompt_tokens: integer(ge=-1) | None = Field(
         default=None,
         description="Keep at most this many tokens per item (-1: the model's limit); "
         "default: the server's truncation setting.",
     )
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _text_as_list(cls, value: Any) -> Any:
-        """A lone text is a list of one (the answer is a list either way)."""
-        return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _one_input(self) -> VLLMRequest:
@@ -166,7 +175,9 @@ class VLLMRequest(BaseModel):
         """The request's items: its texts, or its one conversation."""
         if self.messages is not None:
             return Conversations((plain_conversation(self.messages),))
-        return Texts(tuple(self.input or ()))
+        # A lone text is a list of one (the answer is a list either way).
+        texts = [self.input] if isinstance(self.input, str) else self.input or []
+        return Texts(tuple(texts))
 
     def limits(self) -> tuple[bool | None, int | None]:
         """``(truncate, max_tokens)`` for the pipeline from ``truncate_prompt_tokens``."""
@@ -281,13 +292,13 @@ def _usage(scored: Scored) -> UsageInfo:
 @router.post(
     "/classify",
     response_model=ClassificationResponse,
-    responses=_ERRORS,
+    responses=_ANSWERS,
     operation_id="vllm_classify",
 )
 @router.post(
     "/v1/classify",
     response_model=ClassificationResponse,
-    responses=_ERRORS,
+    responses=_ANSWERS,
     operation_id="vllm_v1_classify",
 )
 async def classify(
@@ -314,7 +325,7 @@ async def classify(
     )
 
 
-@router.post("/pooling", response_model=PoolingResponse, responses=_ERRORS)
+@router.post("/pooling", response_model=PoolingResponse, responses=_ANSWERS)
 async def pooling(
     body: PoolingRequest,
     request: Request,
@@ -333,7 +344,12 @@ async def pooling(
     )
 
 
-@router.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+@router.get(
+    "/v1/models",
+    response_model=ModelList,
+    # No body and no scoring: a wrong key or a server still loading are its only errors.
+    responses={status: _ERRORS[status] for status in (401, 503)},
+)
 async def models(registry: RegistryDep, _auth: Authorized) -> ModelList:
     """The served model, as vLLM lists its models (clients probe it to find the name)."""
     if not registry.loaded:
