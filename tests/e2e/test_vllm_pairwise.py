@@ -96,6 +96,10 @@ def test_a_group_shares_its_prompt_through_the_prefix_cache(
 def test_info_lists_the_pairwise_judges_on_vllm(server: ServerProcess) -> None:
     info = httpx.get(f"{server.url}/info", timeout=10).json()
     win, bt2 = info["models"]
-    assert win["mode"] == "pairwise" and win["pairs"] == "all" and win["pairwise_aggregate"] == "win_rate"
+    assert (
+        win["mode"] == "pairwise"
+        and win["pairs"] == "all"
+        and win["pairwise_aggregate"] == "win_rate"
+    )
     assert bt2["pairs"] == 2 and bt2["pairwise_aggregate"] == "bradley_terry"
     assert win["engine_settings"]["enable_prefix_caching"] is True
