@@ -19,7 +19,7 @@ built-in exception it is a kind of, so callers may catch either::
     ├── RunRefusedError           (ValueError)    a program run cannot be made as asked
     ├── QueueFullError            (RuntimeError)  the queue is full: retry after retry_after
     │   └── TenantLimitError                      a tenant is over its queue share or rate
-    ├── BatcherClosedError        (RuntimeError)  not started, or stopping
+    ├── NotRunningError           (RuntimeError)  not started, stopping or closed
     ├── UnauthorizedError         (PermissionError)
     ├── ModelNotFoundError        (LookupError)   another server's route names another model
     ├── UnknownModelError         (LookupError)   /score names a model not served
@@ -39,7 +39,6 @@ from typing import Any
 
 __all__ = [
     "BadDeadlineError",
-    "BatcherClosedError",
     "ChatTemplateError",
     "ClientDisconnectedError",
     "EmptyTextError",
@@ -48,6 +47,7 @@ __all__ = [
     "ModelNotFoundError",
     "ModelsFileError",
     "NotReadyError",
+    "NotRunningError",
     "PolicyTemplateError",
     "PolicyTemplateLoadError",
     "QueueFullError",
@@ -140,8 +140,9 @@ class TenantLimitError(QueueFullError):
     second); ``str(e)`` names the limit. Other tenants are still admitted."""
 
 
-class BatcherClosedError(ServiceError, RuntimeError):
-    """The batcher is not running (not started, or stopping)."""
+class NotRunningError(ServiceError, RuntimeError):
+    """What would do the work is not running: a scheduler, a verifier's workers or sandbox,
+    an engine (not started, stopping, or closed)."""
 
 
 class TooManyItemsError(ServiceError, ValueError):

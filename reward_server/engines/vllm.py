@@ -41,8 +41,8 @@ from reward_server.engines._checkpoint import (
     read_config,
 )
 from reward_server.errors import (
-    BatcherClosedError,
     ModelLoadError,
+    NotRunningError,
     load_errors,
     one_line,
 )
@@ -351,9 +351,9 @@ class VllmScorer(RendersText, abc.ABC):
                 )
 
     def _live_engine(self) -> Any:
-        """The engine, or BatcherClosedError once closed."""
+        """The engine, or NotRunningError once closed."""
         if self._engine is None:
-            raise BatcherClosedError(f"model {self.name!r} is closed")
+            raise NotRunningError(f"model {self.name!r} is closed")
         return self._engine
 
     def _request_id(self) -> str:

@@ -15,7 +15,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reward_server.errors import (
     BadDeadlineError,
-    BatcherClosedError,
     ChatTemplateError,
     ClientDisconnectedError,
     EmptyTextError,
@@ -24,6 +23,7 @@ from reward_server.errors import (
     ModelNotFoundError,
     ModelsFileError,
     NotReadyError,
+    NotRunningError,
     PolicyTemplateError,
     PolicyTemplateLoadError,
     QueueFullError,
@@ -102,7 +102,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
     # nginx's "client closed request": nobody reads it, but metrics count it.
     499: {ClientDisconnectedError: "client_disconnected"},
     500: {ScoringError: "model_error", **_LOAD_ERRORS},
-    503: {NotReadyError: "not_ready", BatcherClosedError: "shutting_down"},
+    503: {NotReadyError: "not_ready", NotRunningError: "shutting_down"},
 }
 
 #: The one table from exception kinds to HTTP status and error ``type``.
@@ -111,7 +111,7 @@ ERRORS: dict[type[BaseException], tuple[int, str]] = {
 }
 
 #: 5xx kinds whose message is safe to send (it names no internal detail).
-_SAFE_5XX = (ScoringError, NotReadyError, BatcherClosedError)
+_SAFE_5XX = (ScoringError, NotReadyError, NotRunningError)
 
 #: Kinds of plain HTTP errors raised by the framework itself (routing, body parsing).
 _HTTP_KINDS = {
@@ -218,7 +218,7 @@ def _message(exc: BaseException, status: int) -> str:
         return str(exc)  # names the tenant and its own limit (a share or a rate)
     if isinstance(exc, QueueFullError):
         return f"the scoring queue is full; retry in {_retry_after(exc)} s"
-    if isinstance(exc, BatcherClosedError):
+    if isinstance(exc, NotRunningError):
         return "the server is shutting down"
     if isinstance(exc, StarletteHTTPException):
         if exc.status_code == 400:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reward_server.config.tenants import Tenant, current_tenant
-from reward_server.errors import BatcherClosedError, QueueFullError
+from reward_server.errors import NotRunningError, QueueFullError
 from reward_server.scheduling.contract import (
     BatchLimits,
     BatchObserver,
@@ -132,7 +132,7 @@ class AdmissionScheduler:
             for queue in self._pending.values():
                 for entry in queue:
                     if not entry.go.done():
-                        entry.go.set_exception(BatcherClosedError("reward engine stopped"))
+                        entry.go.set_exception(NotRunningError("reward engine stopped"))
             for task in list(self._tasks):
                 task.cancel()
         if self._idle is not None:
@@ -190,7 +190,7 @@ class AdmissionScheduler:
         idle = self._idle
         if idle is None or not self.running:
             state = "stopping" if self._closing else "not running"
-            raise BatcherClosedError(f"reward engine is {state}")
+            raise NotRunningError(f"reward engine is {state}")
         self._model.check_rows(items)
         excess = self._in_flight + len(items) - self.max_queue
         if excess > 0:

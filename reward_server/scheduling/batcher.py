@@ -53,7 +53,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from reward_server.config.tenants import current_tenant
-from reward_server.errors import BatcherClosedError, QueueFullError
+from reward_server.errors import NotRunningError, QueueFullError
 from reward_server.scheduling.contract import (
     BatchLimits,
     BatchObserver,
@@ -310,7 +310,7 @@ class Batcher:
         self._closing = True
         if not drain:
             self._abort = True
-            self._fail_queued(BatcherClosedError("reward batcher stopped"))
+            self._fail_queued(NotRunningError("reward batcher stopped"))
         if self._wakeup is not None:
             self._wakeup.set()
         task = self._task
@@ -323,7 +323,7 @@ class Batcher:
         """If the consumer ever dies, fail whatever is still queued instead of hanging."""
         if not task.cancelled() and task.exception() is not None:
             logger.error("batcher consumer died", exc_info=task.exception())
-        self._fail_queued(BatcherClosedError("reward batcher is not running"))
+        self._fail_queued(NotRunningError("reward batcher is not running"))
 
     def _fail_queued(self, exc: BaseException) -> None:
         """Fail every request that still has items in the queue."""
@@ -339,7 +339,7 @@ class Batcher:
     async def submit(self, items: Sequence[Sequence[int]]) -> list[Any]:
         """Queue rows all-or-nothing and wait for their scores, in input order."""
         if not self.running or self._wakeup is None:
-            raise BatcherClosedError(
+            raise NotRunningError(
                 "reward batcher is stopping" if self._closing else "reward batcher is not running"
             )
         n = len(items)
@@ -504,7 +504,7 @@ class Batcher:
         if not live:
             return
         if self._abort:
-            self._fail(live, BatcherClosedError("reward batcher stopped"))
+            self._fail(live, NotRunningError("reward batcher stopped"))
             return
         started = time.monotonic()
         for it in live:

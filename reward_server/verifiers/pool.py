@@ -36,7 +36,7 @@ the answer is not held up by process start-up.
 
 Cancelling ``verify`` (the client went away) cancels its chunks still queued; chunks
 already running finish on their workers and their verdicts are dropped, so the pool stays
-consistent and usable. ``close`` fails queued chunks with BatcherClosedError, kills busy
+consistent and usable. ``close`` fails queued chunks with NotRunningError, kills busy
 workers, stops idle ones, and joins every thread and process.
 """
 
@@ -56,7 +56,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
-from reward_server.errors import BatcherClosedError, ModelLoadError
+from reward_server.errors import ModelLoadError, NotRunningError
 from reward_server.verifiers.call import Call
 from reward_server.verifiers.deadline import past, remaining
 from reward_server.verifiers.items import Task, Verdict
@@ -146,7 +146,7 @@ class VerifierPool:
         """Spawn the workers and wait until each has built its verifier."""
         with self._lock:
             if self._closed:
-                raise BatcherClosedError(f"verifier {self.name!r} is closed")
+                raise NotRunningError(f"verifier {self.name!r} is closed")
             if self._started:
                 return
             self._started = True
@@ -166,7 +166,7 @@ class VerifierPool:
         )
 
     def close(self) -> None:
-        """Stop every worker and wait for them (queued chunks fail with BatcherClosedError)."""
+        """Stop every worker and wait for them (queued chunks fail with NotRunningError)."""
         with self._lock:
             if self._closed:
                 return
@@ -197,8 +197,8 @@ class VerifierPool:
     def closed(self) -> bool:
         return self._closed
 
-    def _closed_error(self) -> BatcherClosedError:
-        return BatcherClosedError(f"verifier {self.name!r} is closed")
+    def _closed_error(self) -> NotRunningError:
+        return NotRunningError(f"verifier {self.name!r} is closed")
 
     # -- gauges --------------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class VerifierPool:
         if not tasks:
             return []
         if not self._started or self._closed:
-            raise BatcherClosedError(
+            raise NotRunningError(
                 f"verifier {self.name!r} is {'closed' if self._closed else 'not started'}"
             )
         if past(deadline):

@@ -40,7 +40,7 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
-from reward_server.errors import BatcherClosedError, ModelLoadError
+from reward_server.errors import ModelLoadError, NotRunningError
 from reward_server.sandbox import Limits, RunResult
 from reward_server.verifiers.call import Call
 from reward_server.verifiers.code import CodeOptions, CodeVerifier
@@ -280,7 +280,7 @@ class SandboxedFunction:
         if not tasks:
             return []
         if self.runner.live_workers == 0:
-            raise BatcherClosedError(f"verifier {self.name!r} is not running")
+            raise NotRunningError(f"verifier {self.name!r} is not running")
         # The breaker of the worker pool (verifiers/call.py), per call: the call's items go
         # ``workers`` at a time, and once most of those settled timed out the rest are not
         # tried (reason timeout), so a function that hangs cannot hold the call for

@@ -36,7 +36,7 @@ import psutil
 import pytest
 from math_verify import parse, verify
 
-from reward_server.errors import BatcherClosedError, ModelLoadError
+from reward_server.errors import ModelLoadError, NotRunningError
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
 from reward_server.verifiers.answers import final_answer, last_boxed, last_number
 
@@ -454,7 +454,7 @@ def test_bad_function_is_a_model_load_error_at_start(
     assert message.startswith("cannot load verifier 'bad': ") and reason in message
     assert "\n" not in message
     assert pool.live_workers == 0 and own_children() <= before
-    with pytest.raises(BatcherClosedError):
+    with pytest.raises(NotRunningError):
         run(pool.verify([Task(None, "x", None)]))
 
 
@@ -625,7 +625,7 @@ def test_close_leaves_no_child_process(pool_factory: Any) -> None:
     assert all(gone(pid) for pid in pids)
     assert own_children() <= before
     assert pool.live_workers == 0
-    with pytest.raises(BatcherClosedError):
+    with pytest.raises(NotRunningError):
         run(pool.verify([Task(None, "x", None)]))
 
 
@@ -646,7 +646,7 @@ def test_close_while_an_item_spins(pool_factory: Any, caplog: pytest.LogCaptureF
 
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         outcome = run(scenario())
-        closed = isinstance(outcome, BatcherClosedError)
+        closed = isinstance(outcome, NotRunningError)
         del outcome  # its traceback holds the call's chunks
         gc.collect()  # asyncio logs a failed chunk nobody read when it is collected
     assert closed

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 import reward_server.scheduling.batcher as batcher_module
-from reward_server.errors import BatcherClosedError, QueueFullError
+from reward_server.errors import NotRunningError, QueueFullError
 from reward_server.scheduling import Batcher, BatchLimits, BatchStats
 from reward_server.scheduling.batcher import MAX_RETRY_AFTER, MIN_RETRY_AFTER
 
@@ -323,13 +323,13 @@ def test_submit_before_start_and_after_stop() -> None:
     async def main() -> None:
         batcher = make(scorer)
         assert not batcher.running
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(NotRunningError):
             await batcher.submit([[1]])
         await batcher.start()
         assert batcher.running
         await batcher.stop()
         assert not batcher.running
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(NotRunningError):
             await batcher.submit([[1]])
 
     run(main())
@@ -351,7 +351,7 @@ def test_stop_drain_finishes_queued_work() -> None:
         stopping = asyncio.create_task(batcher.stop(drain=True))
         await asyncio.sleep(0)
         assert not batcher.running
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(NotRunningError):
             await batcher.submit([[9]])
         scorer.release()
         await stopping
@@ -374,7 +374,7 @@ def test_stop_without_drain_fails_queued_work() -> None:
         queued = asyncio.create_task(batcher.submit([[2], [3]]))
         await until(lambda: batcher.queued == 2)
         stopping = asyncio.create_task(batcher.stop(drain=False))
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(NotRunningError):
             await queued
         scorer.release()
         await stopping

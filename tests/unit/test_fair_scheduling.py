@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 from reward_server.config.tenants import DEFAULT_TENANT, Tenant, current_tenant
-from reward_server.errors import BatcherClosedError, QueueFullError, TenantLimitError
+from reward_server.errors import NotRunningError, QueueFullError, TenantLimitError
 from reward_server.scheduling import AdmissionScheduler, Batcher, BatchLimits
 from reward_server.scheduling.batcher import shared_pass_tokens
 from reward_server.scheduling.fairness import DeficitRoundRobin, TokenBuckets
@@ -600,7 +600,7 @@ def test_vllm_stop_drains_or_fails_the_requests_waiting_their_turn() -> None:
         assert engine.holding == 2 and sched.queued == 6
         stopping = asyncio.ensure_future(sched.stop())  # drain: the waiting ones still run
         await settle()
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(NotRunningError):
             await as_tenant(Tenant("B"), sched.submit, rows(B, 1))
         engine.finish.set()
         assert [len(v) for v in await asyncio.gather(*tasks)] == [2, 2, 2]
@@ -617,7 +617,7 @@ def test_vllm_stop_drains_or_fails_the_requests_waiting_their_turn() -> None:
         await sched2.stop(drain=False)  # the one in vLLM is cancelled, the others fail
         results = await asyncio.gather(*waiting, return_exceptions=True)
         assert isinstance(results[0], asyncio.CancelledError)
-        assert all(isinstance(r, BatcherClosedError) for r in results[1:])
+        assert all(isinstance(r, NotRunningError) for r in results[1:])
         assert sched2.queued == 0 and engine2.order == [A]
 
     run(main())

@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from reward_server.errors import BatcherClosedError, ModelLoadError
+from reward_server.errors import ModelLoadError, NotRunningError
 from reward_server.sandbox import (
     LANGUAGES,
     CompileResult,
@@ -213,7 +213,7 @@ class CodeVerifier:
         """Make the sandbox: ModelLoadError (one line: why, and what to do) when no sandbox
         can be made here; ``sandbox: none`` is logged as a warning, at every start."""
         if self._closed:
-            raise BatcherClosedError(f"verifier {self.name!r} is closed")
+            raise NotRunningError(f"verifier {self.name!r} is closed")
         if self.sandbox is not None:
             return
         o = self.options
@@ -269,7 +269,7 @@ class CodeVerifier:
     def _running(self) -> tuple[Sandbox, _LoopThread]:
         if self.sandbox is None or self._runner is None or self._closed:
             state = "closed" if self._closed else "not started"
-            raise BatcherClosedError(f"verifier {self.name!r} is {state}")
+            raise NotRunningError(f"verifier {self.name!r} is {state}")
         return self.sandbox, self._runner
 
     async def verify(self, tasks: Sequence[Task], deadline: float | None = None) -> list[Verdict]:
