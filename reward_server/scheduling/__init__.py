@@ -1,22 +1,31 @@
-"""Scheduling: every queue, batch window and tenant turn of the server, between the scoring
-core (which submits token-id rows) and the engines (which only run rows).
+"""Scheduling: the one admission core every kind's work goes through, between the scoring
+core and what runs the work (model engines' rows, verifier workers' items, sandbox slots'
+programs, connections to remote services).
 
-* :mod:`~reward_server.scheduling.contract`: the :class:`Scheduler` the core submits to, the
-  two ways an engine runs rows (a blocking ``run_batch`` function, or a :class:`RowRunner`
-  that batches by itself), :class:`BatchLimits`, :class:`BatchStats` and the one check that a
-  scheduler's answers fit its rows (:func:`check_count`).
-* :mod:`~reward_server.scheduling.batcher`: the micro-batcher (windows, the pass-cost model,
-  passes on the compute thread) for blocking engines.
+* :mod:`~reward_server.scheduling.fairness`: admission (:class:`Admission`: the queue limit,
+  each tenant's share of it and rate limit, one Retry-After from the measured rate), the
+  tenants' rate buckets (one :class:`TokenBuckets` per app, which the registry owns), deficit
+  round robin and what a tenant was served lately.
+* :mod:`~reward_server.scheduling.fair_queue` and :mod:`~reward_server.scheduling.seats`: the
+  one fair queue (a sparse tenant's work first, else turns by weight) in front of an
+  executor's seats: each kind says what a piece of its work costs and how many seats it has
+  (vLLM's rows, a verifier pool's worker processes, a code verifier's sessions and sandbox
+  slots, a remote service's connections); cancelling a piece takes it out of the queue.
+* :mod:`~reward_server.scheduling.contract`: the :class:`Scheduler` the core submits model
+  rows to, the two ways an engine runs rows (a blocking ``run_batch`` function, or a
+  :class:`RowRunner` that batches by itself), :class:`BatchLimits`, :class:`BatchStats` and
+  the one check that a scheduler's answers fit its rows (:func:`check_count`).
+* :mod:`~reward_server.scheduling.batcher` and :mod:`~reward_server.scheduling.tenant_queues`:
+  the micro-batcher for blocking engines (its own windows, the pass-cost model, passes on the
+  compute thread; one queue of rows per tenant, turns on the same deficit round robin).
 * :mod:`~reward_server.scheduling.admission`: admission and fair hand-off for an engine that
-  batches by itself.
-* :mod:`~reward_server.scheduling.tenant_queues` and :mod:`~reward_server.scheduling.fairness`:
-  one queue per tenant, deficit round robin, per-tenant admission and rate buckets (one
-  :class:`TokenBuckets` per app, which the registry owns).
+  batches by itself (its rows are seats).
 * :mod:`~reward_server.scheduling.rate_limit`: the sliding-window start limit of requests to a
-  remote reward service.
+  remote reward service (``max_rpm``).
 
-:func:`make_scheduler` is the one constructor: it picks the scheduler from what the engine
-offers. No torch and no HTTP here.
+:func:`make_scheduler` is the one constructor of a model's scheduler: it picks it from what
+the engine offers. No torch and no HTTP here. Outside this package no module makes a queue or
+a semaphore or reads a tenant's share (``tests/unit/test_scheduling_boundary.py``).
 """
 
 from __future__ import annotations
@@ -36,17 +45,22 @@ from reward_server.scheduling.contract import (
     Scheduler,
     check_count,
 )
-from reward_server.scheduling.fairness import TokenBuckets
+from reward_server.scheduling.fair_queue import FairQueue
+from reward_server.scheduling.fairness import Admission, TokenBuckets
+from reward_server.scheduling.seats import Seats
 
 __all__ = [
+    "Admission",
     "AdmissionScheduler",
     "BatchLimits",
     "BatchObserver",
     "BatchRunner",
     "BatchStats",
     "Batcher",
+    "FairQueue",
     "RowRunner",
     "Scheduler",
+    "Seats",
     "TokenBuckets",
     "check_count",
     "make_scheduler",

@@ -8,24 +8,23 @@ rows of a client that hung up, draining on SIGTERM and one metrics record per re
 
 Tenants: the engine serves what it holds first come, first served, so a tenant that floods it
 would make every other wait behind the whole flood. The scheduler therefore hands the engine
-at most ``max_in_engine`` rows at a time (enough to keep its batches full) and keeps the rest
-in one queue per tenant; which request goes next follows deficit round robin on tokens
-across the tenants with work (:class:`~reward_server.scheduling.fairness.DeficitRoundRobin`),
-as the micro-batcher's windows do. Admission is per tenant too: its share of ``max_queue``
-and its rate limit (:class:`~reward_server.scheduling.fairness.TenantAdmission`).
+at most ``max_in_engine`` rows at a time (enough to keep its batches full): its rows are the
+engine's :class:`~reward_server.scheduling.seats.Seats`, and which request gets them next is
+the fair queue's order (:class:`~reward_server.scheduling.fair_queue.FairQueue`: a sparse
+tenant's request first, else deficit round robin on tokens), as for every other executor.
+Admission is the common one too (:class:`~reward_server.scheduling.fairness.Admission`: the
+queue limit, each tenant's share of it and its rate limit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from reward_server.config.tenants import Tenant, current_tenant
-from reward_server.errors import NotRunningError, QueueFullError
+from reward_server.errors import NotRunningError
 from reward_server.scheduling.contract import (
     BatchLimits,
     BatchObserver,
@@ -33,7 +32,8 @@ from reward_server.scheduling.contract import (
     RowRunner,
     check_count,
 )
-from reward_server.scheduling.fairness import DeficitRoundRobin, TenantAdmission, TokenBuckets
+from reward_server.scheduling.fairness import Admission, TokenBuckets
+from reward_server.scheduling.seats import Seats
 
 __all__ = ["DEFAULT_MAX_IN_ENGINE", "DEFAULT_QUANTUM_TOKENS", "AdmissionScheduler"]
 
@@ -44,22 +44,6 @@ DEFAULT_MAX_IN_ENGINE = 512
 
 #: A tenant's turn, in tokens handed to vLLM per unit of its weight.
 DEFAULT_QUANTUM_TOKENS = 16384
-
-#: Bounds of the Retry-After estimate, seconds (as the micro-batcher's).
-_MIN_RETRY_AFTER = 0.1
-_MAX_RETRY_AFTER = 30.0
-
-
-@dataclass(eq=False, slots=True)
-class _Pending:
-    """One request waiting for its turn to be handed to vLLM."""
-
-    rows: Sequence[Sequence[int]]
-    tokens: int
-    tenant: str
-    enqueued: float
-    go: asyncio.Future[None]  # set when handed to vLLM; cancelled when the caller left
-    started: float | None = None
 
 
 class AdmissionScheduler:
@@ -92,16 +76,11 @@ class AdmissionScheduler:
         self.max_queue = limits.max_queue
         self.max_in_engine = max_in_engine
         self._observer = observer
-        self._in_flight = 0  # rows admitted and not finished (here or in vLLM)
-        self._in_engine = 0  # rows handed to vLLM and not finished
         self._closing = False
         self._idle: asyncio.Event | None = None
         self._tasks: set[asyncio.Future[tuple[list[Any], int]]] = set()
-        self._rate: float | None = None  # rows per second, moving average
-        self._pending: dict[str, deque[_Pending]] = {}  # by tenant name, oldest first
-        self._weights: dict[str, float] = {}
-        self._drr = DeficitRoundRobin(quantum_tokens)
-        self._admission = TenantAdmission(limits.max_queue, buckets)
+        self._seats = Seats(max_in_engine, quantum=quantum_tokens, closed="reward engine stopped")
+        self._admission = Admission(limits.max_queue, buckets, unit="rows")
 
     async def start(self) -> None:
         """Bind the engine to the running event loop; idle until the first submit."""
@@ -119,7 +98,7 @@ class AdmissionScheduler:
     @property
     def queued(self) -> int:
         """Rows admitted and not finished (waiting for their turn or in vLLM)."""
-        return self._in_flight
+        return self._admission.queued
 
     def queued_by_tenant(self) -> dict[str, int]:
         """Rows admitted and not finished, by tenant."""
@@ -129,10 +108,7 @@ class AdmissionScheduler:
         """Refuse new work; wait for the rows admitted (drain) or cancel them."""
         self._closing = True
         if not drain:
-            for queue in self._pending.values():
-                for entry in queue:
-                    if not entry.go.done():
-                        entry.go.set_exception(NotRunningError("reward engine stopped"))
+            self._seats.close()  # the requests waiting for their turn fail
             for task in list(self._tasks):
                 task.cancel()
         if self._idle is not None:
@@ -147,22 +123,18 @@ class AdmissionScheduler:
         tokens = sum(len(row) for row in items)
         idle = self._admit(items, tenant, tokens)
         n = len(items)
-        entry = _Pending(
-            items, tokens, tenant.name, time.monotonic(), asyncio.get_running_loop().create_future()
-        )
-        self._pending.setdefault(tenant.name, deque()).append(entry)
-        self._weights[tenant.name] = tenant.weight
-        self._drr.wake(tenant.name)
-        self._dispatch()
+        enqueued = time.monotonic()
+        started: float | None = None
         task: asyncio.Future[tuple[list[Any], int]] | None = None
         error: BaseException | None = None
         cached = 0
         try:
-            await entry.go
-            task = asyncio.ensure_future(self._model.run_rows(items))
-            self._tasks.add(task)
-            values, cached = await task
-            return check_count(values, n)
+            async with self._seats.seat(tenant, cost=tokens, size=n):
+                started = time.monotonic()
+                task = asyncio.ensure_future(self._model.run_rows(items))
+                self._tasks.add(task)
+                values, cached = await task
+                return check_count(values, n)
         except BaseException as exc:
             if task is not None:
                 task.cancel()
@@ -171,18 +143,14 @@ class AdmissionScheduler:
         finally:
             if task is not None:
                 self._tasks.discard(task)
-            if entry.started is None:
-                entry.go.cancel()  # never handed to vLLM: its turn is skipped
-                if self._observer is not None and isinstance(error, asyncio.CancelledError):
-                    self._observer.on_dropped(n)
-            else:
-                self._in_engine -= n
-            self._in_flight -= n
+            dropped = started is None and isinstance(error, asyncio.CancelledError)
+            if dropped and self._observer is not None:
+                self._observer.on_dropped(n)  # never handed to vLLM
             self._admission.release(tenant.name, n)
-            if self._in_flight == 0:
+            if self._admission.queued == 0:
                 idle.set()
-            self._dispatch()
-            self._observe(entry, error, cached)
+            if started is not None:
+                self._observe(tenant.name, items, tokens, (enqueued, started), error, cached)
 
     def _admit(self, items: Sequence[Sequence[int]], tenant: Tenant, tokens: int) -> asyncio.Event:
         """Count ``items`` in, or raise: not running, a bad row, the queue is full or the
@@ -192,81 +160,36 @@ class AdmissionScheduler:
             state = "stopping" if self._closing else "not running"
             raise NotRunningError(f"reward engine is {state}")
         self._model.check_rows(items)
-        excess = self._in_flight + len(items) - self.max_queue
-        if excess > 0:
-            raise QueueFullError(self._retry_after(excess))
-        others = sum(
-            self._weights.get(name, 1.0)
-            for name in self._admission.with_work()
-            if name != tenant.name
-        )
-        self._admission.admit(
-            tenant,
-            len(items),
-            tokens,
-            rate=self._rate,
-            share_of_rate=tenant.weight / (tenant.weight + others),
-        )
-        self._in_flight += len(items)
+        self._admission.admit(tenant, len(items), tokens)
         idle.clear()
         return idle
 
-    def _head(self, name: str) -> int | None:
-        """Tokens of tenant ``name``'s next waiting request (dropping abandoned ones)."""
-        queue = self._pending.get(name)
-        while queue:
-            if not queue[0].go.done():
-                return queue[0].tokens
-            queue.popleft()
-        return None
-
-    def _weight(self, name: str) -> float:
-        return self._weights.get(name, 1.0)
-
-    def _dispatch(self) -> None:
-        """Hand waiting requests to vLLM, in fair order, while it holds fewer than
-        ``max_in_engine`` rows (a request goes whole, so it may pass the mark)."""
-        while self._in_engine < self.max_in_engine:
-            name = self._drr.current
-            if name is None:
-                name = self._drr.begin(self._head, self._weight)
-                if name is None:
-                    return
-            head = self._head(name)
-            if head is None or not self._drr.charge(name, head):
-                self._drr.end(name, head is not None)
-                continue
-            entry = self._pending[name].popleft()
-            entry.started = time.monotonic()
-            self._in_engine += len(entry.rows)
-            entry.go.set_result(None)
-
-    def _retry_after(self, excess: int) -> float:
-        """Seconds until about ``excess`` rows should have been scored."""
-        if not self._rate:
-            return 1.0
-        return min(_MAX_RETRY_AFTER, max(_MIN_RETRY_AFTER, excess / self._rate))
-
-    def _observe(self, entry: _Pending, error: BaseException | None, cached: int) -> None:
+    def _observe(
+        self,
+        tenant: str,
+        rows: Sequence[Sequence[int]],
+        tokens: int,
+        times: tuple[float, float],
+        error: BaseException | None,
+        cached: int,
+    ) -> None:
         """Learn the rate and report the request as one pass (no padding in vLLM)."""
-        if entry.started is None:
-            return  # never reached vLLM (cancelled or stopped while waiting)
-        n = len(entry.rows)
-        seconds = time.monotonic() - entry.started
-        if error is None and seconds > 0:
-            rate = n / seconds
-            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
+        n = len(rows)
+        enqueued, started = times
+        seconds = time.monotonic() - started
+        if error is None:
+            self._admission.finished(n)
         if self._observer is None or isinstance(error, asyncio.CancelledError):
             return
         self._observer.on_batch(
             BatchStats(
                 rows=n,
-                real_tokens=entry.tokens,
-                padded_tokens=entry.tokens,
-                queue_wait_s=(entry.started - entry.enqueued,) * n,
+                real_tokens=tokens,
+                padded_tokens=tokens,
+                queue_wait_s=(started - enqueued,) * n,
                 inference_s=seconds,
                 error=error,
                 cached_tokens=cached,
-                tenants=(entry.tenant,) * n,
+                tenants=(tenant,) * n,
             )
         )

@@ -53,7 +53,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from reward_server.config.tenants import current_tenant
-from reward_server.errors import NotRunningError, QueueFullError
+from reward_server.errors import NotRunningError
 from reward_server.scheduling.contract import (
     BatchLimits,
     BatchObserver,
@@ -61,8 +61,8 @@ from reward_server.scheduling.contract import (
     BatchStats,
     check_count,
 )
-from reward_server.scheduling.fairness import TenantAdmission, TokenBuckets
-from reward_server.scheduling.tenant_queues import RECENT_S, Item, Request, TenantQueues, Window
+from reward_server.scheduling.fairness import RECENT_S, Admission, TokenBuckets
+from reward_server.scheduling.tenant_queues import Item, Request, TenantQueues, Window
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +74,6 @@ __all__ = [
     "shared_pass_tokens",
     "split_overhead_tokens",
 ]
-
-#: Bounds of the Retry-After estimate, seconds.
-MIN_RETRY_AFTER = 0.1
-MAX_RETRY_AFTER = 30.0
 
 #: Sharing (see shared_pass_tokens): passes are kept to this many times a pass's fixed
 #: cost in tokens while another tenant has submitted within RECENT_S.
@@ -264,14 +260,14 @@ class Batcher:
         self._observer = observer
         # A turn is worth one micro-batch's token budget per unit of weight.
         self._tenants = TenantQueues(quantum=max_batch_tokens)
-        self._queued = 0  # admitted items of live requests whose micro-batch has not started
-        self._admission = TenantAdmission(max_queue, buckets)
+        # Admitted items of live requests whose micro-batch has not started; the rate
+        # (items per second of inference) gives the Retry-After of a refusal.
+        self._admission = Admission(max_queue, buckets)
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._abort = False  # stop(drain=False): fail instead of run what has not started
         self._started = False
-        self._rate: float | None = None  # items per second of inference, moving average
         self._cost = _CostModel(fixed=split_overhead_tokens)
         self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # seconds between submits
         self._last_submit: float | None = None
@@ -292,7 +288,7 @@ class Batcher:
     @property
     def queued(self) -> int:
         """Items admitted and waiting for their micro-batch to start."""
-        return self._queued
+        return self._admission.queued
 
     async def start(self) -> None:
         """Start the consumer task on the running event loop."""
@@ -349,22 +345,13 @@ class Batcher:
             len(row) == 0 for row in items
         ):  # an empty row would fail its whole micro-batch, neighbours too
             raise ValueError("cannot score an empty row (zero tokens)")
-        if self._queued + n > self.max_queue:
-            raise QueueFullError(self._retry_after(self._queued + n - self.max_queue))
         tenant = current_tenant.get()
-        self._admission.admit(
-            tenant,
-            n,
-            sum(len(row) for row in items),
-            rate=self._rate,
-            share_of_rate=self._tenants.share(tenant, self._admission.queued),
-        )
+        self._admission.admit(tenant, n, sum(len(row) for row in items))
         now = time.monotonic()
         if self._last_submit is not None:
             self._gaps.append(now - self._last_submit)
         self._last_submit = now
         request = self._tenants.add(tenant, items, now)
-        self._queued += n
         self._wakeup.set()
         try:
             return await request.future
@@ -375,15 +362,8 @@ class Batcher:
                 self._observer.on_dropped(dropped)
             raise
 
-    def _retry_after(self, excess: int) -> float:
-        """Seconds until about ``excess`` queued items should have been processed."""
-        if not self._rate:
-            return 1.0
-        return min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, excess / self._rate))
-
     def _finish_request(self, request: Request, exc: BaseException | None) -> None:
         """End a request early (failure or cancellation): release its unstarted items."""
-        self._queued -= request.unstarted
         self._admission.release(request.tenant, request.unstarted)
         request.unstarted = 0
         if not request.future.done():
@@ -510,7 +490,6 @@ class Batcher:
         for it in live:
             it.request.unstarted -= 1
             self._admission.release(it.request.tenant, 1)
-        self._queued -= len(live)
         self._tenants.note_served(live[0].request.tenant, sum(it.length for it in live), started)
         width = max(it.length for it in live)
         error: BaseException | None = None
@@ -546,8 +525,7 @@ class Batcher:
 
     def _learn(self, rows: int, padded_tokens: int, seconds: float) -> None:
         """Update the throughput estimate (for Retry-After) and the pass-cost model."""
-        rate = rows / max(seconds, 1e-6)
-        self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
+        self._admission.learn(rows, seconds)
         self._cost.add(padded_tokens, seconds)
 
     def _fail(self, live: list[Item], exc: BaseException) -> None:

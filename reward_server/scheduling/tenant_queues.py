@@ -22,18 +22,14 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reward_server.config.tenants import Tenant
-from reward_server.scheduling.fairness import DeficitRoundRobin
+from reward_server.scheduling.fairness import DeficitRoundRobin, Served
 
-__all__ = ["RECENT_S", "Item", "Request", "TenantQueues", "Window"]
-
-#: The time scale of "lately" for a tenant's served tokens (sparse priority) and for
-#: "another tenant is about" (the batcher's shared pass limit), seconds.
-RECENT_S = 2.0
+__all__ = ["Item", "Request", "TenantQueues", "Window"]
 
 
 @dataclass(eq=False, slots=True)
@@ -86,9 +82,7 @@ class _TenantQueue:
     items: deque[Item] = field(default_factory=deque)
     tokens: int = 0  # of the items in ``items``
     last_submit: float = 0.0  # monotonic time of its latest submit
-    # Tokens served lately: decays by e every RECENT_S seconds (``served_at``: last update).
-    served: float = 0.0
-    served_at: float = 0.0
+    served: Served = field(default_factory=Served)  # tokens served lately
 
     # Arrived to an empty queue while none of its work was running, and not served since:
     # a sparse tenant's request (see TenantQueues.gives_way).
@@ -96,7 +90,7 @@ class _TenantQueue:
 
     def recent(self, now: float) -> float:
         """Tokens served lately, decayed to ``now``."""
-        return self.served * math.exp(-(now - self.served_at) / RECENT_S)
+        return self.served.recent(now)
 
     def popleft(self) -> Item:
         item = self.items.popleft()
@@ -186,17 +180,6 @@ class TenantQueues:
         """Tenant ``name``'s weight, from its latest record."""
         return self._queues[name].tenant.weight
 
-    def share(self, tenant: Tenant, queued: Callable[[str], int]) -> float:
-        """The part of the passes ``tenant`` gets now: its weight over the weights of the
-        tenants with work, itself included (``queued``: a tenant's admitted rows not started
-        yet, by name; the others' weights from their latest record)."""
-        others = sum(
-            queue.tenant.weight
-            for other, queue in self._queues.items()
-            if other != tenant.name and queued(other) > 0
-        )
-        return tenant.weight / (tenant.weight + others)
-
     def put_back(self, name: str, items: list[Item]) -> None:
         """Return unstarted items to the front of their tenant's queue, in arrival order."""
         queue = self._queues[name]
@@ -245,8 +228,7 @@ class TenantQueues:
         """Count ``tokens`` of tenant ``name`` run in a pass that started at ``now``."""
         queue = self._queues.get(name)
         if queue is not None:
-            queue.served = queue.recent(now) + tokens
-            queue.served_at = now
+            queue.served.add(tokens, now)
 
     def others_recent(self, name: str, since: float) -> bool:
         """True when a tenant other than ``name`` has submitted since ``since``."""

@@ -13,7 +13,7 @@ import pytest
 import reward_server.scheduling.batcher as batcher_module
 from reward_server.errors import NotRunningError, QueueFullError
 from reward_server.scheduling import Batcher, BatchLimits, BatchStats
-from reward_server.scheduling.batcher import MAX_RETRY_AFTER, MIN_RETRY_AFTER
+from reward_server.scheduling.fairness import MAX_RETRY_AFTER, MIN_RETRY_AFTER
 
 T = TypeVar("T")
 FAIL = -1  # a row holding this token makes the fake scorer raise
