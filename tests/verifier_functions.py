@@ -21,11 +21,12 @@ def length(prompt: Any, response: str, label: Any) -> float:
 
 def by_label(prompt: Any, response: str, label: Any) -> Any:
     """One behaviour per label, so that one pool shows them all (and all in one call)."""
-    if isinstance(label, dict):  # {"record": file, "hang": bool}: note the call, then hang?
+    if isinstance(label, dict):  # {"record": file, "hang": bool, "nap": s}: note the call
         with open(label["record"], "a", encoding="utf-8") as record:
             record.write(response + "\n")
         if label.get("hang"):
             time.sleep(1e9)
+        time.sleep(label.get("nap", 0.0))
         return float(len(response))
     if label == "dict":
         return {"score": 0.25, "length": len(response), "has_prompt": prompt is not None}

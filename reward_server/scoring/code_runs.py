@@ -6,34 +6,28 @@ The runs come from the first ``verifier: code`` entry of the models file: its sa
 whose workers bound the runs of both), its languages, and its limits as ceilings:
 a request's compile and run timeouts are honoured up to ``COMPILE_TIMEOUT_S`` and the
 entry's ``timeout_s``, its memory limit up to the entry's ``memory_mb`` (the entry's when the
-request gives none), its output up to ``output_bytes``. Admission is the server's: at most
-``--max-queue`` runs waiting or running at once, a tenant with a ``queue_share`` at most its
-share of them (429 beyond, with Retry-After); ``tokens_per_s`` does not apply (a run has no
-tokens).
+request gives none), its output up to ``output_bytes``. Admission is the server's one
+(:class:`~reward_server.scheduling.fairness.Admission`): at most ``--max-queue`` runs waiting
+or running at once, a tenant with a ``queue_share`` at most its share of them (429 beyond,
+with a Retry-After from the runs' measured rate); ``tokens_per_s`` does not apply (a run has
+no tokens). An admitted run then waits for the verifier's session and sandbox slot in the
+fair queue, beside its items' tests.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from reward_server.config.tenants import current_tenant
-from reward_server.errors import (
-    QueueFullError,
-    RunRefusedError,
-    TenantLimitError,
-)
+from reward_server.errors import RunRefusedError
 from reward_server.sandbox import LANGUAGES, CompileResult, Limits, RunResult, language
+from reward_server.scheduling.fairness import Admission
 from reward_server.verifiers.code.verifier import COMPILE_TIMEOUT_S, CodeVerifier
 
 __all__ = ["CodeRun", "CodeRunResult", "CodeRuns"]
-
-#: Seconds a refused run is told to wait before it tries again.
-RETRY_AFTER_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +63,12 @@ class CodeRuns:
         """``verifier``: the first code verifier served."""
         self.verifier = verifier
         self.max_queue = max_queue
-        self._running = 0
-        self._by_tenant: Counter[str] = Counter()
+        self._admission = Admission(max_queue, unit="runs")
 
     @property
     def running(self) -> int:
         """Runs admitted and not finished."""
-        return self._running
+        return self._admission.queued
 
     def _language(self, verifier: CodeVerifier, name: str) -> str:
         allowed = verifier.options.languages
@@ -107,28 +100,6 @@ class CodeRuns:
             output_bytes=o.output_bytes,
         )
 
-    @contextlib.contextmanager
-    def _admitted(self) -> Iterator[None]:
-        tenant = current_tenant.get()
-        if self._running >= self.max_queue:
-            raise QueueFullError(RETRY_AFTER_S)
-        share = tenant.queue_share
-        if share is not None and self._by_tenant[tenant.name] >= max(
-            1, int(share * self.max_queue)
-        ):
-            raise TenantLimitError(
-                RETRY_AFTER_S,
-                f"tenant {tenant.name!r} has {self._by_tenant[tenant.name]} runs in progress, "
-                f"its share ({share:g}) of the server's {self.max_queue}; retry later",
-            )
-        self._running += 1
-        self._by_tenant[tenant.name] += 1
-        try:
-            yield
-        finally:
-            self._running -= 1
-            self._by_tenant[tenant.name] -= 1
-
     async def run(self, run: CodeRun) -> CodeRunResult:
         """Run one program (RunRefusedError for a run that cannot be made, QueueFullError when too many are in progress)."""
         verifier = self.verifier
@@ -144,7 +115,7 @@ class CodeRuns:
             files[path] = content
         files[main] = run.code
         limits = self.limits(verifier, run)
-        with self._admitted():
+        with self._admission.admitted(current_tenant.get(), 1):
             compiled, result = await verifier.run_once(name, files, run.stdin or "", limits)
         if LANGUAGES[name].compile is not None:
             return CodeRunResult(name, compiled, result if compiled.ok else None, limits)

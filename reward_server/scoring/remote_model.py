@@ -8,9 +8,12 @@ reward model (``vllm``, ``tei``), or an OpenAI-compatible chat endpoint used as 
 /v1/chat/completions``; the first group of ``score_pattern`` in the reply is the score).
 
 Every HTTP request to the service (retries and the client's own ``/info`` included) waits
-for one of ``max_concurrent`` slots and, with ``max_rpm``, for its turn in a sliding window of
-60 s holding at most ``max_rpm`` request starts. ``timeout_s`` (default 30) is both the time
-limit of one request (from when it has its slot) and the client's retry budget of one call.
+for one of ``max_concurrent`` connection seats, in the server's fair queue under its
+request's tenant (:class:`~reward_server.scheduling.seats.Seats`), then, with ``max_rpm``,
+for its turn in a sliding window of 60 s holding at most ``max_rpm`` request starts.
+``timeout_s`` (default 30) is both the time limit of one request (from when it has its seat)
+and the client's retry budget of one call. The remote's items are admitted as every
+scheduler's (``--max-queue`` at once, a tenant's share of them).
 
 Like a verifier's, an item the remote finally failed on is not an error of the request: it
 scores the entry's ``on_error``, its reason (``remote_error``, ``timeout``, or ``parse_failure`` for
@@ -32,8 +35,11 @@ import httpx
 
 from reward_client import AsyncRewardClient, RetryPolicy, RewardClientError
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
+from reward_server.config.tenants import current_tenant
 from reward_server.errors import ModelLoadError, NotReadyError, UnrenderableError
+from reward_server.scheduling.fairness import Admission
 from reward_server.scheduling.rate_limit import RateLimiter
+from reward_server.scheduling.seats import Seats
 from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, judge_prompts, tasks
@@ -52,11 +58,16 @@ logger = logging.getLogger(__name__)
 
 #: ``timeout_s`` of a remote entry that does not set it.
 DEFAULT_REMOTE_TIMEOUT_S = 30.0
+#: Calls a light tenant's request may make first, per unit of weight (the fair queue's burst).
+CALLS_BURST = 16
 
 
 class _Limited(httpx.AsyncBaseTransport):
-    """A transport that holds one of ``max_concurrent`` slots (after a rate-limited start)
-    for each request, its answer's body read before the slot is given back."""
+    """A transport that holds one of ``max_concurrent`` connection seats for each request
+    (then waits for its start in the ``max_rpm`` window), its answer's body read before the
+    seat is given back. The seats are the server's fair queue: a request waits there under
+    its tenant, so a tenant flooding the remote does not hold the others behind its
+    backlog."""
 
     def __init__(
         self,
@@ -66,14 +77,14 @@ class _Limited(httpx.AsyncBaseTransport):
         timeout_s: float,
     ) -> None:
         self.inner = inner
-        self.slots = asyncio.Semaphore(slots)
+        self.slots = Seats(slots, burst=CALLS_BURST, closed="the remote component is closed")
         self.rate = rate
         self.timeout_s = timeout_s
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.rate is not None:
-            await self.rate.acquire()
-        async with self.slots:
+        async with self.slots.seat(current_tenant.get()):
+            if self.rate is not None:  # the max_rpm window: in the seat's fair order
+                await self.rate.acquire()
             try:
                 return await asyncio.wait_for(self._send(request), self.timeout_s)
             except asyncio.TimeoutError:
@@ -180,12 +191,12 @@ class RemoteModel:
         self._ctx: ServingContext | None = None
         self._client: AsyncRewardClient | None = None
         self._http: httpx.AsyncClient | None = None
-        self._in_flight = 0
+        self._admission: Admission | None = None
 
     @property
     def queued(self) -> int:
         """Items being scored by the remote now."""
-        return self._in_flight
+        return 0 if self._admission is None else self._admission.queued
 
     def _api_key(self) -> str | None:
         name = self.spec.api_key_env
@@ -222,14 +233,16 @@ class RemoteModel:
         )
 
     async def start(self, ctx: ServingContext) -> None:
-        """Take the registry's context and make the client."""
+        """Take the registry's context, make the client, and admit as every scheduler does
+        (--max-queue items at once, a tenant's share of them)."""
         self._ctx = ctx
+        self._admission = Admission(ctx.settings.max_queue, ctx.buckets)
         self._client = self.make_client()
         self.running = True
 
     def snapshot(self) -> ModelState | None:
         """Items the remote is scoring, for /metrics at a scrape; None until started."""
-        return None if self._ctx is None else ModelState(self.name, self._in_flight)
+        return None if self._ctx is None else ModelState(self.name, self.queued)
 
     async def stop(self, *, drain: bool = True) -> None:
         """Refuse new work and close the client."""
@@ -243,20 +256,17 @@ class RemoteModel:
     ) -> list[ItemResult]:
         """Score every item remotely (never raises for a failing remote: ``on_error``).
         No score cache: ``cache`` is ignored (see score_cache.caches_kind)."""
-        ctx, client = self._ctx, self._client
-        if ctx is None or client is None or not self.running:
+        ctx, client, admission = self._ctx, self._client, self._admission
+        if ctx is None or client is None or admission is None or not self.running:
             raise NotReadyError("the remote component is not running")
         work = await asyncio.get_running_loop().run_in_executor(
             ctx.tokenizer, tasks, items, ctx.policy_template
         )
-        self._in_flight += len(work)
-        try:
+        with admission.admitted(current_tenant.get(), len(work)):
             if self.spec.protocol == "openai-chat":
                 results = await self._judge(client, items, ctx)
             else:
                 results = await self._reward(client, work)
-        finally:
-            self._in_flight -= len(work)
         for result in results:
             if result.error is not None:
                 ctx.metrics.on_remote_error(self.name, result.error)

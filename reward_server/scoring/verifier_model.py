@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from reward_server.config.tenants import current_tenant
 from reward_server.config.verifier_entries import (
     CodeVerifierEntry,
     FormatVerifier,
@@ -31,6 +32,7 @@ from reward_server.config.verifier_entries import (
     VerifierEntry,
 )
 from reward_server.errors import ModelLoadError, NotReadyError
+from reward_server.scheduling.fairness import Admission
 from reward_server.scoring.deadline import current_deadline
 from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, tasks
@@ -125,6 +127,7 @@ class VerifierModel:
         #: True once started, until stop() begins.
         self.running = False
         self._ctx: ServingContext | None = None
+        self._admission: Admission | None = None
 
     @property
     def queued(self) -> int:
@@ -132,8 +135,10 @@ class VerifierModel:
         return self.pool.busy
 
     async def start(self, ctx: ServingContext) -> None:
-        """Take the registry's context (the pool's workers started at load time)."""
+        """Take the registry's context (the pool's workers started at load time) and admit
+        as every scheduler does (--max-queue items at once, a tenant's share of them)."""
         self._ctx = ctx
+        self._admission = Admission(ctx.settings.max_queue, ctx.buckets)
         self.running = True
 
     def snapshot(self) -> ModelState | None:
@@ -152,14 +157,15 @@ class VerifierModel:
     ) -> list[ItemResult]:
         """Verify every item (never raises for a failing item: it scores ``on_error``).
         No score cache: ``cache`` is ignored (see score_cache.caches_kind)."""
-        ctx = self._ctx
-        if ctx is None or not self.running:
+        ctx, admission = self._ctx, self._admission
+        if ctx is None or admission is None or not self.running:
             raise NotReadyError("the verifier is not running")
         template = ctx.policy_template
         work = await asyncio.get_running_loop().run_in_executor(
             ctx.tokenizer, tasks, items, template
         )
-        verdicts = await self.pool.verify(work, current_deadline.get())
+        with admission.admitted(current_tenant.get(), len(work)):
+            verdicts = await self.pool.verify(work, current_deadline.get())
         results = [_result(v) for v in verdicts]
         for verdict in verdicts:
             if verdict.error is not None:

@@ -2,10 +2,14 @@
 
 Shape: ``workers`` slots, each one worker process (started with multiprocessing's
 ``spawn`` context: the server holds torch's threads and must never be forked) and one
-daemon thread that drives it. ``verify`` cuts its tasks into chunks, puts them on one
-FIFO queue shared by the slots, and awaits one ``concurrent.futures.Future`` per chunk
-through ``asyncio.wrap_future``: the event loop never blocks, and a pool serves any event
-loop (or several in turn).
+daemon thread that drives it. ``verify`` cuts its tasks into chunks, puts them in the
+server's one fair queue (:class:`~reward_server.scheduling.fair_queue.FairQueue`, under the
+request's tenant, each chunk costing its items), from which each slot's thread takes its
+next chunk, and awaits one ``concurrent.futures.Future`` per chunk through
+``asyncio.wrap_future``: the event loop never blocks, and a pool serves any event loop (or
+several in turn). The workers are the seats: a tenant flooding the verifier gets the
+workers only as the queue's order gives them (a light tenant's call goes first, backlogged
+tenants take turns by weight), never ahead of everyone behind it.
 
 A slot's thread sends a chunk down the worker's pipe and reads the outcomes one by one as
 the worker sends them, each with its own deadline of ``timeout_s`` from the previous
@@ -34,9 +38,9 @@ no worker took yet. Items settled before keep their verdicts. There the verdicts
 before the replacement workers start (they start right after, ahead of the next call), so
 the answer is not held up by process start-up.
 
-Cancelling ``verify`` (the client went away) cancels its chunks still queued; chunks
-already running finish on their workers and their verdicts are dropped, so the pool stays
-consistent and usable. ``close`` fails queued chunks with NotRunningError, kills busy
+Cancelling ``verify`` (the client went away) takes its chunks still queued out of the
+queue; chunks already running finish on their workers and their verdicts are dropped, so the
+pool stays consistent and usable. ``close`` fails queued chunks with NotRunningError, kills busy
 workers, stops idle ones, and joins every thread and process.
 """
 
@@ -47,7 +51,6 @@ import logging
 import math
 import multiprocessing
 import os
-import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -56,7 +59,9 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
+from reward_server.config.tenants import current_tenant
 from reward_server.errors import ModelLoadError, NotRunningError
+from reward_server.scheduling.fair_queue import FairQueue
 from reward_server.verifiers.call import Call
 from reward_server.verifiers.deadline import past, remaining
 from reward_server.verifiers.items import Task, Verdict
@@ -82,6 +87,9 @@ EXIT_WAIT_S = 1.0
 #: Chunking: about this many chunks per worker for one call, at most MAX_CHUNK items each.
 CHUNKS_PER_WORKER = 4
 MAX_CHUNK = 32
+#: The fair queue's turn and a light tenant's first helping, in items per unit of weight.
+QUANTUM_ITEMS = 4
+BURST_ITEMS = 64
 #: The longest reason a failed item's log line carries.
 _LOG_CHARS = 300
 #: Seconds to wait for another thread to record the exit code of a worker it collected.
@@ -125,11 +133,12 @@ class VerifierPool:
         self.options = check_options(options)
         self.name = name
         self.idle_check_s = idle_check_s
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: FairQueue[_Job] = FairQueue(
+            QUANTUM_ITEMS, burst=BURST_ITEMS, closed_message=f"verifier {name!r} is closed"
+        )
         self._slots = [_Slot(self, i) for i in range(self.options.workers)]
         self._lock = threading.Lock()
         self._busy = 0
-        self._queued = 0
         self._started = False
         self._closed = False
         grace = MATH_GRACE_S if self.options.verifier == "math" else 0.0
@@ -172,20 +181,11 @@ class VerifierPool:
                 return
             self._closed = True
             started = self._started
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                continue
-            self._count_queued(-len(job.items))
+        for job in self._jobs.close():  # the slots' threads see the queue closed and stop
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(self._closed_error())
         if not started:
             return
-        for _ in self._slots:
-            self._jobs.put(None)
         for slot in self._slots:
             slot.interrupt()
         for slot in self._slots:
@@ -220,15 +220,11 @@ class VerifierPool:
     @property
     def queued(self) -> int:
         """Items waiting for a worker (in chunks no worker has taken yet)."""
-        return self._queued
+        return round(self._jobs.queued)
 
     def _count_busy(self, delta: int) -> None:
         with self._lock:
             self._busy += delta
-
-    def _count_queued(self, delta: int) -> None:
-        with self._lock:
-            self._queued += delta
 
     # -- verification --------------------------------------------------------------------
 
@@ -247,9 +243,7 @@ class VerifierPool:
         indexed = list(enumerate(tasks))
         call = Call(self.name, deadline)
         jobs = [_Job(indexed[i : i + size], call) for i in range(0, len(indexed), size)]
-        self._count_queued(len(tasks))
-        for job in jobs:
-            self._jobs.put(job)
+        entries = self._jobs.put(current_tenant.get(), [(job, len(job.items)) for job in jobs])
         waiting = [asyncio.wrap_future(job.future) for job in jobs]
         for future in waiting:  # the first failure is raised; the others need no log line
             future.add_done_callback(_seen)
@@ -262,8 +256,9 @@ class VerifierPool:
                 else:  # a running chunk ends at the deadline on its slot's thread
                     results.append(await future)
         finally:
-            for job in jobs:  # when cancelled: queued chunks are skipped, running ones dropped
-                job.future.cancel()
+            for job, entry in zip(jobs, entries, strict=True):
+                if job.future.cancel():  # cancelled: queued chunks leave the queue
+                    self._jobs.discard(entry)  # (running ones finish, their verdicts dropped)
         verdicts: list[Verdict | None] = [None] * len(tasks)
         for result in results:
             for position, verdict in result:
@@ -371,7 +366,6 @@ class _Slot:
                 self._idle = False
             if job is None:
                 return
-            self.pool._count_queued(-len(job.items))
             if not job.future.set_running_or_notify_cancel():
                 continue
             try:
@@ -382,13 +376,14 @@ class _Slot:
                 self._ensure_worker()
 
     def _next_job(self) -> _Job | None:
-        """The next chunk (None: stop). While none comes, a worker that died idle is
-        replaced (once: a start that fails is retried by the next chunk, not in a loop)."""
+        """The next chunk in the fair queue's order (None: the pool is closing). While none
+        comes, a worker that died idle is replaced (once: a start that fails is retried by
+        the next chunk, not in a loop)."""
+        jobs = self.pool._jobs
         while True:
-            try:
-                return self.pool._jobs.get(timeout=self.pool.idle_check_s)
-            except queue.Empty:
-                pass
+            job = jobs.take(self.pool.idle_check_s)
+            if job is not None or jobs.closed:
+                return job
             with self._lock:
                 process = self._process
             if process is not None and _exited(process) and not self.pool.closed:

@@ -36,6 +36,7 @@ import psutil
 import pytest
 from math_verify import parse, verify
 
+from reward_server.config.tenants import Tenant, current_tenant
 from reward_server.errors import ModelLoadError, NotRunningError
 from reward_server.verifiers import Task, Verdict, VerifierOptions, VerifierPool
 from reward_server.verifiers.answers import final_answer, last_boxed, last_number
@@ -522,6 +523,42 @@ def test_a_function_that_hangs_on_most_items_of_a_call_is_not_tried_on_the_rest(
     assert [v.score for v in verdicts[3:]] == [3.0] * 3
     assert record.read_text().split() == ["h1", "ab", "h2", "abc", "abc", "abc"]
     assert pool.live_workers == 1 and pool.busy == 0
+
+
+def test_a_tenant_flooding_the_pool_does_not_hold_another_behind_its_backlog(
+    pool_factory: Any, tmp_path: Path
+) -> None:
+    # One worker; tenant A's four calls of 8 items (chunks of 2, 50 ms an item) wait in the
+    # fair queue; B's call of 2 items goes after the chunk the worker has, not after A's 32.
+    pool = pool_factory(VerifierOptions("python", function=FUNCTIONS, workers=1, timeout_s=10.0))
+    record = tmp_path / "order.txt"
+    nap = {"record": str(record), "nap": 0.05}
+
+    async def as_tenant(tenant: Tenant, tasks: list[Task]) -> list[Verdict]:
+        current_tenant.set(tenant)  # this task's own context, as the auth dependency does
+        return await pool.verify(tasks)
+
+    async def scenario() -> tuple[int, list[Verdict], int]:
+        flood = [
+            asyncio.create_task(
+                as_tenant(Tenant("A"), [Task(None, f"a{c}.{i}", nap) for i in range(8)])
+            )
+            for c in range(4)
+        ]
+        while not record.exists() or not record.read_text():
+            await asyncio.sleep(0.01)
+        arrived = len(record.read_text().split())
+        light = await as_tenant(Tenant("B"), [Task(None, f"b{i}", nap) for i in range(2)])
+        pending = sum(not task.done() for task in flood)
+        await asyncio.gather(*flood)
+        return arrived, light, pending
+
+    arrived, light, pending = run(scenario())
+    order = record.read_text().split()
+    assert [v.score for v in light] == [2.0, 2.0]
+    assert len(order) == 34 and pending >= 3
+    assert order.index("b0") <= arrived + 4  # first in, first out: about 32
+    assert pool.queued == 0
 
 
 def test_cancelled_verify_leaves_the_pool_usable(pool_factory: Any) -> None:

@@ -29,6 +29,7 @@ import pytest
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelsFileError, parse_models_file
+from reward_server.config.tenants import Tenant, current_tenant
 from reward_server.scheduling.rate_limit import RateLimiter
 from reward_server.scoring.items import Pairs
 from reward_server.scoring.metrics import Metrics
@@ -251,6 +252,39 @@ def test_max_concurrent_bounds_the_requests_of_concurrent_calls() -> None:
     asyncio.run(run())
     assert len(fake.requests) == 12
     assert fake.peak == 2
+
+
+def test_a_tenant_flooding_the_remote_does_not_hold_another_behind_its_backlog() -> None:
+    """The connection seats are the fair queue's: with one seat, tenant A's three calls of
+    six items (18 requests) and then B's one item, B's request goes next, not 17th."""
+    fake = FakeChat(lambda prompt: "5", delay=0.02)
+    model = _remote(_chat_spec(max_concurrent=1, call_timeout_s=30), fake)
+    light = Pairs(queries=("B's own question",), responses=("7",), labels=("7",))
+
+    async def as_tenant(tenant: Tenant, pairs: Pairs) -> list[Any]:
+        current_tenant.set(tenant)  # this task's own context, as the auth dependency does
+        return await model.score(pairs, truncate=True, max_tokens=None)
+
+    async def run() -> int:
+        with _context() as ctx:
+            await model.start(ctx)
+            try:
+                flood = [asyncio.create_task(as_tenant(Tenant("A"), _pairs(6))) for _ in range(3)]
+                while len(fake.requests) < 2:
+                    await asyncio.sleep(0.005)
+                arrived = len(fake.requests)
+                [result] = await as_tenant(Tenant("B"), light)
+                assert result.score == 5.0
+                assert sum(not task.done() for task in flood) >= 2  # A's backlog still waits
+                await asyncio.gather(*flood)
+            finally:
+                await model.stop()
+        mine = [i for i, r in enumerate(fake.requests) if b"B's own question" in r.content]
+        assert len(mine) == 1 and len(fake.requests) == 19 and fake.peak == 1
+        return mine[0] - arrived
+
+    # B's request waited for the one A held at most (FIFO: behind A's 16 others).
+    assert asyncio.run(run()) <= 1
 
 
 class FakeClock:

@@ -7,10 +7,15 @@ sandbox session (the program written and compiled once), its tests run in parall
 event loop of the verifier's own in a thread of its own. That loop is the standard library's
 (a server's loop may be uvloop's, whose subprocesses cannot take a user to run as), and the
 sandboxes' pipes (a program's output drained as it comes) stay off the loop that answers
-requests and ``/health``. ``workers`` test slots, shared by every item and call, bound how many programs run
-at once (by default the machine's cores, never more). A test takes a slot, then checks the
-item's time budget (``timeout_s``: the run time of its compilation and tests so far) and,
-with ``stop_on_failure``, whether a test of the item already failed; otherwise it runs.
+requests and ``/health``. ``workers`` sandbox slots, shared by every item, call and
+``/run_code`` run, bound how many programs (builds and test runs) run at once (by default the
+machine's cores, never more), and ``workers * SESSIONS_PER_WORKER`` sessions how many items
+have a sandbox at once. Both are :class:`~reward_server.scheduling.seats.Seats` of the
+server's one fair queue: an item or a test waits under its request's tenant (the caller's
+context travels with the work onto the verifier's loop), so a tenant flooding the verifier
+does not hold the others behind its backlog. A test takes a slot, then checks the item's time
+budget (``timeout_s``: the run time of its compilation and tests so far) and, with
+``stop_on_failure``, whether a test of the item already failed; otherwise it runs.
 
 An item's outcome: one verdict per test (:data:`~reward_server.verifiers.code.TEST_VERDICTS`),
 its score (the pass rate, or all-pass) and the extras ``passed`` and ``total``. An item
@@ -25,10 +30,11 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from reward_server.config.tenants import current_tenant
 from reward_server.errors import ModelLoadError, NotRunningError
 from reward_server.sandbox import (
     LANGUAGES,
@@ -40,6 +46,7 @@ from reward_server.sandbox import (
     Session,
     language,
 )
+from reward_server.scheduling.seats import Seats
 from reward_server.verifiers.code import harness
 from reward_server.verifiers.code.compare import outputs_match, values_match
 from reward_server.verifiers.code.options import CodeOptions, TestVerdict
@@ -59,6 +66,10 @@ COMPILE_TIMEOUT_S = 30.0
 #: Items in a sandbox session at once, per test slot: enough to keep the slots busy while
 #: others compile, without a work directory for every item of a large request at once.
 SESSIONS_PER_WORKER = 2
+#: What a light tenant's request may take first, per unit of weight (the fair queue's
+#: burst): sessions (items), and sandbox slots (builds and test runs).
+SESSION_BURST = 64
+SLOT_BURST = 256
 #: The longest detail of a failure the log carries.
 _LOG_CHARS = 300
 
@@ -187,8 +198,10 @@ class CodeVerifier:
         self.sandbox: Sandbox | None = None
         self._busy = 0
         self._closed = False
-        self._slots: asyncio.Semaphore | None = None
-        self._sessions: asyncio.Semaphore | None = None
+        workers = self.options.workers
+        closed = f"verifier {name!r} is closed"
+        self._slots = Seats(workers, burst=SLOT_BURST, closed=closed)
+        self._sessions = Seats(workers * SESSIONS_PER_WORKER, burst=SESSION_BURST, closed=closed)
         self._runner: _LoopThread | None = None
 
     def __repr__(self) -> str:
@@ -259,13 +272,6 @@ class CodeVerifier:
 
     # -- verification --------------------------------------------------------------------
 
-    def _gates(self) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
-        """The test slots and the session gate (made on the verifier's own loop)."""
-        if self._slots is None or self._sessions is None:
-            self._slots = asyncio.Semaphore(self.options.workers)
-            self._sessions = asyncio.Semaphore(self.options.workers * SESSIONS_PER_WORKER)
-        return self._slots, self._sessions
-
     def _running(self) -> tuple[Sandbox, _LoopThread]:
         if self.sandbox is None or self._runner is None or self._closed:
             state = "closed" if self._closed else "not started"
@@ -283,10 +289,10 @@ class CodeVerifier:
     async def run_once(
         self, language_name: str, files: dict[str, str | bytes], stdin: str, limits: Limits
     ) -> tuple[CompileResult, RunResult | None]:
-        """Build and run one program once in the sandbox (``/run_code``), on the verifier's
-        loop; no run when the build failed."""
-        sandbox, runner = self._running()
-        return await runner.call(sandbox.run_once(language_name, files, stdin, limits))
+        """Build and run one program once in the sandbox (``/run_code``), in a session and
+        slots as an item's, on the verifier's loop; no run when the build failed."""
+        compiled, runs = await self.run_program(language_name, files, [stdin], limits)
+        return compiled, runs[0] if runs else None
 
     async def run_program(
         self,
@@ -311,10 +317,8 @@ class CodeVerifier:
         stdins: Sequence[str],
         limits: Limits,
     ) -> tuple[CompileResult, list[RunResult]]:
-        slots, _ = self._gates()
-
         async def run(session: Session, stdin: str) -> RunResult:
-            async with slots:
+            async with self._slot():
                 return await session.run(stdin, limits=limits)
 
         async with self._session(language_name, files, limits) as session:
@@ -329,12 +333,19 @@ class CodeVerifier:
     async def _session(
         self, language_name: str, files: dict[str, str | bytes], limits: Limits
     ) -> AsyncIterator[Session]:
-        """One item's sandbox, its program built, once the session gate lets it start: the
-        one place the verifier opens the sandbox for an item."""
+        """One item's sandbox, its program built in a slot, once a session is free for it:
+        the one place the verifier opens the sandbox for an item."""
         assert self.sandbox is not None
-        _, sessions = self._gates()
-        async with sessions, self.sandbox.session(language_name, files, limits) as session:
+        async with self._sessions.seat(current_tenant.get()), AsyncExitStack() as stack:
+            async with self._slot():
+                session = self.sandbox.session(language_name, files, limits)
+                await stack.enter_async_context(session)
             yield session
+
+    def _slot(self) -> AbstractAsyncContextManager[None]:
+        """A sandbox slot for one program (a build or a test run), in the fair queue under
+        the request's tenant."""
+        return self._slots.seat(current_tenant.get())
 
     async def _verify_all(self, tasks: Sequence[Task], deadline: float | None) -> list[Verdict]:
         work = [self._verify_item(i, t) for i, t in enumerate(tasks)]
@@ -384,9 +395,8 @@ class CodeVerifier:
             )
 
     async def _run_test(self, item: _Item, session: Session, index: int) -> None:
-        slots, _ = self._gates()
         case = item.suite.cases[index]
-        async with slots:
+        async with self._slot():
             if self.options.stop_on_failure and item.failed:
                 item.verdicts[index] = "skipped"
                 return
