@@ -1,8 +1,10 @@
-"""Two tenants on one server (issue 23, acceptance 1): does a tenant that floods the server
-leave the other's latency alone, and what does fair scheduling cost in throughput?
+"""Two tenants on one server (issue 23, acceptance 1; issue 49, acceptance 1): does a tenant
+that floods the server leave the other's latency alone, and what does fair scheduling cost in
+throughput? For each kind of model (``--kind``): a reward model, a python verifier, a code
+verifier, a remote component (:mod:`bench.tenant_kinds`).
 
-One real ``reward-server`` (MiniLM on CPU) with a keys file of two tenants, A and B, of
-equal weight and no limits. Every client is closed loop (its next request as soon as the
+One real ``reward-server`` (MiniLM on CPU, or the kind's models file) with a keys file of two
+tenants, A and B, of equal weight and no limits. Every client is closed loop (its next request as soon as the
 answer comes) and sends ``per_request`` texts per ``/score``; A runs ``a_clients`` clients,
 B ``b_clients`` (10 to 1 by default: A sends ten times B's load). Phases, each a warm-up and
 a measured window:
@@ -15,7 +17,7 @@ a measured window:
 
 Rounds repeat the phases in alternating order, so a drift of the machine's load hits them
 alike; each figure is the median over rounds. Every text is sent once (a request number
-leads it), so the score cache answers nothing. The targets: B's p50 and p99 with A
+leads it), so no cache answers anything. The targets: B's p50 and p99 with A
 flooding at most 2x B's alone; items/s of A + B at least 0.9 of one tenant's.
 ``python -m bench.tenants --help``; ``python -m bench.run --only tenants``.
 """
@@ -37,6 +39,7 @@ from typing import Any
 import httpx
 
 from bench.common import (
+    NO_MATH_THREADS,
     machine_info,
     percentile,
     report_part,
@@ -45,6 +48,7 @@ from bench.common import (
     start_part,
     summary,
 )
+from bench.tenant_kinds import KINDS, Body, kind_server
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,7 @@ class TenantsBenchConfig:
     """What the tenants benchmark measures."""
 
     model_path: str = ""
+    kind: str = "model"
     a_clients: int = 10
     b_clients: int = 1
     per_request: int = 16
@@ -107,7 +112,7 @@ def keys_file(path: Path) -> Path:
 
 async def _phase(
     url: str,
-    texts: list[str],
+    body: Body,
     clients: list[tuple[str, str]],
     cfg: TenantsBenchConfig,
     serial: list[int],
@@ -128,17 +133,10 @@ async def _phase(
             while not stop:
                 k = serial[0]
                 serial[0] += 1
-                # The request number leads each text: never a score-cache hit.
-                body = {
-                    "texts": [
-                        f"{k} {texts[(k * cfg.per_request + j) % len(texts)]}"
-                        for j in range(cfg.per_request)
-                    ]
-                }
                 t0 = time.perf_counter()
                 ok = False
                 with contextlib.suppress(httpx.HTTPError):
-                    r = await client.post("/score", json=body, headers=headers)
+                    r = await client.post("/score", json=body(k), headers=headers)
                     ok = r.status_code == 200
                     if not ok:
                         logger.warning("%s: /score answered %d: %s", who, r.status_code, r.text)
@@ -199,27 +197,38 @@ def _clients(phase: str, cfg: TenantsBenchConfig) -> list[tuple[str, str]]:
 
 def run_tenants_bench(cfg: TenantsBenchConfig) -> dict[str, Any]:
     """Every phase on one real server, ``cfg.rounds`` times; figures and targets."""
-    from transformers import AutoTokenizer
-
-    from bench.models import make_texts
-    from reward_server.launcher import running_server
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-    texts, _ = make_texts(
-        tokenizer, cfg.n_texts, min_tokens=cfg.min_tokens, max_tokens=cfg.max_tokens, seed=cfg.seed
-    )
+    if cfg.kind not in KINDS:
+        raise ValueError(f"unknown kind {cfg.kind!r}; one of {', '.join(KINDS)}")
+    model = None
     env = server_env(cfg.threads)
+    if cfg.kind == "model":
+        from transformers import AutoTokenizer
+
+        from bench.models import make_texts
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        texts, _ = make_texts(
+            tokenizer,
+            cfg.n_texts,
+            min_tokens=cfg.min_tokens,
+            max_tokens=cfg.max_tokens,
+            seed=cfg.seed,
+        )
+        model = (cfg.model_path, texts)
+    else:
+        env = dict(NO_MATH_THREADS)  # no model: the server's threads stay free
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in PHASES}
     serial = [0]
     with tempfile.TemporaryDirectory(prefix="bench-tenants-") as tmp:
         keys = keys_file(Path(tmp) / "keys.yaml")
         args = ("--api-keys", str(keys), *cfg.server_args)
-        with running_server(cfg.model_path, *args, env=env, timeout=180) as server:
+        served = kind_server(cfg.kind, Path(tmp), args, env, cfg.per_request, model)
+        with served as (server, body):
             for r in range(cfg.rounds):
                 order = PHASES if r % 2 == 0 else tuple(reversed(PHASES))
                 for phase in order:
                     records, window_s = asyncio.run(
-                        _phase(server.url, texts, _clients(phase, cfg), cfg, serial)
+                        _phase(server.url, body, _clients(phase, cfg), cfg, serial)
                     )
                     runs[phase].append(_figures(records, window_s))
                     logger.info("round %d/%d, %s: %s", r + 1, cfg.rounds, phase, runs[phase][-1])
@@ -287,12 +296,23 @@ def _target(name: str, value: dict[str, float], op: str, threshold: float) -> di
 def render(result: dict[str, Any]) -> str:
     """The figures as Markdown."""
     cfg, machine = result["config"], result["machine"]
+    kind = cfg.get("kind", "model")
+    served = {
+        "model": "MiniLM on CPU",
+        "python": "a python verifier (2 worker processes)",
+        "code": "a code verifier (bubblewrap)",
+        "remote": "a remote component",
+    }[kind]
+    items = (
+        f"{cfg['per_request']} texts of {cfg['min_tokens']}-{cfg['max_tokens']} tokens"
+        if kind == "model"
+        else f"{cfg['per_request']} items"
+    )
     lines = [
-        f"One server, MiniLM on CPU, tenants A and B of equal weight (a keys file); closed loop, "
-        f"{cfg['per_request']} texts of {cfg['min_tokens']}-{cfg['max_tokens']} tokens per "
-        f"request; A: {cfg['a_clients']} clients, B: {cfg['b_clients']}. {cfg['rounds']} rounds "
-        f"of {cfg['duration_s']:g} s windows (medians over rounds); {machine['cpu']} "
-        f"({machine['cores']} cores).",
+        f"One server, {served}, tenants A and B of equal weight (a keys file); closed loop, "
+        f"{items} per request; A: {cfg['a_clients']} clients, B: {cfg['b_clients']}. "
+        f"{cfg['rounds']} rounds of {cfg['duration_s']:g} s windows (medians over rounds); "
+        f"{machine['cpu']} ({machine['cores']} cores).",
         "",
         "| phase | items/s | B p50 (ms) | B p99 (ms) | A p50 (ms) | A p99 (ms) |",
         "|---|---:|---:|---:|---:|---:|",
@@ -333,6 +353,9 @@ def render(result: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.tenants", description=__doc__.split("\n")[0])
     p.add_argument("--model", help="reward model folder (default: MiniLM with a seeded head)")
+    p.add_argument(
+        "--kind", choices=KINDS, default="model", help="what the tenants share (default: model)"
+    )
     p.add_argument("--a-clients", type=int, default=10)
     p.add_argument("--b-clients", type=int, default=1)
     p.add_argument("--per-request", type=int, default=16)
@@ -347,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     start_part()
-    given = {"model_path": served_model(args.model), "threads": args.threads}
+    given: dict[str, Any] = {"kind": args.kind, "threads": args.threads}
+    given["model_path"] = served_model(args.model) if args.kind == "model" else ""
     if args.quick:
         cfg = quick_config(**given)
     else:
