@@ -155,3 +155,32 @@ def test_items_without_a_chat_form_are_refused(agent_server: ServerProcess) -> N
     r = httpx.post(f"{agent_server.url}/verify", json=case["request"], timeout=30)
     assert r.status_code == 422, r.text
     assert case["error"] in r.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def calls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("nemo_gym_calls")
+    entry = {"name": "calls", "kind": "verifier", "verifier": "tool_call", "calls": "trajectory"}
+    with serve(folder, [entry]) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "reward"),
+    [
+        ("example_tool_call_multireward", "expected_call", 1.0),
+        ("example_tool_call_multireward", "other_city", 0.0),
+        ("xlam_fc", "parallel_calls_with_reasoning_summaries", 1.0),
+        ("xlam_fc", "reasoning_text_content", 1.0),  # no call expected, none made
+        ("single_step_tool_use", "one_call_after_a_conversation", 1.0),
+    ],
+)
+def test_the_tool_call_verifier_reads_a_rollout_s_calls(
+    calls_server: ServerProcess, data: str, name: str, reward: float
+) -> None:
+    """verifier: tool_call with calls: trajectory on NeMo Gym's tool-calling rows: the calls
+    the rollout made (before its final answer) against the row's expected_* field."""
+    answer = verify(calls_server, cases(data)[name]["request"])
+    assert answer["reward"] == reward and answer["mask_sample"] is False
+    if reward == 0.0:
+        assert answer["verifier_errors"] == {"calls": "wrong_value"}  # a score, not a mask

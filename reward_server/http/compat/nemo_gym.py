@@ -544,7 +544,9 @@ def verify_answer(request: dict[str, Any], scored: Scored) -> dict[str, Any]:
     )
     if len(scored.results) > 1:
         answer["components"] = {name: scores[0] for name, scores in scored.components().items()}
-    errors = {name: rs[0].error for name, rs in scored.results.items() if rs[0].error}
+    errors = {
+        name: reason for name, rs in scored.results.items() if (reason := rs[0].error or rs[0].note)
+    }
     if errors:
         answer["verifier_errors"] = errors
     return answer
