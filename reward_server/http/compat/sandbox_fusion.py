@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from reward_server.errors import RunRefusedError
 from reward_server.http.auth import Authorized
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import ErrorResponse, Integer, Number
+from reward_server.http.json_types import Integer, Number
+from reward_server.http.schemas import ErrorResponse
 from reward_server.http.scoring import run_code as run_in_sandbox
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.code_runs import CodeRun, CodeRunResult

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from reward_server.http.auth import Authorized
 from reward_server.http.compat import ANSWER_HEADERS, MASK_FILL, masked_header, truncated_header
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import Conversation, Text, one_of, plain_conversation
+from reward_server.http.json_types import Text, one_of
+from reward_server.http.schemas import Conversation, plain_conversation
 from reward_server.http.scoring import score
 from reward_server.http.strict_json import StrictJSONRoute
 from reward_server.scoring.items import Conversations, Items, Pairs

@@ -28,7 +28,7 @@ from reward_server.http.compat import (
     truncated_header,
 )
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import Text
+from reward_server.http.json_types import Text
 from reward_server.http.scoring import score
 from reward_server.scoring.items import Items, Pairs, Sequences, Texts
 from reward_server.scoring.pipeline import ScoreOptions

@@ -39,14 +39,8 @@ from reward_server.http.compat import (
     truncated_header,
 )
 from reward_server.http.errors import ERROR_DOCS
-from reward_server.http.schemas import (
-    Conversation,
-    StrList,
-    Text,
-    integer,
-    one_of,
-    plain_conversation,
-)
+from reward_server.http.json_types import StrList, Text, integer, one_of
+from reward_server.http.schemas import Conversation, plain_conversation
 from reward_server.http.scoring import RegistryDep, score
 from reward_server.scoring.items import Conversations, Items, Texts
 from reward_server.scoring.pipeline import ScoreOptions
