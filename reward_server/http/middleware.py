@@ -14,18 +14,9 @@ from reward_server.http.errors import (
     default_error_body,
     error_response,
 )
-from reward_server.http.metrics import HttpMetrics
+from reward_server.http.metrics import ENDPOINTS, OTHER_ENDPOINT, HttpMetrics
 
-__all__ = ["ENDPOINTS", "BodyLimitMiddleware", "MetricsMiddleware"]
-
-#: Endpoints counted by name in metrics; anything else is "other" (bounded label set).
-ENDPOINTS = frozenset(
-    {
-        *("/score", "/get_reward", "/health", "/info", "/metrics", "/docs", "/openapi.json"),
-        *("/classify", "/v1/classify", "/pooling", "/v1/models", "/predict", "/slime/reward"),
-        *("/run_code", "/verify", "/seed_session"),
-    }
-)
+__all__ = ["BodyLimitMiddleware", "MetricsMiddleware"]
 
 
 class _HTTPMiddleware:
@@ -149,7 +140,7 @@ class MetricsMiddleware(_HTTPMiddleware):
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve the request, counting it in flight, then by status, and timing it."""
         path = scope.get("path", "")
-        endpoint = path if path in ENDPOINTS else "other"
+        endpoint = path if path in ENDPOINTS else OTHER_ENDPOINT
         begin = time.perf_counter()
         answer = _ResponseWatch(send)
         in_progress = self.metrics.in_progress.labels(endpoint=endpoint)

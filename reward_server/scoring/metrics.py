@@ -6,13 +6,23 @@ the tenants in force) are read when Prometheus scrapes, by one collector, from o
 snapshot of the served models (:class:`RegistryState`, from each served model's and the cache's
 ``snapshot()``) and the tenants in force. The HTTP layer's series
 (:mod:`reward_server.http.metrics`) live in the same registry.
+
+Every series whose label values are known before the first event exists from the start, at 0:
+a series that first appears at 1 has no earlier sample, so ``rate()`` and ``increase()`` never
+count that first event (an alert on the first errors of a quiet server would stay silent).
+Known at start: each served model and the reasons its kind can fail or mask with
+(:class:`ModelSeries`, made when the models start: :meth:`Metrics.declare_models`), each
+tenant in force (at :meth:`Metrics.watch` and after each reload: :meth:`Metrics.per_tenant`),
+each outcome, and in the HTTP layer each endpoint, status and error type. The reward signals
+are the exception: a quantile or a correlation of no items is not 0, so they appear with
+their first items.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,7 +35,12 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 
 from reward_server.scheduling import BatchObserver, BatchStats
+from reward_server.scoring.known_labels import OUTCOMES, Labelled, ModelSeries, tenant_names, zeros
 from reward_server.scoring.signals import QUANTILES, RewardSignals, SignalsSnapshot
+
+if TYPE_CHECKING:
+    from reward_server.config.models_file import ModelSpec
+    from reward_server.config.tenants import TenantTable
 
 __all__ = [
     "CONTENT_TYPE",
@@ -122,9 +137,14 @@ class TenantSource(Protocol):
     """What the collector reads the tenants in force from (``TenantKeys`` is one)."""
 
     @property
-    def count(self) -> int:
-        """Tenants in force now."""
+    def table(self) -> TenantTable | None:
+        """The tenants in force now (None: no key, every request is the default tenant)."""
         ...
+
+
+def _in_force(source: TenantSource | None) -> list[str]:
+    """The names of the tenants in force (none before :meth:`Metrics.watch` names a source)."""
+    return tenant_names(source.table) if source is not None else []
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -141,16 +161,15 @@ class _StateCollector:
 
     def describe(self) -> list[GaugeMetricFamily]:
         """The families, without reading anything (the registry's names)."""
-        return list(self._families(RegistryState(), 0))
+        return list(self._families(RegistryState(), ()))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The families with their values now."""
         state = self.models.snapshot() if self.models is not None else RegistryState()
-        tenants = self.tenants.count if self.tenants is not None else 0
-        return self._families(state, tenants)
+        return self._families(state, _in_force(self.tenants))
 
     @staticmethod
-    def _families(state: RegistryState, tenants: int) -> Iterator[GaugeMetricFamily]:
+    def _families(state: RegistryState, tenants: Sequence[str]) -> Iterator[GaugeMetricFamily]:
         yield _gauge("queue_items", "Items waiting to be scored.", state.queued)
         yield _gauge("ready", "1 when the server accepts work.", 1.0 if state.ready else 0.0)
         model = ["model"]
@@ -160,7 +179,7 @@ class _StateCollector:
         workers = GaugeMetricFamily(
             f"{PREFIX}_verifier_workers", "Live worker processes of each verifier.", labels=model
         )
-        by_tenant: dict[str, int] = {}
+        by_tenant = dict.fromkeys(tenants, 0)
         for one in state.models:
             queued.add_metric([one.name], one.queued)
             if one.live_workers is not None:
@@ -171,7 +190,8 @@ class _StateCollector:
         yield workers
         tenant_queued = GaugeMetricFamily(
             f"{PREFIX}_tenant_queue_items",
-            "Items waiting, by tenant, over every model (tenants with none are left out).",
+            "Items waiting, by tenant, over every model (every tenant in force, and any other "
+            "with items waiting).",
             labels=["tenant"],
         )
         for tenant, n in sorted(by_tenant.items()):
@@ -186,7 +206,9 @@ class _StateCollector:
             state.cache.bytes,
         )
         yield _gauge(
-            "tenants", "Tenants now in force (the keys file's; 1 without --api-keys).", tenants
+            "tenants",
+            "Tenants now in force (the keys file's; 1 without --api-keys).",
+            len(tenants),
         )
 
 
@@ -285,6 +307,9 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         #: The reward signals' windows (filled by the scoring pipeline).
         self.signals = RewardSignals(reward_window)
+        self._state = _StateCollector()
+        #: The series made for every tenant in force: (metric, its other labels' sets).
+        self._per_tenant: list[tuple[Labelled, tuple[Mapping[str, str], ...]]] = []
         # Scoring (the pipeline; the items by endpoint are the HTTP layer's).
         self.tokens = self._counter("tokens", "Tokens scored (unpadded).")
         self.truncated = self._counter("truncated_items", "Items truncated.")
@@ -307,18 +332,55 @@ class Metrics:
         self.inference = self._histogram(
             "inference_seconds", "Duration of one forward pass.", TIME_BUCKETS
         )
+        zeros(self.batches, ({"outcome": o} for o in OUTCOMES))
         self._model_series()
         self._score_cache_series()
         self._tenant_series()
-        self._state = _StateCollector()
         self.registry.register(self._state)
         if reward_window > 0:
             self.registry.register(_SignalsCollector(self.signals))
 
     def watch(self, models: StateSource, tenants: TenantSource) -> None:
-        """Read the gauges from ``models``' snapshot and ``tenants`` at every scrape."""
+        """Read the gauges from ``models``' snapshot and ``tenants`` at every scrape; make
+        the series of every tenant in force now."""
         self._state.models = models
         self._state.tenants = tenants
+        self._tenant_zeros()
+
+    def per_tenant(self, metric: Labelled, others: Iterable[Mapping[str, str]] = ({},)) -> None:
+        """Make ``metric``'s series of every tenant in force (from :meth:`watch` on, and of
+        each tenant a reload adds), one per label set of ``others`` (its labels but tenant)."""
+        self._per_tenant.append((metric, tuple(others)))
+        self._tenant_zeros()
+
+    def _tenant_zeros(self) -> None:
+        for tenant in _in_force(self._state.tenants):
+            for metric, others in self._per_tenant:
+                zeros(metric, ({**labels, "tenant": tenant} for labels in others))
+
+    def declare_models(
+        self, specs: Iterable[ModelSpec], cached: Callable[[ModelSpec], bool]
+    ) -> None:
+        """Make the by-model series of the served models ``specs`` (when they start);
+        ``cached``: whether the score cache serves a model of an entry (``caches_kind``)."""
+        for model in (ModelSeries.of(spec, cached=cached(spec)) for spec in specs):
+            name = {"model": model.name}
+            counted: list[Labelled] = [self.model_items, self.model_tokens]
+            if model.passes:
+                counted += [self.model_batch_rows, self.model_inference]
+                counted += [self.model_cached_tokens, self.model_dropped_rows]
+                zeros(self.model_batches, ({**name, "outcome": o} for o in OUTCOMES))
+            if model.cached:
+                counted += [self.score_cache_hits, self.score_cache_misses]
+                counted.append(self.score_cache_duplicates)
+            for metric in counted:
+                zeros(metric, (name,))
+            for metric, reasons in (
+                (self.verifier_errors, model.verifier_errors),
+                (self.remote_errors, model.remote_errors),
+                (self.masked_items, model.masked),
+            ):
+                zeros(metric, ({**name, "reason": r} for r in reasons))
 
     def _model_series(self) -> None:
         """The series by served model (the server's series above sum over the models) and
@@ -376,10 +438,15 @@ class Metrics:
             TIME_BUCKETS,
             tenant,
         )
+        zeros(self.tenant_reloads, ({"outcome": o} for o in OUTCOMES))
+        for metric in (self.tenant_items, self.tenant_tokens, self.tenant_queue_wait):
+            self.per_tenant(metric)
 
     def on_tenant_reload(self, ok: bool) -> None:
-        """Count one reload of the keys file."""
+        """Count one reload of the keys file (after a good one, the new tenants' series)."""
         self.tenant_reloads.labels(outcome="ok" if ok else "error").inc()
+        if ok:
+            self._tenant_zeros()
 
     def on_tenant_items(self, tenant: str, items: int, tokens: int) -> None:
         """Count the items and tokens ``tenant`` had scored in one request."""

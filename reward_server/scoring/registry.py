@@ -35,7 +35,7 @@ from reward_server.errors import ModelLoadError, UnknownModelError
 from reward_server.scoring.code_runs import CodeRuns
 from reward_server.scoring.loading import load_model
 from reward_server.scoring.metrics import Metrics, RegistryState
-from reward_server.scoring.score_cache import ScoreCache
+from reward_server.scoring.score_cache import ScoreCache, caches_kind
 from reward_server.scoring.served import ServedModel, ServingContext, served_model_for
 from reward_server.text.policy_template import (
     PolicyTemplate,
@@ -252,6 +252,7 @@ class ModelRegistry:
         )
         for model in self.served:
             await model.start(context)
+        self.metrics.declare_models([model.spec for model in self.served], caches_kind)
         self.draining = False
         self.code_runs = _code_runs(self.served, self.settings.max_queue)
         for model in self.served:

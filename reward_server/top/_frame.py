@@ -139,7 +139,7 @@ def _sum_work(values: dict[str, float]) -> float:
 def _endpoints(now: Snapshot, delta: Delta | None) -> list[EndpointRow]:
     answered = now.by(REQUESTS, "endpoint")
     rows = []
-    for endpoint in sorted(e for e in answered if _work(e)):
+    for endpoint in sorted(e for e in answered if _work(e) and answered[e]):
         errors = None
         if delta is not None:
             by_status = delta.rates_by(REQUESTS, "status", endpoint=endpoint)

@@ -1,13 +1,15 @@
-"""What ``/metrics`` carries: every family with its type, help and labels, and the series a
-real server exposes after a known set of requests (a reward model, verifiers, a remote
-component, the score cache and two tenants), so that moving where a series is kept or read
-cannot drop, rename or relabel one. Also: two apps in one process keep their own series."""
+"""What ``/metrics`` carries: every family with its type, help and labels, the series a real
+server (a reward model, verifiers, a remote component, the score cache and two tenants)
+exports as it starts, each at 0 (every label value known then: each model, the reasons its
+kind can fail or mask with, each tenant, endpoint, status and error type), and those it
+exposes after a known set of requests, so that moving where a series is kept or read cannot
+drop, rename or relabel one. Also: two apps in one process keep their own series."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -60,7 +62,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "reward_server_model_tokens": ("counter", "Tokens scored, by model."),
     "reward_server_tenant_queue_items": (
         "gauge",
-        "Items waiting, by tenant, over every model (tenants with none are left out).",
+        "Items waiting, by tenant, over every model (every tenant in force, and any other with "
+        "items waiting).",
     ),
     "reward_server_queue_items": ("gauge", "Items waiting to be scored."),
     "reward_server_queue_wait_seconds": (
@@ -153,8 +156,93 @@ FAMILIES: dict[str, tuple[str, str]] = {
     ),
     "reward_server_verifier_workers": ("gauge", "Live worker processes of each verifier."),
 }
-#: The label sets of each family's series after :func:`_traffic` (a histogram's without
-#: ``le``), as ``name=value`` joined by commas.
+#: What the server below knows at start: the counted endpoints (and "other"), the statuses
+#: of the error table and 200 (an authenticated request never gets 401), each error type,
+#: the reasons a verifier's items fail with, the models and the tenants.
+ENDPOINTS = [
+    *("/classify", "/docs", "/get_reward", "/health", "/info", "/metrics", "/openapi.json"),
+    *("/pooling", "/predict", "/run_code", "/score", "/seed_session", "/slime/reward"),
+    *("/v1/classify", "/v1/models", "/verify", "other"),
+]
+STATUSES = ["200", "401", "404", "413", "422", "429", "499", "500", "503"]
+TENANT_STATUSES = [s for s in STATUSES if s != "401"]
+ERROR_TYPES = [
+    "status=401,type=unauthorized",
+    "status=404,type=model_not_found",
+    *(f"status=413,type={t}" for t in ("body_too_large", "steps_truncated", "text_too_long")),
+    "status=413,type=too_many_items",
+    *(f"status=422,type={t}" for t in ("bad_deadline", "bad_groups", "chat_template")),
+    *(f"status=422,type={t}" for t in ("empty_text", "invalid_request", "policy_template")),
+    *(f"status=422,type={t}" for t in ("response_not_found", "run_refused", "unknown_model")),
+    "status=422,type=unrenderable",
+    *("status=429,type=queue_full", "status=429,type=tenant_limit"),
+    "status=499,type=client_disconnected",
+    *("status=500,type=load_error", "status=500,type=model_error"),
+    *("status=503,type=not_ready", "status=503,type=shutting_down"),
+]
+VERIFIER_REASONS = ["bad_result", "crash", "deadline", "error", "non_finite", "sandbox_error"]
+VERIFIER_REASONS.append("timeout")
+MODELS = ["model=away", "model=boom", "model=exact", "model=rm"]
+TENANTS = ["tenant=alpha", "tenant=beta"]
+
+
+def _by_reason(model: str, reasons: list[str]) -> list[str]:
+    return [f"model={model},reason={r}" for r in reasons]
+
+
+def _alike(series: list[str], *names: str) -> dict[str, list[str]]:
+    """The families ``names``, each with the label sets ``series``."""
+    return {name: series for name in names}
+
+
+#: The label sets of each family's series as the server starts (the reward signals have none
+#: until they have items).
+FRESH: dict[str, list[str]] = {
+    **_alike(
+        [""],
+        *("batch_padded_tokens", "batch_padding_efficiency", "batch_rows"),
+        *("inference_seconds", "queue_items", "queue_wait_seconds", "ready"),
+        *("score_cache_bytes", "score_cache_entries", "tenants", "tokens", "truncated_items"),
+    ),
+    "batches": ["outcome=error", "outcome=ok"],
+    "tenant_reloads": ["outcome=error", "outcome=ok"],
+    # Forward passes (and the score cache): the reward model.
+    **_alike(
+        ["model=rm"],
+        *("model_batch_rows", "model_inference_seconds", "model_cached_tokens"),
+        *("model_dropped_rows", "score_cache_hits", "score_cache_misses"),
+        "score_cache_duplicates",
+    ),
+    "model_batches": ["model=rm,outcome=error", "model=rm,outcome=ok"],
+    **_alike(MODELS, "model_items", "model_tokens", "model_queue_items"),
+    "verifier_workers": ["model=boom", "model=exact"],
+    "verifier_errors": _by_reason("boom", VERIFIER_REASONS) + _by_reason("exact", VERIFIER_REASONS),
+    "remote_errors": _by_reason("away", ["deadline", "parse_failure", "remote_error", "timeout"]),
+    # Every model's deadline and unclosed thinking; exact's failures too (it masks them).
+    "masked_items": sorted(
+        [
+            *(f"model={m},reason={r}" for m in ("away", "boom", "rm") for r in ("deadline",)),
+            *(f"model={m},reason=unclosed_reasoning" for m in ("away", "boom", "exact", "rm")),
+            *_by_reason("exact", VERIFIER_REASONS),
+        ]
+    ),
+    **_alike(
+        TENANTS, "tenant_items", "tenant_tokens", "tenant_queue_wait_seconds", "tenant_queue_items"
+    ),
+    "tenant_requests": sorted(
+        f"endpoint={e},status={s},{t}" for e in ENDPOINTS for s in TENANT_STATUSES for t in TENANTS
+    ),
+    "tenant_errors": sorted(f"status={s},{t}" for s in TENANT_STATUSES[1:] for t in TENANTS),
+    "requests": [f"endpoint={e},status={s}" for e in ENDPOINTS for s in STATUSES],
+    **_alike(
+        [f"endpoint={e}" for e in ENDPOINTS],
+        *("items", "request_duration_seconds", "requests_in_progress"),
+    ),
+    "errors": ERROR_TYPES,
+}
+FRESH = {f"reward_server_{name}": series for name, series in FRESH.items()}
+#: The label sets of each family's series that :func:`_traffic` counts in (a histogram's
+#: without ``le``), as ``name=value`` joined by commas.
 SERIES: dict[str, list[str]] = {
     "reward_server_batch_padded_tokens": [""],
     "reward_server_batch_padding_efficiency": [""],
@@ -233,6 +321,8 @@ for _name in ("response_chars", "score"):
     ]
 #: The gauges after :func:`_traffic`: (name, labels) -> value.
 GAUGES: dict[tuple[str, str], float] = {
+    **{("reward_server_requests_in_progress", f"endpoint={e}"): 0.0 for e in ENDPOINTS},
+    **{("reward_server_tenant_queue_items", t): 0.0 for t in TENANTS},
     ("reward_server_model_queue_items", "model=away"): 0.0,
     ("reward_server_model_queue_items", "model=boom"): 0.0,
     ("reward_server_model_queue_items", "model=exact"): 0.0,
@@ -249,22 +339,35 @@ GAUGES: dict[tuple[str, str], float] = {
     ("reward_server_verifier_workers", "model=boom"): 1.0,
     ("reward_server_verifier_workers", "model=exact"): 1.0,
 }
-#: Samples in all (histograms' buckets included; counters' ``_created`` left out): 228 and
-#: the reward signals' 6 x 10 + 2 x 50.
-SAMPLES = 228 + 6 * 10 + 2 * 50
+#: Samples in all (histograms' buckets 17, 14 or 14 samples, counters' ``_created`` left
+#: out): 983 from the start (70 unlabelled, 38 of the reward model's passes and cache, 14 by
+#: model, 32 by model and reason, 44 by tenant or outcome, 785 of the HTTP layer), and the
+#: reward signals' 6 x 10 + 2 x 50.
+SAMPLES = 983 + 6 * 10 + 2 * 50
 
 
 def _labels(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "le")
 
 
-def scrape(text: str) -> tuple[dict[str, Any], dict[str, list[str]], dict[Any, float], int]:
-    """The families (type, help), each family's label sets, the gauges' values and the
-    number of samples of an exposition (counters' ``_created`` left out: the text format
-    gives them families of their own, and their values are times)."""
+@dataclass(frozen=True)
+class Scrape:
+    """An exposition read: the families (type, help), each family's label sets, the gauges'
+    values, the other samples' values and the number of samples (counters' ``_created``
+    left out: the text format gives them families of their own, and their values are times)."""
+
+    families: dict[str, tuple[str, str]]
+    series: dict[str, list[str]]
+    gauges: dict[tuple[str, str], float]
+    counts: dict[tuple[str, str], float]
+    samples: int
+
+
+def scrape(text: str) -> Scrape:
     families: dict[str, tuple[str, str]] = {}
     series: dict[str, set[str]] = {}
     gauges: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], float] = {}
     samples = 0
     for family in text_string_to_metric_families(text):
         if family.name.endswith("_created"):
@@ -274,14 +377,25 @@ def scrape(text: str) -> tuple[dict[str, Any], dict[str, list[str]], dict[Any, f
             if sample.name.endswith("_created"):
                 continue
             samples += 1
-            series.setdefault(family.name, set()).add(_labels(sample.labels))
+            labels = _labels(sample.labels)
+            series.setdefault(family.name, set()).add(labels)
             if family.type == "gauge":
-                gauges[(sample.name, _labels(sample.labels))] = sample.value
-    return families, {k: sorted(v) for k, v in series.items()}, gauges, samples
+                gauges[(sample.name, labels)] = sample.value
+            else:
+                counts[(sample.name, f"{labels},le={sample.labels.get('le', '')}")] = sample.value
+    return Scrape(families, {k: sorted(v) for k, v in series.items()}, gauges, counts, samples)
+
+
+@dataclass(frozen=True)
+class Started:
+    """The server, and its /metrics as it started (before any request but its health polls)."""
+
+    server: ServerProcess
+    fresh: str
 
 
 @pytest.fixture(scope="module")
-def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     folder = tmp_path_factory.mktemp("metrics")
     (folder / "metrics_functions.py").write_text(FUNCTIONS, encoding="utf-8")
     models = {
@@ -301,7 +415,7 @@ def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 "name": "away",
                 "kind": "remote",
                 "url": f"http://127.0.0.1:{free_port()}",
-                "timeout_s": 0.5,
+                "call_timeout_s": 0.5,
                 "weight": 0.0,
                 "on_error": 0.0,
             },
@@ -311,7 +425,7 @@ def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     (folder / "keys.yaml").write_text(keys_yaml(("alpha", KEY_A), ("beta", KEY_B)))
     args = ("--models", str(folder / "models.yaml"), "--api-keys", str(folder / "keys.yaml"))
     with running_server(None, *args, timeout=300) as srv:
-        yield srv
+        yield Started(srv, httpx.get(f"{srv.url}/metrics", timeout=30).text)
 
 
 def _traffic(url: str) -> str:
@@ -329,12 +443,30 @@ def _traffic(url: str) -> str:
         return http.get("/metrics").text
 
 
-def test_a_server_exposes_every_series_it_did(server: ServerProcess) -> None:
-    families, series, gauges, samples = scrape(_traffic(server.url))
-    assert families == FAMILIES
-    assert series == SERIES
-    assert {k: v for k, v in gauges.items() if "_reward_" not in k[0]} == GAUGES
-    assert samples == SAMPLES
+def test_a_started_server_exports_every_series_it_knows_at_0(server: Started) -> None:
+    fresh = scrape(server.fresh)
+    assert fresh.families == FAMILIES
+    assert fresh.series == FRESH
+    # Nothing counted yet but the health polls of the start (and this scrape in flight).
+    assert {k: v for k, v in fresh.counts.items() if v and "endpoint=/health," not in k[1]} == {}
+    in_flight = ("reward_server_requests_in_progress", "endpoint=/metrics")
+    assert {k: v for k, v in fresh.gauges.items() if v} == {
+        in_flight: 1.0,
+        ("reward_server_ready", ""): 1.0,
+        ("reward_server_tenants", ""): 2.0,
+        ("reward_server_verifier_workers", "model=boom"): 1.0,
+        ("reward_server_verifier_workers", "model=exact"): 1.0,
+    }
+
+
+def test_a_server_exposes_every_series_it_did(server: Started) -> None:
+    after = scrape(_traffic(server.server.url))
+    assert after.families == FAMILIES
+    # The requests add no series to those of the start but the reward signals'.
+    assert after.series == {**FRESH, **{k: v for k, v in SERIES.items() if "_reward_" in k}}
+    assert all(set(v) <= set(FRESH[k]) for k, v in SERIES.items() if "_reward_" not in k)
+    assert {k: v for k, v in after.gauges.items() if "_reward_" not in k[0]} == GAUGES
+    assert after.samples == SAMPLES
 
 
 def test_two_apps_in_one_process_keep_their_own_series() -> None:
@@ -345,7 +477,7 @@ def test_two_apps_in_one_process_keep_their_own_series() -> None:
         text_one = first.get("/metrics").text
         text_two = second.get("/metrics").text
     assert 'reward_server_items_total{endpoint="/score"} 2.0' in text_one
-    assert 'reward_server_items_total{endpoint="/score"}' not in text_two
+    assert 'reward_server_items_total{endpoint="/score"} 0.0' in text_two
     assert "reward_server_ready 1.0" in text_one and "reward_server_ready 1.0" in text_two
     assert _help_and_type(text_one) == _help_and_type(text_two)
 
