@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,10 @@ from observability_parts import (
     ROOT,
     alert_rules,
     alert_threshold,
+    promtool_result,
+    run_promtool,
 )
-from server_proc import require_counterpart
+from observability_parts import promtool as find_promtool
 
 from reward_server.top._render import AGREEMENT_ALERT, LENGTH_CORRELATION_ALERT
 
@@ -60,21 +61,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = shutil.which("promtool")
-    require_counterpart(
-        found is not None, "REWARD_SERVER_TEST_PROMETHEUS", "promtool (Debian's prometheus)"
-    )
-    assert found is not None
-    return found
-
-
-def run_promtool(promtool: str, *args: str, cwd: Path = OBSERVABILITY) -> str:
-    """promtool's output; fails the test when it does not exit 0."""
-    result = subprocess.run(
-        [promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
-    return result.stdout + result.stderr
+    return find_promtool()
 
 
 def dashboard() -> dict[str, Any]:
@@ -120,14 +107,7 @@ def test_promtool_unit_tests_catch_a_wrong_expectation(promtool: str, tmp_path: 
     firing = next(c for t in cases["tests"] for c in t["alert_rule_test"] if c["exp_alerts"])
     firing["exp_alerts"] = []
     (tmp_path / ALERT_TESTS.name).write_text(yaml.safe_dump(cases), encoding="utf-8")
-    result = subprocess.run(
-        [promtool, "test", "rules", ALERT_TESTS.name],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = promtool_result(promtool, "test", "rules", ALERT_TESTS.name, cwd=tmp_path)
     assert result.returncode != 0
     assert firing["alertname"] in result.stdout + result.stderr
 

@@ -2,8 +2,10 @@
 scraping a real reward-server under load.
 
 A server with a reward model and a verifier (so the per-model, verifier, composite and
-reward-signal series exist) and two tenants gets a steady stream of /score requests from a
-thread; Debian's ``prometheus`` scrapes it every second and loads alerts.yml. Then every
+reward-signal series exist) and two tenants is scraped every second by Debian's
+``prometheus``, which loads alerts.yml: while it is quiet, fresh from its start, every family
+the dashboard and the alerts name has series but the reward signals (summaries of the items
+scored: none yet). Then it gets a steady stream of /score requests from a thread; every
 PromQL expression of the dashboard (its template variables filled in) and of the alert rules
 evaluates without error through Prometheus's HTTP API, names only series the server
 exports, and the overview, traffic, latency and reward-signal panels return data; every rule
@@ -27,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from observability_parts import ALERTS, DASHBOARD, alert_rules, composite_server
+from observability_parts import ALERTS, DASHBOARD, alert_rules, composite_server, metric_names
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess, free_port, require_counterpart, wait_until
 from test_tenants import KEY_A, KEY_B, WRONG, bearer, keys_yaml
@@ -55,13 +57,6 @@ def substitute(expr: str) -> str:
     return expr
 
 
-def metric_names(expr: str) -> set[str]:
-    """The series names an expression selects (quoted label values left out)."""
-    unquoted = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    tokens = re.findall(r"[A-Za-z_:][\w:]*", unquoted)
-    return {t for t in tokens if t.startswith("reward_server_") or t == "up"}
-
-
 def dashboard_queries() -> list[tuple[str, str, str]]:
     """(row, panel title, expression) for every target of the dashboard."""
     board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
@@ -83,6 +78,28 @@ def variable_queries() -> list[str]:
 
 def alert_exprs() -> list[tuple[str, str]]:
     return [(rule["alert"], rule["expr"]) for rule in alert_rules()]
+
+
+def named_series() -> dict[str, set[str]]:
+    """The series names each dashboard query, alert and variable selects, by where."""
+    used: dict[str, set[str]] = {}
+    for row, title, expr in dashboard_queries():
+        names = metric_names(expr)
+        assert names, f"{row} / {title}: no series in {expr}"
+        used.setdefault(f"{row} / {title}", set()).update(names)  # a panel's every target
+    for alert, expr in alert_exprs():
+        assert metric_names(expr), f"{alert}: no series in {expr}"
+        used[alert] = metric_names(expr)
+    for definition in variable_queries():  # label_values({__name__=~"a|b"}, label) names too
+        names = set(re.findall(r"reward_server_\w+", definition))
+        assert names, definition
+        used[definition] = names
+    return used
+
+
+def family_of(name: str) -> str:
+    """The family a series name belongs to (its type's suffix taken off)."""
+    return re.sub(r"_(total|bucket|sum|count)$", "", name)
 
 
 def exported_names(metrics_text: str) -> set[str]:
@@ -114,8 +131,9 @@ def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def load(server: ServerProcess) -> Iterator[None]:
-    """/score requests from both tenants until the module's tests end (a few errors too)."""
+def load(server: ServerProcess, quiet_families: set[str]) -> Iterator[None]:
+    """/score requests from both tenants until the module's tests end (a few errors too),
+    once prometheus has scraped the quiet server."""
     stop = threading.Event()
     failures: list[str] = []
 
@@ -162,9 +180,7 @@ def query(prometheus: str, expr: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(
-    server: ServerProcess, load: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def scraping(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Debian's prometheus scraping the server every second, with alerts.yml loaded; its URL
     once it holds a few scrapes."""
     assert PROMETHEUS is not None
@@ -199,12 +215,12 @@ def prometheus(
                 # 503 "Service Unavailable" (not JSON) until its storage is open.
                 if httpx.get(f"{url}/-/ready", timeout=10).status_code != 200:
                     return False
-                answer = query(url, 'count_over_time(up{job="reward-server"}[1m]) >= 5')
+                answer = query(url, 'count_over_time(up{job="reward-server"}[1m]) >= 3')
             except httpx.TransportError:
                 return False
             return bool(answer.get("data", {}).get("result"))
 
-        wait_until(scraped, 120, "five scrapes of the server by prometheus")
+        wait_until(scraped, 120, "three scrapes of the server by prometheus")
         yield url
     finally:
         proc.terminate()
@@ -214,6 +230,37 @@ def prometheus(
             proc.kill()
             proc.wait(30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def quiet_families(scraping: str) -> set[str]:
+    """The families with series in prometheus after its first scrapes of the quiet server."""
+    answer = query(scraping, 'group by (__name__) ({__name__=~"reward_server_.+"})')
+    assert answer["status"] == "success", answer
+    return {family_of(r["metric"]["__name__"]) for r in answer["data"]["result"]}
+
+
+@pytest.fixture(scope="module")
+def prometheus(scraping: str, load: None) -> str:
+    """prometheus's URL once it holds a few scrapes of the server under load."""
+    since = 'count_over_time(up{job="reward-server"}[1m]) >= 5'
+    wait_until(lambda: query(scraping, since)["data"]["result"], 120, "five scrapes")
+    return scraping
+
+
+# ----------------------------------------------------------------------------------------
+# The quiet server.
+
+
+def test_every_series_named_is_there_from_the_start(quiet_families: set[str]) -> None:
+    """Every family the dashboard and the alerts name has series from the first scrapes of a
+    quiet server (each counter at 0, so rate() counts its first event), but the reward
+    signals (quantiles, means and correlations of the items scored, of which there are none)
+    and the remote components' failures (this server has none)."""
+    named = {family_of(n) for names in named_series().values() for n in names} - {"up"}
+    signals = {name for name in named if name.startswith("reward_server_reward_")}
+    assert len(signals) == 10
+    assert named - quiet_families == {*signals, "reward_server_remote_errors"}
 
 
 # ----------------------------------------------------------------------------------------
@@ -235,18 +282,7 @@ def test_expressions_name_only_series_the_server_exports(
     server: ServerProcess, prometheus: str
 ) -> None:
     exported = exported_names(httpx.get(f"{server.url}/metrics", timeout=30).text) | {"up"}
-    used: dict[str, set[str]] = {}
-    for row, title, expr in dashboard_queries():
-        names = metric_names(expr)
-        assert names, f"{row} / {title}: no series in {expr}"
-        used[f"{row} / {title}"] = names
-    for alert, expr in alert_exprs():
-        assert metric_names(expr), f"{alert}: no series in {expr}"
-        used[alert] = metric_names(expr)
-    for definition in variable_queries():  # label_values({__name__=~"a|b"}, label) names too
-        names = set(re.findall(r"reward_server_\w+", definition))
-        assert names, definition
-        used[definition] = names
+    used = named_series()
     unknown = {where: names - exported for where, names in used.items() if names - exported}
     assert not unknown, f"series the server does not export: {unknown}"
 
