@@ -17,7 +17,9 @@ shrinks it to a smoke test. ``--only code`` (:mod:`bench.code`: tests per second
 programs run in the sandbox against bare subprocesses, per language) writes its own block
 too; ``--code-quick`` shrinks it to a smoke test. ``--only groups`` (:mod:`bench.groups`: a
 pairwise judge on groups of 8, ``pairs: all`` against ``pairs: 2``, vLLM's prefix cache on
-against off) writes its own block too.
+against off) writes its own block too, as does ``--only reasoning`` (:mod:`bench.reasoning`: a
+reward model and a judge on a 2,000-token thinking trace and a 100-token answer,
+``reasoning: strip`` against ``keep``; ``--reasoning-quick`` shrinks it to a smoke test).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ PARTS = (
     "tenants",
     "code",
     "groups",
+    "reasoning",
 )
 
 
@@ -113,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-cache", action="store_true")
     p.add_argument("--skip-code", action="store_true")
     p.add_argument("--skip-groups", action="store_true")
+    p.add_argument("--skip-reasoning", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -199,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--groups-servers", type=_words, default=("transformers", "vllm", "vllm-no-prefix")
     )
+    q = p.add_argument_group("reasoning (a thinking trace stripped or kept: reward model, judge)")
+    q.add_argument("--reasoning-items", type=int, default=16, help="conversations per request")
+    q.add_argument("--reasoning-rounds", type=int, default=7)
+    q.add_argument(
+        "--reasoning-quick", action="store_true", help="a smoke test (seconds, not figures)"
+    )
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -219,6 +229,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["cache"] = args.skip_cache
     skipped["code"] = args.skip_code
     skipped["groups"] = args.skip_groups
+    skipped["reasoning"] = args.skip_reasoning
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -318,6 +329,8 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
                 threads=args.threads,
             )
         )
+    if "reasoning" in parts:
+        results["reasoning"] = _run_reasoning(args)
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -369,7 +382,12 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
         from bench.groups import render as render_groups
 
         update_block(path, "groups", render_groups(results["groups"]), "Groups")
+    if "reasoning" in parts:
+        from bench.reasoning import render as render_reasoning
+
+        update_block(path, "reasoning", render_reasoning(results["reasoning"]), "Reasoning")
     own_blocks = ("verifiers", "judges", "rollout", "cache", "tenants", "code", "groups")
+    own_blocks += ("reasoning",)
     rest = [part for part in parts if part not in own_blocks]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))
@@ -443,6 +461,17 @@ def _run_tenants(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
         rounds=args.tenants_rounds,
     )
     return run_tenants_bench(cfg)
+
+
+def _run_reasoning(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.reasoning import ReasoningBenchConfig, quick_config, run_reasoning_bench
+
+    if args.reasoning_quick:
+        return run_reasoning_bench(quick_config(threads=args.threads))
+    cfg = ReasoningBenchConfig(
+        items=args.reasoning_items, rounds=args.reasoning_rounds, threads=args.threads
+    )
+    return run_reasoning_bench(cfg)
 
 
 def _run_engines(

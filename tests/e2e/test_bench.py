@@ -89,6 +89,7 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--skip-tenants",
             "--skip-code",  # tests/e2e/test_bench_code.py
             "--skip-groups",  # tests/e2e/test_vllm_pairwise.py checks the judge; bench: by hand
+            "--skip-reasoning",  # a tiny-size test of its own below
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
@@ -325,6 +326,34 @@ def test_groups_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None
     text = markdown.read_text(encoding="utf-8")
     assert "prose that stays" in text and "<!-- bench:groups:begin -->" in text
     assert "## Groups" in text and "| transformers | 2 | 16 |" in text
+
+
+def test_reasoning_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
+    """A reward model and a judge, each on a real server with a strip and a keep entry."""
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    argv = ["--only", "reasoning", "--reasoning-quick", "--threads", "1"]
+    argv += ["--results-dir", str(tmp_path), "--markdown", str(markdown)]
+    results, out = run.run(argv)
+    assert out.exists() and set(results) == {"meta", "reasoning"}
+    figures = results["reasoning"]
+    keys = {"reward/strip", "reward/keep", "judge/strip", "judge/keep"}
+    assert set(figures["figures"]) == keys
+    items = figures["item_tokens"]  # the quick size: a 120-token thinking block, 20-token answer
+    assert items["thinking"]["median"] == 120 and items["answer"]["median"] == 20
+    for model in ("reward", "judge"):
+        strip, keep = figures["figures"][f"{model}/strip"], figures["figures"][f"{model}/keep"]
+        assert _is_summary(strip["items_per_s"]) and _is_summary(keep["items_per_s"])
+        # keep scores the thinking block too (give or take a merge at its edges in the
+        # rendered text); strip scores the response as its bare answer
+        gap = keep["tokens_per_item"]["median"] - strip["tokens_per_item"]["median"]
+        assert abs(gap - items["thinking"]["median"]) <= 4
+        assert strip["truncated_items"] == keep["truncated_items"] == 0
+        assert _is_summary(figures["strip_over_keep"][model])
+        assert figures["strip_scores_as_answer"][model] is True
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "<!-- bench:reasoning:begin -->" in text
+    assert "## Reasoning" in text and "| judge | keep |" in text
 
 
 def test_cache_part_runs_alone_and_writes_its_own_block(bert_rm: Path, tmp_path: Path) -> None:
