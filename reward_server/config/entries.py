@@ -17,9 +17,10 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -87,6 +88,27 @@ def finite(value: Any, what: str) -> Any:
     return value
 
 
+def numbers_by_name(what: str, field: str, least: int) -> Any:
+    """The type of a ``field`` holding at least ``least`` numbers by name (``what`` in its
+    errors): every number finite, no empty name."""
+
+    def check(value: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, w in value.items() if not math.isfinite(w)]
+        if bad:
+            raise ValueError(f"{what} must be finite numbers ({', '.join(bad)})")
+        if "" in value:
+            raise ValueError(f"{field}: an empty name")
+        return value
+
+    return Annotated[dict[str, float], Field(min_length=least), AfterValidator(check)]
+
+
+#: A reward model's weights by label name.
+Objectives = numbers_by_name("objective weights", "objectives", 1)
+#: A judge's score tokens and their values.
+ScoreTokens = numbers_by_name("score token values", "score_tokens", 2)
+
+
 def two_tags(value: tuple[str, str] | None, what: str) -> tuple[str, str] | None:
     """``value`` unless its two tags are empty or the same."""
     if value is not None and (not value[0] or not value[1] or value[0] == value[1]):
@@ -119,6 +141,9 @@ class Entry(BaseModel):
     KEEPS_REASONING: ClassVar[bool] = False
     #: The discriminating keys and values that select this class (error messages).
     SELECTOR: ClassVar[str] = ""
+    #: Keys a class needs, {key: the error when it is missing} (each defaults to null, so
+    #: that its absence is said in the kind's own words).
+    NEEDS: ClassVar[dict[str, str]] = {}
     #: Which of the keys given to a class belong to another kind, said (None: none). Set by
     #: :mod:`reward_server.config.models_file`, which knows every kind; until then only
     #: pydantic's "unknown key".
@@ -151,6 +176,13 @@ class Entry(BaseModel):
         if problem:
             raise ValueError(problem)
         return data
+
+    @model_validator(mode="after")
+    def _has_needed(self) -> Entry:
+        for key, problem in self.NEEDS.items():
+            if getattr(self, key) is None:
+                raise ValueError(problem)
+        return self
 
     @field_validator("weight", "unclosed_reasoning")
     @classmethod
@@ -276,24 +308,8 @@ class SequenceEntry(_Adapted):
     kind: Literal["sequence"] = "sequence"
     SELECTOR: ClassVar[str] = "kind: sequence"
 
-    objectives: dict[str, float] | None = Field(default=None, min_length=1)
+    objectives: Objectives | None = None
     """Weights by label name (the config's id2label): the score is the sum of weight x raw logit; not with label_index."""
-
-    @field_validator("objectives")
-    @classmethod
-    def _finite_objectives(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        bad = [k for k, w in (value or {}).items() if not math.isfinite(w)]
-        if bad:
-            raise ValueError(f"objective weights must be finite numbers ({', '.join(bad)})")
-        if "" in (value or {}):
-            raise ValueError("objectives: an empty name")
-        return value
-
-    @model_validator(mode="after")
-    def _label_or_objectives(self) -> SequenceEntry:
-        if self.objectives is not None and self.label_index is not None:
-            raise ValueError("give label_index or objectives, not both")
-        return self
 
     def load_options(self, server: LoadOptions) -> LoadOptions:
         """As :meth:`LoadedEntry.load_options`; with objectives every label is read."""
@@ -301,6 +317,12 @@ class SequenceEntry(_Adapted):
         if self.objectives is not None:  # the scorer's own label must exist: the first
             options = dataclasses.replace(options, label_index=0)
         return options
+
+    @model_validator(mode="after")
+    def _label_or_objectives(self) -> SequenceEntry:
+        if self.objectives is not None and self.label_index is not None:
+            raise ValueError("give label_index or objectives, not both")
+        return self
 
 
 class ProcessEntry(_Adapted):
@@ -323,15 +345,12 @@ class JudgeEntry(LoadedEntry):
     """``kind: judge``: a causal LM that reads a Jinja template per item and answers."""
 
     kind: Literal["judge"] = "judge"
+    NEEDS: ClassVar[dict[str, str]] = {
+        "template": "kind: judge needs 'template' (Jinja text or a .jinja file)"
+    }
 
     template: str | None = Field(default=None, min_length=1)
     """The Jinja prompt (prompt, response, label, messages, tool_calls, tools; a pairwise judge: response_a and response_b) or a path to a .jinja file."""
-
-    @model_validator(mode="after")
-    def _has_template(self) -> JudgeEntry:
-        if self.template is None:
-            raise ValueError("kind: judge needs 'template' (Jinja text or a .jinja file)")
-        return self
 
 
 class LogprobsJudge(JudgeEntry):
@@ -340,25 +359,13 @@ class LogprobsJudge(JudgeEntry):
 
     mode: Literal["logprobs"] = "logprobs"
     SELECTOR: ClassVar[str] = "mode: logprobs"
+    NEEDS: ClassVar[dict[str, str]] = {
+        **JudgeEntry.NEEDS,
+        "score_tokens": 'kind: judge needs \'score_tokens\' (e.g. {"Yes": 1.0, "No": 0.0})',
+    }
 
-    score_tokens: dict[str, float] | None = Field(default=None, min_length=2)
+    score_tokens: ScoreTokens | None = None
     """The value of each score token (each one token of the judge's tokenizer)."""
-
-    @field_validator("score_tokens")
-    @classmethod
-    def _finite_values(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        bad = [k for k, w in (value or {}).items() if not math.isfinite(w)]
-        if bad:
-            raise ValueError(f"score token values must be finite numbers ({', '.join(bad)})")
-        if "" in (value or {}):
-            raise ValueError("score_tokens: an empty name")
-        return value
-
-    @model_validator(mode="after")
-    def _has_tokens(self) -> LogprobsJudge:
-        if self.score_tokens is None:
-            raise ValueError('kind: judge needs \'score_tokens\' (e.g. {"Yes": 1.0, "No": 0.0})')
-        return self
 
 
 class _Fallible(Entry):
