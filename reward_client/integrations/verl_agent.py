@@ -57,8 +57,17 @@ def __getattr__(name: str) -> Any:
 
 def _trajectory_loop() -> type:
     """verl's ``ToolAgentLoop`` subclassed to record the trajectory (module docstring)."""
-    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-    from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+    try:
+        from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+        from verl.experimental.agent_loop.tool_agent_loop import (
+            AgentData,
+            AgentState,
+            ToolAgentLoop,
+        )
+    except ImportError as exc:  # only where verl runs the agent loop: not in this project's images
+        raise ImportError(
+            f"TrajectoryToolAgentLoop subclasses verl's ToolAgentLoop: install verl ({exc})"
+        ) from exc
 
     class TrajectoryToolAgentLoop(ToolAgentLoop):  # type: ignore[misc, valid-type]
         """verl's ``ToolAgentLoop``, recording the trajectory in its output's

@@ -216,7 +216,8 @@ def test_sampling_runs_and_info_lists_the_settings(judge: Path, serve: Any) -> N
         ({"max_new_tokens": 0}, "max_new_tokens: Input should be greater than or equal to 1"),
         (
             {"mode": "logprobs", "score_tokens": {"Yes": 1.0, "No": 0.0}},
-            "score_pattern, max_new_tokens, on_error: only for mode: generate",
+            "score_pattern, max_new_tokens: only for mode: generate; "
+            "on_error: only for mode: generate or pairwise",
         ),
     ],
 )

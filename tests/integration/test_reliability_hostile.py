@@ -524,11 +524,21 @@ def test_no_request_can_name_a_model_or_a_file(server: ServerProcess) -> None:
         "cache",  # a bool: whether the score cache may answer
         "timeout_ms",  # a positive number: the request's deadline
         "groups",  # lists of item indices, checked against the request's items
+        "tools",  # tool specs: values given to the chat template, never opened or loaded
     }
     assert schema["ScoreRequest"]["additionalProperties"] is False
     assert set(schema["GetRewardRequest"]["properties"]) == {"query", "prompts", "labels"}
     assert set(schema["SlimeRewardRequest"]["properties"]) == {"prompt", "response", "label"}
-    assert set(schema["Message"]["properties"]) == {"role", "content"}
+    # A message's keys are values for the chat template (a sandboxed Jinja renders them as
+    # text): none names a file or a model.
+    assert set(schema["Message"]["properties"]) == {
+        "role",
+        "content",
+        "name",  # a tool result's tool name
+        "tool_calls",  # names and arguments of the calls, as text
+        "tool_call_id",
+        "reasoning_content",
+    }
     for extra in ("adapter", "model_name_or_path", "path", "chat_template", "file"):
         body = {"texts": ["a"], extra: "/etc/passwd"}
         r = httpx.post(f"{server.url}/score", json=body, headers=AUTH)
