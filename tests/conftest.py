@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import ModuleType
 
 # No test may reach a hub; set before transformers is imported anywhere.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,11 +18,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from filelock import FileLock
 
 import tiny_models
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+    from helpers.servers import SharedServers
+    from server_proc import ServerProcess
 
 #: The modules that take longest (half a minute or more in make test's log: trained models,
 #: the demo, vLLM servers), started first so that make test's workers do not end with one of
@@ -134,3 +141,106 @@ def llama_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gpt2_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny GPT-2 causal LM policy with its own byte-level BPE tokenizer."""
     return tiny_models.save_gpt2_policy(tmp_path_factory.mktemp("gpt2_policy"))
+
+
+@pytest.fixture(scope="session")
+def judges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random judges (causal LMs whose vocabulary holds "Yes" and "No", with a chat
+    template): ``gpt2`` (no BOS) and ``llama`` (a BOS its tokenizer adds)."""
+    from helpers.judges import save_judge
+
+    return {f: save_judge(tmp_path_factory.mktemp(f"judge_{f}"), f) for f in ("gpt2", "llama")}
+
+
+@pytest.fixture(scope="session")
+def rubric_judge(built_once: Callable[..., Path]) -> Path:
+    """The judge trained to answer a rubric (:mod:`helpers.rubric_judge`), trained once per
+    ``make test`` and shared by its workers."""
+    from helpers.rubric_judge import train_rubric_judge
+
+    return built_once("rubric-judge", train_rubric_judge)
+
+
+@pytest.fixture(scope="session")
+def verl_path() -> str:
+    """verl's PYTHONPATH entry (:mod:`helpers.drivers`); skips, or fails under
+    REWARD_SERVER_TEST_VERL=1, without verl."""
+    from helpers.drivers import require_verl
+
+    return require_verl()
+
+
+@pytest.fixture(scope="session")
+def openrlhf_agent() -> ModuleType:
+    """OpenRLHF 0.11.2's own ``openrlhf.utils.agent`` module (:mod:`helpers.openrlhf`)."""
+    from helpers.openrlhf import fetch_openrlhf_utils, load_agent_module
+
+    return load_agent_module(fetch_openrlhf_utils())
+
+
+# ------------------------------------------------------------------ servers by spec
+
+
+@pytest.fixture(scope="module")
+def gpt2_app(gpt2_rm: Path) -> Iterator[TestClient]:
+    """An in-process app of ``gpt2_rm`` with the server's defaults, its lifespan started."""
+    from fastapi.testclient import TestClient
+
+    from reward_server.config import ServerSettings
+    from reward_server.http.app import create_app
+
+    with TestClient(create_app(ServerSettings(model=str(gpt2_rm)))) as client:
+        yield client
+
+
+@pytest.fixture
+def models_client(tmp_path: Path) -> Iterator[Callable[..., TestClient]]:
+    """``models_client(entries, *, top=None, **settings)``: a ``TestClient`` (its app's
+    lifespan started) of an in-process app serving a models file of ``entries`` (and the
+    file's keys ``top``), with ``settings``; every one closed after the test."""
+    from fastapi.testclient import TestClient
+    from helpers.apps import models_app
+
+    clients: list[TestClient] = []
+
+    def start(entries: list[dict[str, Any]], **settings: Any) -> TestClient:
+        client = TestClient(models_app(tmp_path, entries, **settings)).__enter__()
+        clients.append(client)
+        return client
+
+    yield start
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedServers]:
+    """``with shared_server(model, *flags, models=entries) as server``: the real server of
+    that spec, started once for every test and test file of this pytest worker that asks
+    for it (:mod:`helpers.servers`: only for tests that leave it as they found it)."""
+    from helpers.servers import SharedServers  # the unit tests never start one
+
+    servers = SharedServers(tmp_path_factory.mktemp("shared_servers"))
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(scope="module")
+def bert_server(shared_server: SharedServers, bert_rm: Path) -> Iterator[ServerProcess]:
+    """``reward-server --model bert_rm``, the server's defaults (shared)."""
+    with shared_server(bert_rm) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gpt2_server(shared_server: SharedServers, gpt2_rm: Path) -> Iterator[ServerProcess]:
+    """``reward-server --model gpt2_rm``, the server's defaults (shared)."""
+    with shared_server(gpt2_rm) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def llama_server(shared_server: SharedServers, llama_rm: Path) -> Iterator[ServerProcess]:
+    """``reward-server --model llama_rm``, the server's defaults (shared)."""
+    with shared_server(llama_rm) as server:
+        yield server

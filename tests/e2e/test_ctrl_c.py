@@ -27,13 +27,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.training import PPO_CLIENT
 from server_proc import free_port
 
 from ppo_client import stopping
 from reward_client import RetryEvent, RetryPolicy, RewardClient, RewardClientError
 from reward_server.launcher import deferred_signals, held_for_children
 
-PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 EXIT_WITHIN_S = 10
 #: Start-up lines to signal at: everything the trainer logs before its first reward request,
 #: and its first retry of that request.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from helpers.training import write_prompts
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from server_proc import REWARD_SERVER, ServerProcess, free_port, running_server
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ppo_remote_reward_example(gpt2_policy: Path, bert_rm: Path, tmp_path: Path) -> None:
     from examples.ppo_remote_reward import main
 
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["the movie", "i", "a"] * 4))
+    data = write_prompts(tmp_path / "prompts.jsonl", ["the movie", "i", "a"] * 4)
     torch.set_num_threads(1)
     with running_server(bert_rm) as server:
         history = main(

@@ -13,117 +13,24 @@ independent, unpadded, greedy ``generate`` of plain transformers on the same pro
 from __future__ import annotations
 
 import random
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import test_judge
-import torch
 from fastapi.testclient import TestClient
+from helpers.rubric_judge import (
+    ANSWERS,
+    GARBAGE,
+    ON_ERROR,
+    PATTERN,
+    entry,
+    parsed,
+    random_response,
+    reference_answers,
+)
 from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import tiny_models
 from reward_server.config.models_file import ModelsFileError, parse_models_file
-
-#: The fixture ``serve(entries, **settings)``: a TestClient of an app per models file.
-serve = test_judge.serve
-
-TEMPLATE = "Rate: {{ response }}\nVerdict:"  # (Jinja drops a last newline)
-PATTERN = r"Score: (\d+)"
-#: The judge's answer by the response's last word.
-ANSWERS = {"great": "Score: 9", "good": "Score: 7", "bad": "Score: 2", "awful": "Score: 0"}
-GARBAGE = {"odd": "no idea"}
-FILLER = "the movie film story plot was is very really quite and but so it".split()
-ON_ERROR = -1.0
-
-
-def _response(rng: random.Random, last: str) -> str:
-    return " ".join([*rng.choices(FILLER, k=rng.randint(0, 4)), last])
-
-
-def _prompt(response: str) -> str:
-    return f"Rate: {response}\nVerdict:"
-
-
-def _line(response: str) -> str:
-    return f"{_prompt(response)} {ANSWERS.get(response.split()[-1]) or GARBAGE['odd']}"
-
-
-def train_judge(path: Path, steps: int, **shape: int) -> Path:
-    """A tiny GPT-2 taught to answer the rubric (the loss on the answer only); ``shape``:
-    :func:`tiny_models.gpt2_causal_lm`'s sizes instead of the default ones."""
-    rng = random.Random(0)
-    firsts = [*ANSWERS, *GARBAGE]
-    corpus = [_line(_response(rng, rng.choice(firsts))) for _ in range(500)]
-    tok = tiny_models.byte_bpe_tokenizer(corpus, vocab_size=300, pad_is_eos=True)
-    sizes = {"n_positions": 64, "n_embd": 64, **shape}
-    model = tiny_models.gpt2_causal_lm(tok, seed=0, **sizes)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _step in range(steps):
-        responses = [_response(rng, rng.choice(firsts)) for _ in range(32)]
-        enc = tok([_line(r) + tok.eos_token for r in responses], return_tensors="pt", padding=True)
-        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-        for row, response in zip(labels, responses, strict=True):  # the answer's loss only
-            row[: len(tok(_prompt(response))["input_ids"])] = -100
-        loss = model(**enc, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.eval()
-    return tiny_models.save(path, model, tok)
-
-
-def train_rubric_judge(folder: Path) -> Path:
-    """The trained judge this module and tests/e2e/test_vllm_judge.py serve (the ``built_once``
-    fixture trains it once per run); a head size of 64, which vLLM's CPU attention takes.
-
-    On one torch thread: beside the other pytest worker's servers, two threads on the two
-    cores took 5x their idle time (127 s against 25 s); one thread takes 36 s idle."""
-    with tiny_models.torch_threads(1):
-        return train_judge(folder, steps=500, n_embd=128, n_head=2)
-
-
-@pytest.fixture(scope="module")
-def judge(built_once: Callable[..., Path]) -> Path:
-    return built_once("rubric-judge", train_rubric_judge)
-
-
-def reference_answers(folder: Path, responses: list[str], max_new_tokens: int) -> list[str]:
-    """Plain transformers: each prompt alone, unpadded, greedy, decoded up to EOS."""
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    answers = []
-    for response in responses:
-        enc = tok(_prompt(response), return_tensors="pt")
-        out = model.generate(
-            **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id
-        )
-        answers.append(tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True))
-    return answers
-
-
-def parsed(answers: list[str], pattern: str = PATTERN) -> list[float]:
-    matches = [re.search(pattern, a) for a in answers]
-    return [ON_ERROR if m is None else float(m.group(1)) for m in matches]
-
-
-def entry(folder: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": "judge",
-        "kind": "judge",
-        "model": str(folder),
-        "mode": "generate",
-        "template": TEMPLATE,
-        "score_pattern": PATTERN,
-        "chat_template": "none",
-        "on_error": ON_ERROR,
-        "max_new_tokens": 8,
-        **extra,
-    }
 
 
 def parse_errors(client: TestClient) -> float:
@@ -146,16 +53,16 @@ RESPONSES = [
 ]
 
 
-def test_the_trained_judge_answers_the_rubric(judge: Path) -> None:
-    answers = reference_answers(judge, RESPONSES, 8)
+def test_the_trained_judge_answers_the_rubric(rubric_judge: Path) -> None:
+    answers = reference_answers(rubric_judge, RESPONSES, 8)
     want = [{**ANSWERS, **GARBAGE}[r.split()[-1]] for r in RESPONSES]
     assert [a.strip() for a in answers] == want
 
 
 def test_scores_are_parsed_from_the_answers_and_a_parse_failure_scores_on_error(
-    judge: Path, serve: Any
+    rubric_judge: Path, models_client: Any
 ) -> None:
-    client = serve([entry(judge)])
+    client = models_client([entry(rubric_judge)])
     r = client.post("/score", json={"texts": RESPONSES})
     assert r.status_code == 200, r.text
     data = r.json()
@@ -168,16 +75,16 @@ def test_scores_are_parsed_from_the_answers_and_a_parse_failure_scores_on_error(
     assert parse_errors(client) == 1.0
 
 
-def test_scores_equal_a_plain_greedy_generate(judge: Path, serve: Any) -> None:
+def test_scores_equal_a_plain_greedy_generate(rubric_judge: Path, models_client: Any) -> None:
     """Items of many lengths in one left-padded batch, some the judge never saw."""
     rng = random.Random(1)
     words = [*ANSWERS, *GARBAGE, "movie", "it", "so"]
-    responses = [_response(rng, rng.choice(words)) for _ in range(16)]
+    responses = [random_response(rng, rng.choice(words)) for _ in range(16)]
     for max_new in (3, 8):
-        client = serve([entry(judge, max_new_tokens=max_new)], max_batch_size=16)
+        client = models_client([entry(rubric_judge, max_new_tokens=max_new)], max_batch_size=16)
         r = client.post("/score", json={"texts": responses})
         assert r.status_code == 200, r.text
-        want = parsed(reference_answers(judge, responses, max_new))
+        want = parsed(reference_answers(rubric_judge, responses, max_new))
         assert r.json()["scores"] == want
         assert len(set(r.json()["tokens"])) > 2
     # Repeated: the same numbers (greedy is deterministic).
@@ -185,8 +92,10 @@ def test_scores_equal_a_plain_greedy_generate(judge: Path, serve: Any) -> None:
     assert again.json()["scores"] == want
 
 
-def test_a_pattern_that_never_matches_scores_on_error(judge: Path, serve: Any) -> None:
-    client = serve([entry(judge, score_pattern=r"Grade: (\d+)", on_error=0.5)])
+def test_a_pattern_that_never_matches_scores_on_error(
+    rubric_judge: Path, models_client: Any
+) -> None:
+    client = models_client([entry(rubric_judge, score_pattern=r"Grade: (\d+)", on_error=0.5)])
     r = client.post("/score", json={"texts": RESPONSES[:3]})
     assert r.status_code == 200, r.text
     assert r.json()["scores"] == [0.5] * 3
@@ -194,8 +103,8 @@ def test_a_pattern_that_never_matches_scores_on_error(judge: Path, serve: Any) -
     assert parse_errors(client) == 3.0
 
 
-def test_sampling_runs_and_info_lists_the_settings(judge: Path, serve: Any) -> None:
-    client = serve([entry(judge, temperature=0.7, top_p=0.9)])
+def test_sampling_runs_and_info_lists_the_settings(rubric_judge: Path, models_client: Any) -> None:
+    client = models_client([entry(rubric_judge, temperature=0.7, top_p=0.9)])
     r = client.post("/score", json={"texts": RESPONSES})
     assert r.status_code == 200, r.text
     assert len(r.json()["scores"]) == len(RESPONSES)
@@ -228,9 +137,9 @@ def test_generate_keys_are_validated(extra: dict[str, Any], message: str) -> Non
     assert message in str(err.value)
 
 
-def test_max_new_tokens_leaves_room_for_the_prompt(judge: Path, serve: Any) -> None:
+def test_max_new_tokens_leaves_room_for_the_prompt(rubric_judge: Path, models_client: Any) -> None:
     """The prompt is cut to max_length - max_new_tokens (here 64 - 8) tokens."""
-    client = serve([entry(judge)])
+    client = models_client([entry(rubric_judge)])
     long = "very " * 100 + "good"
     r = client.post("/score", json={"texts": [long]})
     assert r.status_code == 200, r.text

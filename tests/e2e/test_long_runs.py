@@ -13,9 +13,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from server_proc import free_port, start_server
-from test_reliability_faults import PPO_CLIENT, _env, steps_of, wait_for
-from test_trainer import dataset, read_jsonl
+from helpers.training import PPO_CLIENT, dataset, ppo_client_env, read_jsonl, steps_of
+from server_proc import free_port, start_server, wait_until
 
 from ppo_client.checkpoint import STATE_FILE, list_checkpoints
 
@@ -51,7 +50,7 @@ def train(config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
             [str(PPO_CLIENT), "train", "--config", str(config), *extra],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_env(),
+            env=ppo_client_env(),
         )
 
 
@@ -90,12 +89,12 @@ def test_stops_checkpoint_the_last_update_and_resumed_runs_log_each_step_once(
         config = write_config(tmp_path, gpt2_policy, servers[0].url)
         # SIGTERM: the run stops at once (or at the end of the update under way).
         run = train(config, logs[0])
-        wait_for(lambda: after_step(3), 180, "the first steps")
+        wait_until(lambda: after_step(3), 180, "the first steps")
         run.send_signal(signal.SIGTERM)
         first = stopped(run, logs[0], metrics, 128 + signal.SIGTERM)
         # Resumed; then the server goes for good: the client waits out its 5 s budget.
         run = train(config, logs[1], "--resume_from_checkpoint", "latest")
-        wait_for(lambda: after_step(first[-1] + 2), 180, "steps of the resumed run")
+        wait_until(lambda: after_step(first[-1] + 2), 180, "steps of the resumed run")
         servers[0].stop(signal.SIGKILL)
         second = stopped(run, logs[1], metrics, 1)
         assert f"of the {BUDGET_S} s retry budget" in logs[1].read_text()  # waited, saying so

@@ -3,26 +3,23 @@ against a live ``reward-server`` hosting a tiny BERT reward model (WordPiece).""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.training import (
+    PPO_CLIENT,
+    PROMPTS,
+    TRL_METRICS,
+    ppo_client_env,
+    read_jsonl,
+    write_prompts,
+)
 from server_proc import running_server
-from test_trainer import PROMPTS, TRL_METRICS, read_jsonl
 from transformers import AutoTokenizer
 
 from reward_client import RewardClient
-
-PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
-
-
-def _env() -> dict[str, str]:
-    # One thread per process: the tiny models run fastest that way on a shared machine.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def test_tokenizers_differ(gpt2_policy: Path, bert_rm: Path) -> None:
@@ -36,8 +33,7 @@ def test_tokenizers_differ(gpt2_policy: Path, bert_rm: Path) -> None:
 def test_ppo_client_trains_against_a_live_reward_server(
     gpt2_policy: Path, bert_rm: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:32]))
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:32])
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
     with running_server(bert_rm, "--max-client-batch", "4") as server:
@@ -61,7 +57,7 @@ def test_ppo_client_trains_against_a_live_reward_server(
             [str(PPO_CLIENT), "train", "--config", str(config), "--num_ppo_epochs", "2"],
             capture_output=True,
             text=True,
-            env=_env(),
+            env=ppo_client_env(),
             timeout=240,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr + server.log()
@@ -94,7 +90,7 @@ def test_ppo_client_trains_against_a_live_reward_server(
             [str(PPO_CLIENT), "score", "--reward-url", server.url, "a great film", "boring"],
             capture_output=True,
             text=True,
-            env=_env(),
+            env=ppo_client_env(),
             timeout=60,
         )
         assert score.returncode == 0, score.stderr
@@ -110,7 +106,7 @@ def test_train_cli_reports_config_errors(tmp_path: Path) -> None:
         [str(PPO_CLIENT), "train", "--learnig_rate", "1"],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=ppo_client_env(),
         timeout=60,
     )
     assert proc.returncode == 2
@@ -132,7 +128,7 @@ def test_score_cli_reports_an_unreachable_server() -> None:
         ],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=ppo_client_env(),
         timeout=120,
     )
     assert proc.returncode == 1

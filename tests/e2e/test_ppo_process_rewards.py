@@ -19,9 +19,17 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from helpers.training import (
+    PPO_CLIENT,
+    PROMPTS,
+    dataset,
+    ppo_client_env,
+    ppo_config,
+    read_jsonl,
+    space_reward,
+    write_prompts,
+)
 from server_proc import ServerProcess, running_server, score_requests
-from test_ppo_e2e import PPO_CLIENT, _env
-from test_trainer import PROMPTS, dataset, make_config, read_jsonl, space_reward
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 import tiny_models
@@ -130,7 +138,7 @@ def test_process_mode_places_step_rewards_and_normalises_outcomes(
     gpt2_policy: Path, prm_server: ServerProcess, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         out,
         reward_mode="process",
@@ -166,7 +174,7 @@ def test_process_mode_fails_at_start_up_without_a_process_model(
         {"name": "helpful", "model": str(bert_rm)},
         {"name": "safe", "model": str(gpt2_rm)},
     ]
-    cfg = make_config(gpt2_policy, tmp_path, reward_mode="process")
+    cfg = ppo_config(gpt2_policy, tmp_path, reward_mode="process")
     no_process = pytest.raises(
         ConfigError, match=r"serves no kind: process model \(it serves: helpful"
     )
@@ -186,7 +194,7 @@ def test_process_mode_fails_at_start_up_without_a_process_model(
 def test_process_mode_with_a_plain_reward_function_fails_at_the_first_call(
     gpt2_policy: Path, tmp_path: Path
 ) -> None:
-    cfg = make_config(gpt2_policy, tmp_path, reward_mode="process", total_episodes=8)
+    cfg = ppo_config(gpt2_policy, tmp_path, reward_mode="process", total_episodes=8)
     trainer = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward)
     with pytest.raises(ValueError, match="reward_mode is process but the reward answered no"):
         trainer.train()
@@ -199,8 +207,7 @@ def test_ppo_client_train_in_process_mode(
     (the one end-to-end PRM run): it completes, each step's score is the server's and the
     process model's run here for the pair the trainer sent, on the policy token of its last
     character."""
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:16]))
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:16])
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
     config.write_text(
@@ -224,7 +231,7 @@ def test_ppo_client_train_in_process_mode(
         [str(PPO_CLIENT), "train", "--config", str(config)],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=ppo_client_env(),
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

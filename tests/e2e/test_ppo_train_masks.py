@@ -15,17 +15,23 @@ import logging
 import math
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import yaml
+from helpers.training import (
+    PPO_CLIENT,
+    PROMPTS,
+    TRL_METRICS,
+    accelerate_env,
+    accelerate_launch,
+    ppo_config,
+    read_jsonl,
+)
 from safetensors.torch import load_file
-from server_proc import free_port, running_server
-from test_trainer import PROMPTS, TRL_METRICS, make_config, read_jsonl
+from server_proc import running_server
 
 from ppo_client import PPOTrainer
 from ppo_client.data import batch_indices
@@ -33,15 +39,10 @@ from ppo_client.sizes import BatchSizes
 
 ROOT = Path(__file__).resolve().parents[2]
 BY_LABEL = f"{ROOT / 'tests' / 'verifier_functions.py'}:by_label"
-PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+#: Tiny models run fastest on one thread, especially on a shared machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def finite_metrics(row: dict[str, Any]) -> None:
@@ -67,7 +68,7 @@ def test_masked_rows_are_left_out_of_the_update_and_their_share_logged(
         return out
 
     out = tmp_path / "run"
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         out,
         total_episodes=8 * 4,
@@ -112,7 +113,7 @@ def test_an_update_whose_rows_are_all_masked_is_skipped(
         return [None if first else r.count(" ") / max(1, len(r)) for r in responses]
 
     out = tmp_path / "run"
-    cfg = make_config(gpt2_policy, out, total_episodes=8 * 2, save_steps=1)
+    cfg = ppo_config(gpt2_policy, out, total_episodes=8 * 2, save_steps=1)
     with caplog.at_level(logging.WARNING, logger="ppo_client.trainer"):
         PPOTrainer(cfg, train_dataset=[{"prompt": p} for p in PROMPTS], reward_fn=reward).train()
     assert any("update 1 skipped" in r.getMessage() for r in caplog.records), caplog.text
@@ -147,7 +148,7 @@ def test_micro_batches_of_masked_rows_only_are_left_out_of_each_step(
             for p, r in zip(prompts, responses, strict=True)
         ]
 
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         tmp_path / "run",
         per_device_train_batch_size=1,
@@ -291,7 +292,7 @@ def test_accelerate_launch_with_a_rank_whose_rows_are_all_masked(
     in the second one row of rank 1. Both ranks go through every collective (no hang), the
     run completes, and the logged share is over both ranks' rows."""
     prompts = PROMPTS[:16]
-    cfg = make_config(gpt2_policy, tmp_path / "unused", per_device_train_batch_size=2)
+    cfg = ppo_config(gpt2_policy, tmp_path / "unused", per_device_train_batch_size=2)
     sizes = BatchSizes.from_config(cfg, 2, len(prompts))  # 4 rows per rank and update
     rank = {
         (u, r): batch_indices(u, len(prompts), sizes, cfg.seed, r) for u in (0, 1) for r in (0, 1)
@@ -308,13 +309,7 @@ def test_accelerate_launch_with_a_rank_whose_rows_are_all_masked(
     models_file.write_text(yaml.safe_dump(failing_verifier()), encoding="utf-8")
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = accelerate_env()
     with running_server(None, "--models", str(models_file), timeout=180) as server:
         config.write_text(
             f"model_name_or_path: {gpt2_policy}\n"
@@ -332,26 +327,7 @@ def test_accelerate_launch_with_a_rank_whose_rows_are_all_masked(
             "reward_normalization: running\n"
             "disable_tqdm: true\n"
         )
-        cmd = [
-            str(Path(sys.executable).parent / "accelerate"),
-            "launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(free_port()),
-            "-m",
-            "ppo_client",
-            "train",
-            "--config",
-            str(config),
-        ]
+        cmd = accelerate_launch(config)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=480)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     rows = read_jsonl(out / "metrics.jsonl")

@@ -24,21 +24,30 @@ from typing import Any
 
 import httpx
 import pytest
-from server_proc import HeldRequest, ServerProcess, free_port, running_server, start_server
-from test_reliability_load import Pool, build_pool, items_scored, scrape
-from test_trainer import dataset, make_config, read_jsonl
+from helpers.load import Pool, build_pool, items_scored, scrape
+from helpers.training import (
+    PPO_CLIENT,
+    dataset,
+    ppo_client_env,
+    ppo_config,
+    read_jsonl,
+    space_reward,
+    steps_of,
+)
+from server_proc import (
+    HeldRequest,
+    ServerProcess,
+    free_port,
+    running_server,
+    start_server,
+    wait_until,
+)
 
 from ppo_client import PPOTrainer
 from reward_client import RetryPolicy, RewardClient, RewardServerError, ScoreResult
 from tiny_models import make_corpus
 
-PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 TOL = 1e-5
-
-
-def _env() -> dict[str, str]:
-    # One thread per process: the tiny models run fastest that way on a shared machine.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture
@@ -52,22 +61,9 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(saved)
 
 
-def wait_for(condition: Any, timeout: float, what: str, interval: float = 0.02) -> None:
-    """Poll ``condition()`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 def metric(url: str, name: str) -> float:
     """One Prometheus sample of the server (0 when absent)."""
     return scrape(url).get(name, 0.0)
-
-
-def steps_of(path: Path) -> list[int]:
-    return [row["step"] for row in read_jsonl(path)] if path.exists() else []
 
 
 def assert_real_scores(rows: Sequence[dict[str, Any]]) -> None:
@@ -120,7 +116,7 @@ def test_reward_server_sigkilled_during_train_and_restarted(
                 [str(PPO_CLIENT), "train", "--config", str(config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_env(),
+                env=ppo_client_env(),
             )
         # Both start at once (the trainer's client retries until the server is up).
         server.wait_ready(90)
@@ -130,7 +126,7 @@ def test_reward_server_sigkilled_during_train_and_restarted(
             assert train is not None and train.poll() is None, trainer_log.read_text()
             return len(steps_of(metrics_file)) >= 3
 
-        wait_for(training_is_under_way, 180, "the first steps")
+        wait_until(training_is_under_way, 180, "the first steps")
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
         steps_at_kill = len(steps_of(metrics_file))
         server = None
@@ -201,7 +197,7 @@ def test_two_reward_urls_one_killed_mid_run_fails_over(
         for srv in (first, second):
             srv.wait_ready(90)
         client = KillingClient([first.url, second.url], victim=first, kill_at=5)
-        config = make_config(
+        config = ppo_config(
             gpt2_policy,
             tmp_path / "out",
             per_device_train_batch_size=4,
@@ -267,7 +263,7 @@ def test_stalled_server_ends_in_reward_server_error_naming_url_and_cause(
     # Resumed, the server drops the abandoned requests and serves the same scores again.
     with RewardClient(url, timeout=60) as client:
         assert client.score(texts=texts) == pytest.approx(want, abs=TOL)
-    wait_for(lambda: metric(url, "reward_server_queue_items") == 0, 30, "an empty queue")
+    wait_until(lambda: metric(url, "reward_server_queue_items") == 0, 30, "an empty queue")
 
 
 def _hang_up_after_queueing(url: str, port: int, clients: int, items: int) -> None:
@@ -285,7 +281,7 @@ def _hang_up_after_queueing(url: str, port: int, clients: int, items: int) -> No
         sock.sendall(head + body)
         socks.append(sock)
     want = queued_before + clients * items
-    wait_for(lambda: metric(url, "reward_server_queue_items") == want, 30, f"{want} items queued")
+    wait_until(lambda: metric(url, "reward_server_queue_items") == want, 30, f"{want} items queued")
     for sock in socks:
         sock.close()
 
@@ -300,8 +296,8 @@ def test_client_hanging_up_mid_request_drops_its_work(slow_batch_server: ServerP
     before = scrape(url)
     for _ in range(rounds):
         _hang_up_after_queueing(url, port, clients, items)
-        wait_for(lambda: metric(url, "reward_server_queue_items") == 0, 30, "the queue to empty")
-    wait_for(lambda: _in_progress(url) == 0, 30, "no request in progress")
+        wait_until(lambda: metric(url, "reward_server_queue_items") == 0, 30, "the queue to empty")
+    wait_until(lambda: _in_progress(url) == 0, 30, "no request in progress")
     after = scrape(url)
     # Every hang-up was noticed, and its items left the queue without a forward pass; no
     # handler of a gone client is left waiting (what would hold its memory).
@@ -325,7 +321,7 @@ import json, os, signal, sys
 from pathlib import Path
 import torch
 sys.path[:0] = [sys.argv[4], sys.argv[5]]
-from test_trainer import dataset, make_config, space_reward
+from helpers.training import dataset, ppo_config, space_reward
 from ppo_client import PPOTrainer
 
 real_save = torch.save
@@ -339,7 +335,7 @@ def save(obj, f, *args, **kwargs):
     return real_save(obj, f, *args, **kwargs)
 torch.save = save
 
-config = make_config(Path(sys.argv[1]), Path(sys.argv[2]), **json.loads(sys.argv[3]))
+config = ppo_config(Path(sys.argv[1]), Path(sys.argv[2]), **json.loads(sys.argv[3]))
 PPOTrainer(config, train_dataset=dataset(), reward_fn=space_reward).train()
 """
 
@@ -347,8 +343,6 @@ PPOTrainer(config, train_dataset=dataset(), reward_fn=space_reward).train()
 def test_trainer_sigkilled_during_checkpoint_write_resumes_from_the_previous(
     gpt2_policy: Path, tmp_path: Path, one_thread: None
 ) -> None:
-    from test_trainer import space_reward
-
     out = tmp_path / "run"
     settings: dict[str, Any] = {
         "total_episodes": 8 * 6,
@@ -357,7 +351,7 @@ def test_trainer_sigkilled_during_checkpoint_write_resumes_from_the_previous(
     }
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    here = Path(__file__).resolve()  # test_trainer.py's folder, then the repository
+    here = Path(__file__).resolve()  # tests/ (the helpers), then the repository
     child = subprocess.run(
         [
             sys.executable,
@@ -365,12 +359,12 @@ def test_trainer_sigkilled_during_checkpoint_write_resumes_from_the_previous(
             str(gpt2_policy),
             str(out),
             json.dumps(settings),
-            str(here.parent),
+            str(here.parents[1]),
             str(here.parents[2]),
         ],
         capture_output=True,
         text=True,
-        env={**_env(), "KILL_AT": ".tmp-checkpoint-4/optimizer.pt"},
+        env={**ppo_client_env(), "KILL_AT": ".tmp-checkpoint-4/optimizer.pt"},
         timeout=300,
     )
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
@@ -388,7 +382,7 @@ def test_trainer_sigkilled_during_checkpoint_write_resumes_from_the_previous(
     assert json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["step"] == 2
 
     resumed = PPOTrainer(
-        make_config(gpt2_policy, out, resume_from_checkpoint="latest", **settings),
+        ppo_config(gpt2_policy, out, resume_from_checkpoint="latest", **settings),
         train_dataset=dataset(),
         reward_fn=space_reward,
     )
@@ -452,13 +446,15 @@ def test_sigterm_finishes_mixed_requests_in_flight_with_right_scores(llama_rm: P
         threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
         for t in threads:
             t.start()
-        wait_for(lambda: metric(srv.url, "reward_server_queue_items") == 24, 60, "24 items queued")
+        wait_until(
+            lambda: metric(srv.url, "reward_server_queue_items") == 24, 60, "24 items queued"
+        )
         last = HeldRequest(f"{srv.url}/score", {"texts": pool.texts[12:15]})
         n = len(requests) + 1
-        wait_for(lambda: _in_progress(srv.url) == n, 60, f"{n} requests in flight")
+        wait_until(lambda: _in_progress(srv.url) == n, 60, f"{n} requests in flight")
         assert answers == [None] * len(requests) and not last.done  # all still in flight
         srv.proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: "draining" in srv.log(), 60, "the server to begin draining")
+        wait_until(lambda: "draining" in srv.log(), 60, "the server to begin draining")
         last.release()  # the batch is full now: it runs, though the server is draining
         code = srv.proc.wait(timeout=120)
         held = last.result()

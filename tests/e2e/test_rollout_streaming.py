@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.training import PROMPTS, ppo_config
 from server_proc import running_server, score_requests
-from test_trainer import PROMPTS, make_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tiny_models
@@ -116,7 +116,7 @@ def _rollout(
 ) -> tuple[Rollout, list[tuple[str, int]]]:
     """One update's rollouts of a fresh trainer (seeded alike), with the events: each
     forward of the policy (its width: 1 while decoding) and each reward request."""
-    cfg = make_config(
+    cfg = ppo_config(
         policy,
         out,
         response_length=LENGTH,

@@ -15,6 +15,14 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers.training import (
+    PROMPTS,
+    TRL_METRICS,
+    dataset,
+    ppo_config,
+    read_jsonl,
+    space_reward,
+)
 from transformers import AutoModelForCausalLM
 
 import tiny_models
@@ -23,28 +31,6 @@ from ppo_client.config import ConfigError
 from ppo_client.trainer import default_overlap
 from reward_client import RewardClient
 
-#: The metrics every step must log, with TRL's names.
-TRL_METRICS = [
-    "objective/scores",
-    "objective/kl",
-    "objective/entropy",
-    "objective/non_score_reward",
-    "objective/rlhf_reward",
-    "policy/approxkl_avg",
-    "policy/clipfrac_avg",
-    "loss/policy_avg",
-    "loss/value_avg",
-    "val/clipfrac_avg",
-    "policy/entropy_avg",
-    "val/ratio",
-    "val/ratio_var",
-    "val/num_eos_tokens",
-    "lr",
-    "episode",
-    "eps",
-    "time/reward_wait_s",
-    "step",
-]
 ALGORITHM_METRICS = [
     "objective/scores",
     "objective/kl",
@@ -58,51 +44,8 @@ ALGORITHM_METRICS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, especially on a shared machine."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
-PROMPTS = tiny_models.make_corpus(48, seed=1, min_words=1, max_words=6)
-
-
-def dataset() -> list[dict[str, Any]]:
-    return [{"prompt": p} for p in PROMPTS]
-
-
-def space_reward(prompts: list[Any], responses: list[str]) -> list[float]:
-    """Fraction of the response's characters that are spaces: rewards word-like text."""
-    return [r.count(" ") / max(1, len(r)) for r in responses]
-
-
-def make_config(policy: Path, out: Path, **overrides: Any) -> PPOConfig:
-    values: dict[str, Any] = {
-        "model_name_or_path": str(policy),
-        "output_dir": str(out),
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "num_mini_batches": 1,
-        "local_rollout_forward_batch_size": 8,
-        "num_ppo_epochs": 2,
-        "total_episodes": 8 * 4,
-        "response_length": 8,
-        "learning_rate": 3e-3,
-        "temperature": 1.0,
-        "kl_coef": 0.01,
-        "save_steps": 1000,
-        "num_sample_generations": 0,
-        "disable_tqdm": True,
-    }
-    values.update(overrides)
-    return PPOConfig(**values)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+#: Tiny models run fastest on one thread, especially on a shared machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- config
@@ -146,7 +89,7 @@ def test_short_run_writes_metrics_checkpoints_plot_and_samples(
     gpt2_policy: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         out,
         save_steps=2,
@@ -194,7 +137,7 @@ def test_short_run_writes_metrics_checkpoints_plot_and_samples(
 def test_zero_learning_rate_keeps_ratio_one_and_kl_zero(gpt2_policy: Path, tmp_path: Path) -> None:
     """Rollout and update log-probs agree exactly: same masks, positions and temperature,
     whatever the prompt padding, chunking, mini-batching and stop tokens."""
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         tmp_path / "run",
         learning_rate=0.0,
@@ -215,7 +158,7 @@ def test_zero_learning_rate_keeps_ratio_one_and_kl_zero(gpt2_policy: Path, tmp_p
 
 def test_peft_policy_uses_the_base_model_as_reference(gpt2_policy: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy, out, use_peft=True, lora_r=4, lora_alpha=8, learning_rate=1e-2, save_steps=2
     )
     trainer = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward)
@@ -238,7 +181,7 @@ def test_peft_policy_uses_the_base_model_as_reference(gpt2_policy: Path, tmp_pat
         torch.testing.assert_close(trained[name], param)
     # Resuming loads the adapters (policy and value head) back from the last checkpoint.
     resumed = PPOTrainer(
-        make_config(
+        ppo_config(
             gpt2_policy, out, use_peft=True, lora_r=4, lora_alpha=8, resume_from_checkpoint="latest"
         ),
         train_dataset=dataset(),
@@ -255,7 +198,7 @@ def test_peft_policy_uses_the_base_model_as_reference(gpt2_policy: Path, tmp_pat
 def test_policy_learns_a_text_reward(
     gpt2_policy: Path, tmp_path: Path, learning_report: Callable[..., None]
 ) -> None:
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         tmp_path / "run",
         per_device_train_batch_size=16,
@@ -293,7 +236,7 @@ class CrashingReward:
 def test_resume_continues_from_the_checkpoint(gpt2_policy: Path, tmp_path: Path) -> None:
     settings = {"total_episodes": 8 * 6, "save_steps": 2, "num_sample_generations": 6}
     full = PPOTrainer(
-        make_config(gpt2_policy, tmp_path / "full", **settings),
+        ppo_config(gpt2_policy, tmp_path / "full", **settings),
         train_dataset=dataset(),
         reward_fn=space_reward,
     ).train()
@@ -301,7 +244,7 @@ def test_resume_continues_from_the_checkpoint(gpt2_policy: Path, tmp_path: Path)
     out = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="went away"):
         PPOTrainer(
-            make_config(gpt2_policy, out, **settings),
+            ppo_config(gpt2_policy, out, **settings),
             train_dataset=dataset(),
             reward_fn=CrashingReward(crash_at=6),  # one reward call per step: dies in step 6
         ).train()
@@ -316,7 +259,7 @@ def test_resume_continues_from_the_checkpoint(gpt2_policy: Path, tmp_path: Path)
     ]
     # Step 5's checkpoint holds step 5's end; resuming from 4 instead drops the log's step 5.
     from_4 = PPOTrainer(
-        make_config(gpt2_policy, out, resume_from_checkpoint=str(out / "checkpoint-4"), **settings),
+        ppo_config(gpt2_policy, out, resume_from_checkpoint=str(out / "checkpoint-4"), **settings),
         train_dataset=dataset(),
         reward_fn=space_reward,
     )
@@ -324,7 +267,7 @@ def test_resume_continues_from_the_checkpoint(gpt2_policy: Path, tmp_path: Path)
     shutil.rmtree(out / "checkpoint-5")
 
     resumed = PPOTrainer(
-        make_config(gpt2_policy, out, resume_from_checkpoint="latest", **settings),
+        ppo_config(gpt2_policy, out, resume_from_checkpoint="latest", **settings),
         train_dataset=dataset(),
         reward_fn=space_reward,
     )
@@ -345,12 +288,12 @@ def test_resume_continues_from_the_checkpoint(gpt2_policy: Path, tmp_path: Path)
 def test_resume_from_an_explicit_checkpoint_path(gpt2_policy: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     PPOTrainer(
-        make_config(gpt2_policy, out, total_episodes=16, save_steps=1),
+        ppo_config(gpt2_policy, out, total_episodes=16, save_steps=1),
         train_dataset=dataset(),
         reward_fn=space_reward,
     ).train()
     resumed = PPOTrainer(
-        make_config(
+        ppo_config(
             gpt2_policy, out, total_episodes=16, resume_from_checkpoint=str(out / "checkpoint-1")
         ),
         train_dataset=dataset(),
@@ -359,7 +302,7 @@ def test_resume_from_an_explicit_checkpoint_path(gpt2_policy: Path, tmp_path: Pa
     assert resumed.state.step == 1 and resumed.state.episode == 8
     with pytest.raises(ConfigError, match="not a checkpoint"):
         PPOTrainer(
-            make_config(gpt2_policy, out, resume_from_checkpoint=str(tmp_path)),
+            ppo_config(gpt2_policy, out, resume_from_checkpoint=str(tmp_path)),
             train_dataset=dataset(),
             reward_fn=space_reward,
         )
@@ -372,7 +315,7 @@ def test_reward_function_must_return_one_score_per_response(
     gpt2_policy: Path, tmp_path: Path
 ) -> None:
     trainer = PPOTrainer(
-        make_config(gpt2_policy, tmp_path / "run"),
+        ppo_config(gpt2_policy, tmp_path / "run"),
         train_dataset=dataset(),
         reward_fn=lambda prompts, responses: [0.0],
     )
@@ -381,7 +324,7 @@ def test_reward_function_must_return_one_score_per_response(
 
 
 def test_score_transform_baseline_and_scale(gpt2_policy: Path, tmp_path: Path) -> None:
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         tmp_path / "run",
         total_episodes=8,
@@ -426,7 +369,7 @@ def test_chat_prompts_reach_the_server_as_conversations(chat_policy: Path, tmp_p
         else [{"role": "user", "content": p}]
         for i, p in enumerate(PROMPTS)
     ]
-    cfg = make_config(chat_policy, tmp_path / "run", stop_token="eos", total_episodes=16)
+    cfg = ppo_config(chat_policy, tmp_path / "run", stop_token="eos", total_episodes=16)
     history = PPOTrainer(
         cfg, train_dataset=[{"prompt": c} for c in chats], reward_fn=client
     ).train()
@@ -483,7 +426,7 @@ def test_reward_overlap_default_and_override(
         return space_reward(prompts, responses)
 
     reward_fn = _mock_client(seen) if remote else local
-    cfg = make_config(gpt2_policy, tmp_path / "run", total_episodes=8, overlap_reward=overlap)
+    cfg = ppo_config(gpt2_policy, tmp_path / "run", total_episodes=8, overlap_reward=overlap)
     trainer = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=reward_fn)
     assert trainer.overlap_reward is (expected_thread != "MainThread")
     history = trainer.train()
@@ -528,7 +471,7 @@ def fresh_accelerate_state() -> Iterator[None]:
 
 @pytest.mark.usefixtures("fresh_accelerate_state")
 def test_bf16_mixed_precision_run(gpt2_policy: Path, tmp_path: Path) -> None:
-    cfg = make_config(gpt2_policy, tmp_path / "run", bf16=True, total_episodes=16)
+    cfg = ppo_config(gpt2_policy, tmp_path / "run", bf16=True, total_episodes=16)
     trainer = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward)
     assert trainer.accelerator.mixed_precision == "bf16"
     history = trainer.train()
@@ -553,7 +496,7 @@ def test_missing_tracker_is_skipped_with_a_warning(
         return find_spec(name, *args, **kwargs)
 
     monkeypatch.setattr(importlib.util, "find_spec", hidden)
-    cfg = make_config(gpt2_policy, tmp_path / "run", total_episodes=8, report_to="tensorboard")
+    cfg = ppo_config(gpt2_policy, tmp_path / "run", total_episodes=8, report_to="tensorboard")
     with caplog.at_level("WARNING", logger="ppo_client.reporting"):
         history = PPOTrainer(cfg, train_dataset=dataset(), reward_fn=space_reward).train()
     assert len(history) == 1

@@ -5,27 +5,20 @@ that takes no labels stops the run before it starts."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import datasets
 import httpx
 import pytest
-import torch
-from test_trainer import PROMPTS, make_config
+from helpers.training import PROMPTS, ppo_config
 
 from ppo_client import PPOTrainer
 from ppo_client.config import ConfigError, PPOConfig, parse_overrides
 from reward_client import RewardClient
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+#: Tiny models run fastest on one thread, especially on a shared machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def labelled_rows() -> list[dict[str, Any]]:
@@ -40,7 +33,7 @@ def test_a_reward_callable_gets_each_prompts_label(gpt2_policy: Path, tmp_path: 
         calls.append((list(prompts), list(labels)))
         return [0.0] * len(responses)
 
-    cfg = make_config(
+    cfg = ppo_config(
         gpt2_policy,
         tmp_path / "run",
         total_episodes=16,
@@ -79,7 +72,7 @@ def test_the_client_sends_the_labels_with_the_items(gpt2_policy: Path, tmp_path:
     )
     rows = [{"prompt": p, "answer": p.upper()} for p in PROMPTS]
     dataset = datasets.Dataset.from_list(rows)
-    cfg = make_config(gpt2_policy, tmp_path / "run", total_episodes=8, label_column="answer")
+    cfg = ppo_config(gpt2_policy, tmp_path / "run", total_episodes=8, label_column="answer")
     PPOTrainer(cfg, train_dataset=dataset, reward_fn=client).train()
     assert [len(b["queries"]) for b in bodies] == [3, 3, 2]  # chunked with their items
     queries = [q for b in bodies for q in b["queries"]]
@@ -93,18 +86,18 @@ def test_a_missing_label_column_is_a_config_error(
     rows: list[dict[str, Any]] = [{"prompt": p, "answer": "x"} for p in PROMPTS]
     rows[5] = {"prompt": PROMPTS[5]}
     data: Any = rows if kind == "list" else datasets.Dataset.from_list(rows[:5])
-    cfg = make_config(gpt2_policy, tmp_path / "run", label_column="solution")
+    cfg = ppo_config(gpt2_policy, tmp_path / "run", label_column="solution")
     with pytest.raises(ConfigError, match="'solution' column") as raised:
         PPOTrainer(cfg, train_dataset=data, reward_fn=lambda p, r, labels: [0.0] * len(r))
     assert "label_column" in str(raised.value)
     if kind == "list":
-        cfg = make_config(gpt2_policy, tmp_path / "run", label_column="answer")
+        cfg = ppo_config(gpt2_policy, tmp_path / "run", label_column="answer")
         with pytest.raises(ConfigError, match=r"row 5 .*'answer' column"):
             PPOTrainer(cfg, train_dataset=rows, reward_fn=lambda p, r, labels: [0.0] * len(r))
 
 
 def test_a_reward_without_labels_is_refused_at_start(gpt2_policy: Path, tmp_path: Path) -> None:
-    cfg = make_config(gpt2_policy, tmp_path / "run", label_column="answer")
+    cfg = ppo_config(gpt2_policy, tmp_path / "run", label_column="answer")
     with pytest.raises(ConfigError, match="takes no labels= keyword"):
         PPOTrainer(cfg, train_dataset=labelled_rows(), reward_fn=lambda p, r: [0.0] * len(r))
 

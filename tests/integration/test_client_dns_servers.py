@@ -4,37 +4,118 @@ with a fake clock and a stub resolver are in test_client_dns.py."""
 
 from __future__ import annotations
 
+import datetime
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
-from server_proc import ServerProcess, free_port, start_server
-from test_client_dns import (
-    ADDRESSES,
-    RESOLVE_INTERVAL,
-    FakeClock,
-    Receive,
-    Send,
-    SendLog,
-    StubResolver,
-    _answer,
-    _self_signed,
-    load,
-    scored,
-    wait_for,
-)
+from helpers.dns import FakeClock, StubResolver
+from helpers.mock_answers import mock_answer
+from server_proc import ServerProcess, free_port, start_server, wait_until
 
 from reward_client import RewardClient
 from tiny_models import make_corpus
 
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: The client's re-resolve period, on its fake clock (the default is DEFAULT_RESOLVE_INTERVAL).
+RESOLVE_INTERVAL = 30.0
+ADDRESSES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+SCORED = 'reward_server_requests_total{endpoint="/score",status="200"}'
+
+
+def scored(server: ServerProcess) -> int:
+    """The server's count of answered /score requests (from its /metrics)."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(SCORED + " "):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+class SendLog:
+    """Which address each /score request was sent to, in which phase of the test (an httpx
+    hook); the test moves to the next phase while no request is in flight."""
+
+    def __init__(self) -> None:
+        self.phase = 0
+        self.sent: list[tuple[int, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> None:
+        if request.url.path == "/score":
+            with self.lock:
+                self.sent.append((self.phase, request.url.host))
+
+    def counts(self, phase: int | None = None) -> dict[str, int]:
+        """Requests per address sent in ``phase`` (None: in all)."""
+        with self.lock:
+            hosts = [host for p, host in self.sent if phase is None or p == phase]
+        return {address: hosts.count(address) for address in ADDRESSES}
+
+
+def load(client: RewardClient, texts: list[str], expected: list[float], calls: int = 4) -> None:
+    """Three threads that each make ``calls`` scoring calls through ``client`` at once, every
+    answer checked; returns when all are done (nothing is in flight then)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(calls):
+                assert client.score(texts=texts) == pytest.approx(expected, abs=1e-6)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads), "a scoring call hung"
+    assert not errors, errors[:3]
+
+
+def self_signed(name: str, folder: Path) -> tuple[Path, Path]:
+    """A certificate for DNS name ``name`` only (no IP address) and its key, as files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
 
 def test_https_checks_the_certificate_against_the_name(tmp_path: Path) -> None:
-    cert, key = _self_signed("rm.test", tmp_path)
+    cert, key = self_signed("rm.test", tmp_path)
     hosts: list[str] = []
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -43,7 +124,7 @@ def test_https_checks_the_certificate_against_the_name(tmp_path: Path) -> None:
             return
         hosts.append(dict(scope["headers"])[b"host"].decode())
         request = httpx.Request("POST", "/", content=(await receive())["body"])
-        response = _answer(request)
+        response = mock_answer(request)
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": response.content})
@@ -62,7 +143,7 @@ def test_https_checks_the_certificate_against_the_name(tmp_path: Path) -> None:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: server.started, 30)
+        wait_until(lambda: server.started, 30, "the HTTPS server to start")
         trusted = ssl.create_default_context(cafile=str(cert))
         # The address alone fails the certificate check: it names rm.test, not 127.0.0.2 ...
         with pytest.raises(httpx.ConnectError, match="certificate"):

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.clients import FAST
 from server_proc import ServerProcess, score_requests, start_server
-from test_client import FAST
 
 from reward_client import (
     AsyncRewardClient,

@@ -31,8 +31,8 @@ import httpx
 import psutil
 import pytest
 import yaml
+from helpers.pki import make_pki
 from server_proc import ServerProcess, running_server, wait_until
-from test_tls import make_pki
 
 from reward_server.config.tenants import hash_key
 from reward_server.sandbox import Sandbox

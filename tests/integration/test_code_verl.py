@@ -23,7 +23,6 @@ import httpx
 import pytest
 import yaml
 from server_proc import ServerProcess, running_server
-from test_verl import verl_path  # noqa: F401  (the fixture: verl's PYTHONPATH entry)
 
 STDIO = {
     "inputs": ["1 2\n", "10 20\n", "-5 5\n", "7 0\n"],
@@ -76,7 +75,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 def test_verl_sandbox_fusion_scores_equal_the_code_verifier_s(
     server: ServerProcess,
-    verl_path: str,  # noqa: F811  (test_verl's fixture)
+    verl_path: str,
     tmp_path: Path,
 ) -> None:
     # The labels as verl's ground_truth: JSON strings.

@@ -16,8 +16,9 @@ import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from helpers.fakes import POISON, FakeModel, fake_score, fake_score_ids
+from helpers.posting import assert_error
 from server_proc import running_server
-from test_server_api import POISON, FakeModel, assert_error, fake_score, fake_score_ids
 
 import tiny_models
 from reward_server import cli

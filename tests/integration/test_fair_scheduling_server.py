@@ -7,9 +7,11 @@ from pathlib import Path
 
 import httpx
 from server_proc import metric, running_server
-from test_fair_scheduling import KEY_FREE, KEY_SLOW
 
 from reward_server.config.tenants import hash_key
+
+KEY_SLOW = "slow-tenant-key-4e1f0a9b"
+KEY_FREE = "free-tenant-key-77c2d5e0"
 
 
 def test_a_rate_limited_tenant_gets_429_and_the_other_is_served(

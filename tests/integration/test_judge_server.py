@@ -8,25 +8,16 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from server_proc import metric, running_server
-from test_judge import (
-    ATOL,
-    QUERIES,
-    RESPONSES,
-    YES_NO,
-    contents,
-    judge_entry,
-    judges,  # noqa: F401  (a fixture of test_judge)
-    models_file,
-    reference,
-)
+from helpers.judges import ATOL, QUERIES, RESPONSES, YES_NO, contents, judge_entry, reference
+from helpers.servers import serve
+from server_proc import metric
 
 from reward_server.config import ServerSettings
 from reward_server.http.app import create_app
 
 
 def test_a_judge_with_a_reward_model_and_a_verifier_in_a_real_server(
-    judges: dict[str, Path],  # noqa: F811  (test_judge's fixture)
+    judges: dict[str, Path],
     gpt2_rm: Path,
     tmp_path: Path,
 ) -> None:
@@ -38,11 +29,10 @@ def test_a_judge_with_a_reward_model_and_a_verifier_in_a_real_server(
         {"name": "rm", "model": str(gpt2_rm), "weight": 0.1},
         {"name": "exact", "kind": "verifier", "verifier": "exact"},
     ]
-    path = models_file(tmp_path, entries)
     body = {"queries": QUERIES, "responses": RESPONSES, "labels": ["4", "blue", "boring"]}
     with TestClient(create_app(ServerSettings(model=str(gpt2_rm), max_wait_ms=1.0))) as rm_alone:
         rm = rm_alone.post("/score", json=body).json()["scores"]
-    with running_server(None, "--models", str(path), "--max-wait-ms", "1", timeout=120) as srv:
+    with serve(None, "--max-wait-ms", "1", models=entries, folder=tmp_path) as srv:
         r = httpx.post(f"{srv.url}/score", json=body, timeout=60)
         info = httpx.get(f"{srv.url}/info", timeout=30).json()
         judged = metric(srv.url, "reward_server_model_items_total", model="judge")

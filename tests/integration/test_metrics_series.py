@@ -15,10 +15,12 @@ import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from helpers.fakes import FakeModel, settings
+from helpers.models_files import keys_yaml
+from helpers.posting import bearer
+from helpers.tenants import KEY_A, KEY_B, WRONG
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess, free_port, running_server
-from test_server_api import FakeModel, settings
-from test_tenants import KEY_A, KEY_B, WRONG, bearer, keys_yaml
 
 from reward_server.http.app import create_app
 

@@ -29,10 +29,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from helpers.models_files import keys_yaml
+from helpers.posting import bearer
+from helpers.tenants import KEY_A, KEY_B, WRONG
 from observability_parts import ALERTS, DASHBOARD, alert_rules, composite_server, metric_names
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess, free_port, require_counterpart, wait_until
-from test_tenants import KEY_A, KEY_B, WRONG, bearer, keys_yaml
 
 PROMETHEUS = shutil.which("prometheus")
 require_counterpart(

@@ -11,98 +11,28 @@ scripted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import importlib
 import re
-import sys
-import types
-import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-from server_proc import ServerProcess, running_server
+from helpers.openrlhf import CACHE, PROMPTS, RESPONSES, WHEEL, ScriptedEngine
+from server_proc import ServerProcess
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
-# One fixed wheel whatever the interpreter (the two files are pure Python), fetched by the
-# Makefile's OPENRLHF_WHEEL rule.
-WHEEL = "openrlhf-0.11.2-cp311-cp311-manylinux1_x86_64.whl"
-WHEEL_SHA256 = "c969d70db03a70724c3d8a5a01186c6e0728bce624fb3dff95e39b5396acefa6"
-UTILS_IN_WHEEL = "openrlhf-0.11.2.data/purelib/openrlhf/utils/"
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "openrlhf-0.11.2"
-
-PROMPTS = ["the movie was", "i think the plot", "a story about a dog", "the actress"]
-RESPONSES = [" great and funny", " was slow and dull", " that loved the cat", " was brilliant"]
-
-
-def fetch_openrlhf_utils(cache: Path = CACHE) -> Path:
-    """The folder holding ``openrlhf/utils/{agent,logging_utils}.py`` from the pinned wheel."""
-    wheel = cache / WHEEL
-    if not wheel.is_file():
-        pytest.fail(f"{wheel} is missing: run `make setup`, which downloads it", pytrace=False)
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert digest == WHEEL_SHA256, f"{wheel} has SHA-256 {digest}, expected {WHEEL_SHA256}"
-    root = cache / "src"
-    utils = root / "openrlhf" / "utils"
-    utils.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as archive:
-        for name in ("agent.py", "logging_utils.py"):
-            (utils / name).write_bytes(archive.read(UTILS_IN_WHEEL + name))
-    return root
-
-
-def load_agent_module(root: Path) -> ModuleType:
-    """Import ``openrlhf.utils.agent`` from ``root`` without running the packages' __init__."""
-    for name, folder in (
-        ("openrlhf", root / "openrlhf"),
-        ("openrlhf.utils", root / "openrlhf" / "utils"),
-    ):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [str(folder)]
-            sys.modules[name] = package
-    return importlib.import_module("openrlhf.utils.agent")
-
-
-@pytest.fixture(scope="session")
-def agent() -> ModuleType:
-    """OpenRLHF 0.11.2's ``openrlhf.utils.agent`` module."""
-    return load_agent_module(fetch_openrlhf_utils())
 
 
 @pytest.fixture(scope="module")
-def servers(bert_rm: Path, gpt2_rm: Path) -> Iterator[list[ServerProcess]]:
+def servers(bert_server: ServerProcess, gpt2_server: ServerProcess) -> list[ServerProcess]:
     """Two real reward servers with different models, so each reward names its server."""
-    with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(running_server(model)) for model in (bert_rm, gpt2_rm)]
+    return [bert_server, gpt2_server]
 
 
 @pytest.fixture(scope="module")
 def policy_tokenizer(gpt2_policy: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(gpt2_policy)
-
-
-class ScriptedEngine:
-    """Stands in for OpenRLHF's vLLM engine: answers the n-th prompt with RESPONSES[n] + EOS."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        self.calls = 0
-
-    async def generate(
-        self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None
-    ) -> SimpleNamespace:
-        text = RESPONSES[self.calls % len(RESPONSES)]
-        self.calls += 1
-        ids = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id]
-        output = SimpleNamespace(
-            token_ids=ids, text=self.tokenizer.decode(ids), finish_reason="stop", logprobs=None
-        )
-        return SimpleNamespace(outputs=[output])
 
 
 def score_texts(server: ServerProcess, texts: Sequence[str]) -> list[float]:
@@ -125,9 +55,11 @@ def which_server(servers: list[ServerProcess], texts: Sequence[str], rewards: An
 
 
 def test_single_turn_agent_rewards_equal_score(
-    agent: ModuleType, servers: list[ServerProcess], policy_tokenizer: PreTrainedTokenizerBase
+    openrlhf_agent: ModuleType,
+    servers: list[ServerProcess],
+    policy_tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    executor = agent.SingleTurnAgentExecutor([f"{s.url}/get_reward" for s in servers])
+    executor = openrlhf_agent.SingleTurnAgentExecutor([f"{s.url}/get_reward" for s in servers])
     engine = ScriptedEngine(policy_tokenizer)
     sampling_params = SimpleNamespace(max_tokens=32, logprobs=None)
 

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers.mock_answers import tei_answer
+from helpers.openrlhf import PROMPTS, ScriptedEngine
 from server_proc import ServerProcess, free_port, running_server
-from test_openrlhf_agent import PROMPTS, ScriptedEngine, fetch_openrlhf_utils, load_agent_module
-from test_verl import tei_answer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 import reward_client.integrations.openrlhf as reward_func_module
@@ -32,12 +32,6 @@ from reward_client import RewardServerError
 API_KEY = "rk-test-openrlhf-0123456789"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 REWARD_FUNC_FILE = reward_func_module.__file__
-
-
-@pytest.fixture(scope="module")
-def agent() -> ModuleType:
-    """OpenRLHF 0.11.2's ``openrlhf.utils.agent`` module."""
-    return load_agent_module(fetch_openrlhf_utils())
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +57,7 @@ def server_answer(server: ServerProcess, path: str, body: dict[str, Any]) -> dic
 
 
 def test_openrlhf_loads_the_file_and_its_rewards_equal_the_server(
-    agent: ModuleType,
+    openrlhf_agent: ModuleType,
     server: ServerProcess,
     gpt2_policy: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -72,7 +66,7 @@ def test_openrlhf_loads_the_file_and_its_rewards_equal_the_server(
     monkeypatch.setenv("REWARD_URL", f"{dead},{server.url}")
     monkeypatch.setenv("REWARD_API_KEY", API_KEY)
     tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(gpt2_policy)
-    executor = agent.SingleTurnAgentExecutor(REWARD_FUNC_FILE)
+    executor = openrlhf_agent.SingleTurnAgentExecutor(REWARD_FUNC_FILE)
     assert executor.reward_func is not None and executor.reward_func.__name__ == "reward_func"
     engine = ScriptedEngine(tokenizer)
     sampling_params = SimpleNamespace(max_tokens=32, logprobs=None)

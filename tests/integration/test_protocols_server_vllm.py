@@ -8,14 +8,22 @@ import importlib.util
 from typing import Any
 
 from fastapi.testclient import TestClient
+from helpers.posting import post
+from helpers.protocols import TEXTS
 from pydantic import BaseModel
 from server_proc import require_counterpart
-from test_protocols_server import (
-    TEXTS,
-    client,  # noqa: F401  (a fixture of test_protocols_server)
-    post,
-    same_fields,
-)
+
+
+def same_fields(body: Any, parsed: Any, where: str = "body") -> None:
+    if isinstance(parsed, BaseModel):
+        assert isinstance(body, dict), where
+        assert set(body) == set(type(parsed).model_fields), (where, sorted(body))
+        assert not parsed.model_extra, (where, parsed.model_extra)
+        for name, value in body.items():
+            same_fields(value, getattr(parsed, name), f"{where}.{name}")
+    elif isinstance(parsed, list) and isinstance(body, list):
+        for i, (b, p) in enumerate(zip(body, parsed, strict=True)):
+            same_fields(b, p, f"{where}[{i}]")
 
 
 def vllm_protocol() -> Any:
@@ -41,18 +49,18 @@ def assert_vllm_body(body: Any, model_cls: type[BaseModel]) -> None:
 
 
 def test_bodies_are_vllms_own_response_models(
-    client: TestClient,  # noqa: F811  (test_protocols_server's fixture)
+    gpt2_app: TestClient,
 ) -> None:
     classification, pooling_response, error_response = vllm_protocol()
-    classify = post(client, "/classify", {"input": TEXTS[:2]})
+    classify = post(gpt2_app, "/classify", {"input": TEXTS[:2]})
     assert_vllm_body(classify, classification)
     assert classify["object"] == "list" and classify["id"].startswith("classify-")
-    pooling = post(client, "/pooling", {"input": TEXTS[:2]})
+    pooling = post(gpt2_app, "/pooling", {"input": TEXTS[:2]})
     assert_vllm_body(pooling, pooling_response)
     assert pooling["data"][0]["object"] == "pooling" and pooling["id"].startswith("pool-")
-    tokens = post(client, "/score", {"texts": TEXTS[:2]})["tokens"]
+    tokens = post(gpt2_app, "/score", {"texts": TEXTS[:2]})["tokens"]
     assert classify["usage"]["prompt_tokens"] == classify["usage"]["total_tokens"] == sum(tokens)
-    missing = client.post("/classify", json={"model": "not-served", "input": "a"})
+    missing = gpt2_app.post("/classify", json={"model": "not-served", "input": "a"})
     assert missing.status_code == 404
     assert_vllm_body(missing.json(), error_response)
     assert missing.json()["error"]["param"] == "model"

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from helpers.remote import LABELS, QUERIES, RESPONSES, SECRET
 from server_proc import metric, running_server
-from test_remote_component import LABELS, QUERIES, RESPONSES, SECRET
 
 
 def test_remote_component_equals_the_other_servers_score(gpt2_rm: Path, tmp_path: Path) -> None:

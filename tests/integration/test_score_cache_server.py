@@ -13,10 +13,15 @@ import httpx
 import pytest
 import yaml
 from server_proc import ServerProcess, metric, running_server
-from test_score_cache import DUPLICATES, HITS, MISSES, ROWS
 
 import tiny_models
 from reward_client import RewardClient
+
+HITS = "reward_server_score_cache_hits_total"
+MISSES = "reward_server_score_cache_misses_total"
+DUPLICATES = "reward_server_score_cache_duplicates_total"
+#: Rows run through the model, every model together (the histogram's sum).
+ROWS = "reward_server_batch_rows_sum"
 
 
 @pytest.fixture(scope="module")

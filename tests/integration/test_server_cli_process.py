@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import httpx
+from helpers.server_cli import AUTH, KEY, assert_one_error_line, load_failure_args
 from server_proc import REWARD_SERVER, running_server
-from test_server_cli import AUTH, KEY, _assert_one_error_line, _load_failure_args
 
 
 def test_python_dash_m_entry_point() -> None:
@@ -24,7 +24,7 @@ def test_console_script_load_failure_exits_nonzero_without_traceback(
     tmp_path: Path, gpt2_rm: Path
 ) -> None:
     """One real process: the console script's exit status and stderr."""
-    args = _load_failure_args("bad adapter", tmp_path, gpt2_rm)
+    args = load_failure_args("bad adapter", tmp_path, gpt2_rm)
     out = subprocess.run(
         [str(REWARD_SERVER), *args, "--port", "1", "--log-level", "warning"],
         capture_output=True,
@@ -32,7 +32,7 @@ def test_console_script_load_failure_exits_nonzero_without_traceback(
         timeout=120,
     )
     assert out.returncode == 1
-    _assert_one_error_line(out.stderr, "bad adapter", args[1])
+    assert_one_error_line(out.stderr, "bad adapter", args[1])
 
 
 def test_environment_configures_a_real_server(gpt2_rm: Path) -> None:

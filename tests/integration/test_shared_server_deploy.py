@@ -21,9 +21,10 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from test_kubernetes import (
+from helpers.kubernetes import (
     CRD_MODELS,
     K8S,
+    KUBECTL,
     KUBERNETES_VERSIONS,
     OVERLAYS,
     Doc,
@@ -35,10 +36,13 @@ from test_kubernetes import (
     server,
     validate_custom_resource,
 )
-from test_tls import make_pki
+from helpers.pki import make_pki
+from server_proc import require_counterpart
 
 from reward_server.cli import check_tls
 from reward_server.config import ENV_PREFIX, ServerSettings
+
+require_counterpart(KUBECTL is not None, "REWARD_SERVER_TEST_KUBECTL", "kubectl")
 
 ROOT = K8S.parents[1]
 SHARED = "examples/shared-server"

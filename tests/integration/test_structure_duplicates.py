@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from test_structure import PACKAGES, ROOT
+from helpers.repository import PACKAGES, ROOT
 
 
 def test_no_repeated_code_inside_the_packages() -> None:

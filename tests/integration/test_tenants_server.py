@@ -13,20 +13,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_proc import REWARD_SERVER, ServerProcess, metric, running_server, wait_until
-from test_server_api import assert_error
-from test_tenants import (
+from helpers.models_files import keys_yaml
+from helpers.posting import assert_error, bearer
+from helpers.tenants import (
     KEY_A,
     KEY_B,
     KEY_C,
     WRONG,
     assert_no_key_in,
-    bearer,
-    keys_yaml,
     reloads,
-    score,
+    score_as,
     tenant_items,
 )
+from server_proc import REWARD_SERVER, ServerProcess, metric, running_server, wait_until
 
 from reward_server.cli import parse_settings
 from reward_server.config.tenants import (
@@ -101,8 +100,8 @@ def keys_server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def test_each_key_is_its_tenant_in_the_metrics(keys_server: ServerProcess) -> None:
     url = keys_server.url
-    assert score(url, KEY_A, ["a", "bb", "ccc"]).status_code == 200
-    assert score(url, KEY_B, ["d"]).status_code == 200
+    assert score_as(url, KEY_A, ["a", "bb", "ccc"]).status_code == 200
+    assert score_as(url, KEY_B, ["d"]).status_code == 200
     assert tenant_items(url, "alpha") == 3
     assert tenant_items(url, "beta") == 1
     assert metric(url, "reward_server_tenant_tokens_total", tenant="alpha") > metric(
@@ -117,9 +116,9 @@ def test_each_key_is_its_tenant_in_the_metrics(keys_server: ServerProcess) -> No
     bad = httpx.post(f"{url}/score", json={"texts": []}, headers=bearer(KEY_B), timeout=60)
     assert bad.status_code == 422
     assert metric(url, "reward_server_tenant_errors_total", tenant="beta", status="422") == 1
-    assert_error(score(url, WRONG, ["x"]), 401, "unauthorized")
-    assert_error(score(url, None, ["x"]), 401, "unauthorized")
-    assert_error(score(url, hash_key(KEY_A), ["x"]), 401, "unauthorized")
+    assert_error(score_as(url, WRONG, ["x"]), 401, "unauthorized")
+    assert_error(score_as(url, None, ["x"]), 401, "unauthorized")
+    assert_error(score_as(url, hash_key(KEY_A), ["x"]), 401, "unauthorized")
     text = httpx.get(f"{url}/metrics", timeout=30).text
     tenants = {
         line.split('tenant="')[1].split('"')[0] for line in text.splitlines() if 'tenant="' in line
@@ -136,8 +135,8 @@ def test_each_key_is_its_tenant_in_the_metrics(keys_server: ServerProcess) -> No
 
 def test_keys_never_reach_the_log(keys_server: ServerProcess) -> None:
     url = keys_server.url
-    assert score(url, KEY_A, ["a"]).status_code == 200
-    assert score(url, WRONG, ["a"]).status_code == 401
+    assert score_as(url, KEY_A, ["a"]).status_code == 200
+    assert score_as(url, WRONG, ["a"]).status_code == 401
     wait_until(lambda: "/score" in keys_server.log(), 30, "the access log line")
     assert_no_key_in(keys_server.log())
 
@@ -149,7 +148,7 @@ def test_reloads_on_sighup_on_change_and_keeps_the_old_keys_on_a_bad_file(
     path.write_text(keys_yaml(("alpha", KEY_A), ("beta", KEY_B)))
     with running_server(gpt2_rm, "--api-keys", str(path), "--log-level", "debug") as server:
         url = server.url
-        assert score(url, KEY_B, ["a"]).status_code == 200
+        assert score_as(url, KEY_B, ["a"]).status_code == 200
 
         # SIGHUP. beta's key is swapped for gamma's in place, with the file's size, inode and
         # mtime kept, so the change poll cannot see it: only the signal reloads.
@@ -162,8 +161,8 @@ def test_reloads_on_sighup_on_change_and_keeps_the_old_keys_on_a_bad_file(
         server.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: "SIGHUP: reloaded" in server.log(), 30, "the reload on SIGHUP")
         assert server.proc.poll() is None  # SIGHUP no longer ends the server
-        assert_error(score(url, KEY_B, ["a"]), 401, "unauthorized")  # the removed key, at once
-        assert score(url, KEY_C, ["a", "b"]).status_code == 200
+        assert_error(score_as(url, KEY_B, ["a"]), 401, "unauthorized")  # the removed key, at once
+        assert score_as(url, KEY_C, ["a", "b"]).status_code == 200
         assert tenant_items(url, "beta") == 3  # one item with the old key, two with the new
 
         # A change of the file: a new tenant, and alpha removed.
@@ -171,28 +170,28 @@ def test_reloads_on_sighup_on_change_and_keeps_the_old_keys_on_a_bad_file(
         path.write_text(keys_yaml(("beta", KEY_C), ("gamma", KEY_A)))
         wait_until(lambda: reloads(url, "ok") > ok, 30, "the reload on change")
         assert "keys file changed: reloaded" in server.log()
-        assert score(url, KEY_A, ["a"]).status_code == 200
+        assert score_as(url, KEY_A, ["a"]).status_code == 200
         assert tenant_items(url, "gamma") == 1
         assert metric(url, "reward_server_tenants") == 2
 
         # A malformed file: the old tenants stay, and the log says why (WARNING).
         path.write_text(f"tenants:\n  - name: gamma\n    key_sha256: {KEY_B}\n")
         wait_until(lambda: reloads(url, "error") == 1, 30, "the failed reload")
-        assert score(url, KEY_A, ["a"]).status_code == 200
-        assert score(url, KEY_C, ["a"]).status_code == 200
-        assert_error(score(url, KEY_B, ["a"]), 401, "unauthorized")
+        assert score_as(url, KEY_A, ["a"]).status_code == 200
+        assert score_as(url, KEY_C, ["a"]).status_code == 200
+        assert_error(score_as(url, KEY_B, ["a"]), 401, "unauthorized")
         warning = next(line for line in server.log().splitlines() if "not reloaded" in line)
         assert "WARNING" in warning and "must be the 64 hex digits" in warning
         # SIGHUP on the bad file: again kept
         server.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: reloads(url, "error") == 2, 30, "the failed reload on SIGHUP")
-        assert score(url, KEY_A, ["a"]).status_code == 200
+        assert score_as(url, KEY_A, ["a"]).status_code == 200
 
         # Fixed: gamma's key removed takes effect from the next request.
         path.write_text(keys_yaml(("beta", KEY_C)))
         wait_until(lambda: reloads(url, "ok") > ok + 1, 30, "the reload of the fixed file")
-        assert_error(score(url, KEY_A, ["a"]), 401, "unauthorized")
-        assert score(url, KEY_C, ["a"]).status_code == 200
+        assert_error(score_as(url, KEY_A, ["a"]), 401, "unauthorized")
+        assert score_as(url, KEY_C, ["a"]).status_code == 200
         log = server.log()
     assert server.proc.returncode == 0  # a clean shutdown after all that
     assert_no_key_in(log)
@@ -201,9 +200,9 @@ def test_reloads_on_sighup_on_change_and_keeps_the_old_keys_on_a_bad_file(
 def test_a_single_api_key_is_the_default_tenant(gpt2_rm: Path) -> None:
     with running_server(gpt2_rm, env={"REWARD_SERVER_API_KEY": KEY_A}) as server:
         url = server.url
-        assert score(url, KEY_A, ["a", "b"]).status_code == 200
-        assert_error(score(url, KEY_B, ["a"]), 401, "unauthorized")
-        assert_error(score(url, None, ["a"]), 401, "unauthorized")
+        assert score_as(url, KEY_A, ["a", "b"]).status_code == 200
+        assert_error(score_as(url, KEY_B, ["a"]), 401, "unauthorized")
+        assert_error(score_as(url, None, ["a"]), 401, "unauthorized")
         assert tenant_items(url, "default") == 2
         assert metric(url, "reward_server_tenants") == 1
         assert_no_key_in(server.log())

@@ -9,11 +9,8 @@ or a lab's internal CA would issue it, for ``127.0.0.1`` and ``localhost``.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import http.server
 import importlib.util
-import ipaddress
-import json
 import math
 import os
 import ssl
@@ -21,17 +18,20 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from helpers.pki import PASSWORD, Pki, make_pki
+from helpers.training import (
+    PPO_CLIENT,
+    PROMPTS,
+    TRL_METRICS,
+    ppo_client_env,
+    read_jsonl,
+    write_prompts,
+)
 from server_proc import REWARD_SERVER, ServerProcess, require_counterpart, running_server
-from test_trainer import PROMPTS, TRL_METRICS, read_jsonl
 
 from ppo_client.config import ConfigError, PPOConfig
 from ppo_client.reward import default_reward_fn
@@ -39,107 +39,8 @@ from reward_client import AsyncRewardClient, RetryEvent, RewardClient, RewardSer
 from reward_client.integrations.settings import ClientSettings
 from reward_server.cli import check_tls, parse_settings
 
-PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
 API_KEY = "tls-test-key"
 TEXTS = ["a great film", "boring", "fine, I suppose"]
-
-
-# ----------------------------------------------------------------------------------------
-# A test PKI.
-
-
-@dataclass(frozen=True)
-class Pki:
-    """A CA, and a server certificate it signed for 127.0.0.1 and localhost, as PEM files."""
-
-    ca: Path
-    ca_key: Path
-    cert: Path
-    key: Path
-    #: The server key encrypted with :data:`PASSWORD`.
-    encrypted_key: Path
-
-
-PASSWORD = "correct horse"
-
-
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path, password: str | None = None) -> None:
-    encryption: serialization.KeySerializationEncryption = (
-        serialization.BestAvailableEncryption(password.encode())
-        if password
-        else serialization.NoEncryption()
-    )
-    path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-    )
-
-
-def make_pki(folder: Path) -> Pki:
-    """Issue a CA and a server certificate (SAN: IP 127.0.0.1, DNS localhost)."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "remote-reward test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "reward-server")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.SERVER_AUTH]), False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pki = Pki(
-        ca=folder / "ca.crt",
-        ca_key=folder / "ca.key",
-        cert=folder / "tls.crt",
-        key=folder / "tls.key",
-        encrypted_key=folder / "tls-encrypted.key",
-    )
-    pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(ca_key, pki.ca_key)
-    _write_key(key, pki.key)
-    _write_key(key, pki.encrypted_key, PASSWORD)
-    return pki
 
 
 @pytest.fixture(scope="module")
@@ -158,11 +59,6 @@ def server(bert_rm: Path, pki: Pki) -> Iterator[ServerProcess]:
     trusted = ssl.create_default_context(cafile=str(pki.ca))
     with running_server(bert_rm, "--max-client-batch", "2", env=env, verify=trusted) as srv:
         yield srv
-
-
-def _env() -> dict[str, str]:
-    # One thread per process: the tiny models run fastest that way on a shared machine.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 # ----------------------------------------------------------------------------------------
@@ -362,7 +258,7 @@ def test_ppo_config_tls_keys(pki: Pki, tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_ppo_client_score_over_https(server: ServerProcess, pki: Pki) -> None:
     """--ca-bundle scores; without it the command fails with the verification error."""
-    env = {**_env(), "REWARD_API_KEY": API_KEY}
+    env = {**ppo_client_env(), "REWARD_API_KEY": API_KEY}
     env.pop("REWARD_CA_BUNDLE", None)
     base = [str(PPO_CLIENT), "score", "--reward-url", server.url]
     good = subprocess.run(
@@ -387,8 +283,7 @@ def test_ppo_client_train_over_https(
 ) -> None:
     """``ppo-client train`` against the HTTPS server with the CA bundle from its config;
     the logged scores are the server's."""
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:16]))
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:16])
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
     config.write_text(
@@ -407,7 +302,7 @@ def test_ppo_client_train_over_https(
         "num_sample_generations: 2\n"
         "disable_tqdm: true\n"
     )
-    env = {**_env(), "REWARD_API_KEY": API_KEY}
+    env = {**ppo_client_env(), "REWARD_API_KEY": API_KEY}
     env.pop("REWARD_CA_BUNDLE", None)
     proc = subprocess.run(
         [str(PPO_CLIENT), "train", "--config", str(config)],

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers.models_files import keys_yaml
+from helpers.posting import bearer
+from helpers.tenants import KEY_A, KEY_B, WRONG
 from observability_parts import composite_server
 from server_proc import REWARD_SERVER, ServerProcess, free_port, wait_until
-from test_tenants import KEY_A, KEY_B, WRONG, bearer, keys_yaml
 
 TMUX = shutil.which("tmux")
 WRAPPER = '"$@"; echo "[exit $?]"; exec sleep 600'

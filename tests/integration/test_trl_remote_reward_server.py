@@ -4,21 +4,42 @@ event loops."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
-from test_trl_remote_reward import _Handler, fake_score
+from helpers.mock_answers import item_score, score_answer
 
 from reward_client.integrations.trl import RemoteReward
+
+
+class ScoreHandler(BaseHTTPRequestHandler):
+    """Answers POST /score like the reward server; records the API key it saw."""
+
+    keys: list[str | None] = []  # noqa: RUF012 - shared by design, reset per test
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).keys.append(self.headers.get("Authorization"))
+        data = json.dumps(score_answer(body)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the default stderr access log."""
 
 
 @pytest.fixture
 def stdlib_server() -> Iterator[str]:
     """A threaded stdlib HTTP server speaking the /score protocol, on a free loopback port."""
-    _Handler.keys = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    ScoreHandler.keys = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ScoreHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -34,7 +55,7 @@ def test_works_on_trl_daemon_loop_and_across_event_loops(stdlib_server: str) -> 
 
     reward = RemoteReward(stdlib_server, api_key="k", max_client_batch=2)
     prompts, completions = ["a", "bb", "ccc"], ["1", "22", "333"]
-    expected = [fake_score([p, c]) for p, c in zip(prompts, completions, strict=True)]
+    expected = [item_score([p, c]) for p, c in zip(prompts, completions, strict=True)]
 
     # As GRPOTrainer does: await the reward function on a daemon thread's event loop.
     thread, loop, ready = start_event_loop_in_daemon(name="reward-test")
@@ -52,4 +73,4 @@ def test_works_on_trl_daemon_loop_and_across_event_loops(stdlib_server: str) -> 
     # And from fresh event loops, one per call (each gets its own connections).
     for _ in range(2):
         assert asyncio.run(reward(prompts=prompts, completions=completions)) == expected
-    assert set(_Handler.keys) == {"Bearer k"}
+    assert set(ScoreHandler.keys) == {"Bearer k"}

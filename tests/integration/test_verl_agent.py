@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +30,8 @@ from agent_models import (
     call_text,
     save_policy,
 )
+from helpers.drivers import VERL_DIR, require_verl, run_driver
 from server_proc import ServerProcess, require_counterpart, running_server
-from test_verl import VERL_DIR, verl_pythonpath
 
 import tiny_models
 
@@ -94,13 +91,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def result(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What verl's agent loop worker returned for PROMPTS, per reward function."""
-    path = verl_pythonpath()
-    require_counterpart(
-        path is not None,
-        "REWARD_SERVER_TEST_VERL",
-        f"verl 0.9.1 (make setup puts it in {VERL_DIR})",
-    )
-    assert path is not None
+    path = require_verl()
     hydra = (VERL_DIR / "hydra").is_dir() or importlib.util.find_spec("hydra") is not None
     require_counterpart(hydra, "REWARD_SERVER_TEST_VERL", f"hydra-core in {VERL_DIR}")
     folder = tmp_path_factory.mktemp("verl_agent")
@@ -111,21 +102,7 @@ def result(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> d
         "prompts": PROMPTS,
         "scripts": SCRIPTS,
     }
-    (folder / "case.json").write_text(json.dumps(case))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH", "")) if p),
-    }
-    done = subprocess.run(
-        [sys.executable, str(DRIVER), str(folder / "case.json"), str(folder / "result.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = json.loads((folder / "result.json").read_text())
+    out = run_driver(DRIVER, case, folder, path)
     assert out["verl"] == "0.9.1"
     return out
 

@@ -12,10 +12,6 @@ row, as verl's preprocessing writes it) and the prompt. verl runs in a subproces
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from helpers.drivers import run_driver
 from server_proc import ServerProcess, running_server
-from test_verl import verl_path  # noqa: F401  (the fixture: verl's PYTHONPATH entry)
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "verl_groups_driver.py"
@@ -64,7 +60,7 @@ def server(llama_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def run_verl(
-    verl_path: str,  # noqa: F811
+    verl_path: str,
     server: ServerProcess,
     policy: Path,
     folder: Path,
@@ -78,19 +74,7 @@ def run_verl(
         "responses": RESPONSES,
         "reward_kwargs": reward_kwargs,
     }
-    (folder / "case.json").write_text(json.dumps(case))
-    env = {**os.environ}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (verl_path, env.get("PYTHONPATH", "")) if p)
-    done = subprocess.run(
-        [sys.executable, str(DRIVER), str(folder / "case.json"), str(folder / "result.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads((folder / "result.json").read_text())
+    result = run_driver(DRIVER, case, folder, verl_path)
     assert result["decoded"] == RESPONSES
     assert result["uids"] == [f"uid-{i // N}" for i in range(len(RESPONSES))]
     return result
@@ -103,7 +87,7 @@ def server_scores(url: str, body: dict[str, Any]) -> list[float]:
 
 
 def test_verl_batch_manager_scores_equal_the_server_s_for_the_same_groups(
-    verl_path: str,  # noqa: F811
+    verl_path: str,
     server: ServerProcess,
     gpt2_policy: Path,
     tmp_path: Path,
@@ -134,7 +118,7 @@ def test_verl_batch_manager_scores_equal_the_server_s_for_the_same_groups(
 
 
 def test_without_groups_such_a_server_refuses_the_batch(
-    verl_path: str,  # noqa: F811
+    verl_path: str,
     server: ServerProcess,
     gpt2_policy: Path,
     tmp_path: Path,

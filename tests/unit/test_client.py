@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.clients import FAST
 
 from reward_client import (
     AsyncRewardClient,
@@ -101,10 +102,6 @@ def raises(exc_type: type[httpx.TransportError], message: str = "boom") -> Calla
         raise exc_type(message, request=request)
 
     return step
-
-
-#: Short pauses, so that tests that do sleep for real stay quick.
-FAST = RetryPolicy(backoff_base=0.001, backoff_max=0.01)
 
 
 class Harness:

@@ -8,55 +8,17 @@ returns 2, then 3, then 1 of them under concurrent load: test_client_dns_servers
 from __future__ import annotations
 
 import asyncio
-import datetime
-import json
-import threading
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from server_proc import ServerProcess
+from helpers.dns import FakeClock, StubResolver
+from helpers.mock_answers import mock_answer
 
 from ppo_client.config import PPOConfig
 from ppo_client.reward import default_reward_fn
 from reward_client import AsyncRewardClient, RewardClient
 from reward_client.integrations.trl import RemoteReward
 from reward_client.targets import MIN_RESOLVE_GAP, EndpointPool, Target, normalise_urls
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-class StubResolver:
-    """Answers from ``answers[host]`` (a list it may change), counting the calls."""
-
-    def __init__(self, **answers: Sequence[str]) -> None:
-        self.answers = {host.replace("_", "."): list(a) for host, a in answers.items()}
-        self.calls: list[tuple[str, int]] = []
-        self.error: OSError | None = None
-        self.lock = threading.Lock()
-
-    def set(self, host: str, addresses: Sequence[str]) -> None:
-        with self.lock:
-            self.answers[host] = list(addresses)
-
-    def __call__(self, host: str, port: int) -> list[str]:
-        with self.lock:
-            self.calls.append((host, port))
-            if self.error is not None:
-                raise self.error
-            return list(self.answers.get(host, []))
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def urls(pool: EndpointPool) -> list[str]:
@@ -144,23 +106,12 @@ def test_targets_carry_host_and_tls_name() -> None:
 # --- the clients on a mock transport ----------------------------------------------------------
 
 
-def _answer(request: httpx.Request) -> httpx.Response:
-    """A well-formed /info or /score answer (every score 1.0)."""
-    if request.url.path == "/info":
-        return httpx.Response(200, json={"max_client_batch": 2})
-    body = json.loads(request.content)
-    n = len(body.get("texts") or body.get("queries") or body["conversations"])
-    return httpx.Response(
-        200, json={"scores": [1.0] * n, "tokens": [1] * n, "truncated": [False] * n}
-    )
-
-
 def test_sync_client_sends_to_addresses_with_the_name_as_host() -> None:
     seen: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return _answer(request)
+        return mock_answer(request)
 
     resolver = StubResolver(rm=["10.0.0.1", "10.0.0.2"])
     with RewardClient(
@@ -180,7 +131,7 @@ def test_async_client_and_remote_reward_follow_dns() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(f"{request.url.host} {request.headers['host']}")
-        return _answer(request)
+        return mock_answer(request)
 
     resolver = StubResolver(rm=["10.0.0.1", "10.0.0.2", "10.0.0.3"])
 
@@ -209,103 +160,3 @@ def test_trainer_reward_url_takes_dns_urls() -> None:
     assert isinstance(client, RewardClient)
     assert client.base_urls == ["dns+http://rm.ns.svc:8000", "http://b:1"]
     client.close()
-
-
-def _self_signed(name: str, folder: Path) -> tuple[Path, Path]:
-    """A certificate for DNS name ``name`` only (no IP address) and its key, as files."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
-# --- real servers on loopback addresses -------------------------------------------------------
-
-#: The client's re-resolve period, on its fake clock (the default is DEFAULT_RESOLVE_INTERVAL).
-RESOLVE_INTERVAL = 30.0
-ADDRESSES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
-SCORED = 'reward_server_requests_total{endpoint="/score",status="200"}'
-
-
-def scored(server: ServerProcess) -> int:
-    """The server's count of answered /score requests (from its /metrics)."""
-    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith(SCORED + " "):
-            return int(float(line.split()[-1]))
-    return 0
-
-
-class SendLog:
-    """Which address each /score request was sent to, in which phase of the test (an httpx
-    hook); the test moves to the next phase while no request is in flight."""
-
-    def __init__(self) -> None:
-        self.phase = 0
-        self.sent: list[tuple[int, str]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, request: httpx.Request) -> None:
-        if request.url.path == "/score":
-            with self.lock:
-                self.sent.append((self.phase, request.url.host))
-
-    def counts(self, phase: int | None = None) -> dict[str, int]:
-        """Requests per address sent in ``phase`` (None: in all)."""
-        with self.lock:
-            hosts = [host for p, host in self.sent if phase is None or p == phase]
-        return {address: hosts.count(address) for address in ADDRESSES}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float) -> None:
-    """Poll ``condition()`` until true (fails the test after ``timeout`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-
-
-def load(client: RewardClient, texts: list[str], expected: list[float], calls: int = 4) -> None:
-    """Three threads that each make ``calls`` scoring calls through ``client`` at once, every
-    answer checked; returns when all are done (nothing is in flight then)."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            for _ in range(calls):
-                assert client.score(texts=texts) == pytest.approx(expected, abs=1e-6)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, daemon=True) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
-    assert not any(thread.is_alive() for thread in threads), "a scoring call hung"
-    assert not errors, errors[:3]

@@ -27,8 +27,6 @@ from reward_server.scoring.metrics import Metrics
 
 T = TypeVar("T")
 A, B = 1, 2  # token of each tenant's rows
-KEY_SLOW = "slow-tenant-key-4e1f0a9b"
-KEY_FREE = "free-tenant-key-77c2d5e0"
 
 
 def run(coro: Awaitable[T]) -> T:

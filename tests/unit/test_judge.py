@@ -13,172 +13,33 @@ conversations and texts, with and without labels.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
-import torch
-import yaml
-from fastapi.testclient import TestClient
-from test_server_api import assert_error
-from tokenizers import processors
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig
+from helpers.judges import (
+    ATOL,
+    CONVERSATIONS,
+    LABELS,
+    QUERIES,
+    RESPONSES,
+    TEMPLATE,
+    TEXTS,
+    YES_NO,
+    contents,
+    judge_entry,
+    reference,
+)
+from helpers.models_files import write_models
+from helpers.posting import assert_error
 
-import tiny_models
 from reward_server import cli
-from reward_server.config import ServerSettings
 from reward_server.config.models_file import ModelsFileError, parse_models_file
 from reward_server.errors import ChatTemplateError, ModelLoadError
-from reward_server.http.app import create_app
 from reward_server.scoring.items import Conversations, Pairs, Texts, judge_prompts
 from reward_server.text.judge_prompt import JudgePrompt, JudgeTemplate
 
-ATOL = 1e-5
-YES_NO = {"Yes": 1.0, "No": 0.0}
 FIVE = {str(i): float(i) for i in range(1, 6)}  # single bytes: one token each
-TEMPLATE = (
-    "Question: {{ prompt }}\n"
-    "Answer: {{ response }}\n"
-    "{% if label %}Reference: {{ label }}\n{% endif %}"
-    "Is the answer correct? Reply Yes or No.\n"
-)
-QUERIES = ["What is 2 + 2?", "Name a colour.", "Say something long about the movie please."]
-RESPONSES = ["4", "the red fox jumps over the lazy dog again and again", "boring"]
-LABELS = ["4", "red", "it was dull"]
-CONVERSATIONS = [
-    [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "hello world"},
-    ],
-    [{"role": "user", "content": "What is 3 + 4?"}, {"role": "assistant", "content": "7"}],
-]
-TEXTS = ["a", "the movie was great and the music was wonderful", "bad"]
-
-
-def _bos_first(tok: Any) -> None:
-    """Make the tokenizer put BOS before every text, as Llama's does (the template does not)."""
-    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.bos_token_id)]
-    )
-
-
-def save_judge(path: Path, family: str, seed: int = 0, *, wide: bool = False) -> Path:
-    """A tiny random causal LM whose chat template has a generation prompt and whose
-    vocabulary holds "Yes" and "No"; weights large enough that scores differ visibly.
-    ``wide`` (llama): two 64-wide attention heads, as vLLM's CPU kernels need."""
-    if family == "gpt2":
-        tok = tiny_models.chat_tokenizer()
-        tok.add_tokens(["Yes", "No"])
-        config: Any = GPT2Config(
-            vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=2,
-            initializer_range=0.3, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        )  # fmt: skip
-    else:
-        tok = tiny_models.byte_bpe_tokenizer(
-            eos="</s>",
-            bos="<s>",
-            extra_special=tiny_models.CHAT_SPECIAL_TOKENS,
-            chat_template=tiny_models.POLICY_CHAT_TEMPLATE,
-        )
-        tok.add_tokens(["Yes", "No"])
-        _bos_first(tok)
-        config = LlamaConfig(
-            vocab_size=len(tok), hidden_size=128 if wide else 32,
-            intermediate_size=256 if wide else 64, num_hidden_layers=2,
-            num_attention_heads=2 if wide else 4, num_key_value_heads=1 if wide else 2,
-            max_position_embeddings=512 if wide else 128,
-            initializer_range=0.3, tie_word_embeddings=False,
-            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        )  # fmt: skip
-    torch.manual_seed(seed)
-    return tiny_models.save(path, AutoModelForCausalLM.from_config(config), tok)
-
-
-@pytest.fixture(scope="module")
-def judges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {f: save_judge(tmp_path_factory.mktemp(f"judge_{f}"), f) for f in ("gpt2", "llama")}
-
-
-# --------------------------------------------------------------------------- the reference
-
-
-def contents(prompts: Sequence[str], responses: Sequence[str], labels: Sequence[Any]) -> list[str]:
-    """The template rendered with plain Jinja (a missing label printed as nothing)."""
-    template = jinja2.Template(TEMPLATE)
-    return [
-        template.render(prompt=p, response=r, label="" if label is None else label)
-        for p, r, label in zip(prompts, responses, labels, strict=True)
-    ]
-
-
-def reference(
-    folder: Path,
-    texts: Sequence[str],
-    score_tokens: dict[str, float],
-    *,
-    chat: bool = True,
-    max_length: int | None = None,
-) -> list[float]:
-    """Each content's score by plain transformers: the user turn of the chat template with the
-    generation prompt (or the text alone), tokenized as the tokenizer does, one forward pass,
-    a softmax over the score tokens' logits at the last position, the expected value."""
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = [tok.convert_tokens_to_ids(tok.tokenize(t)) for t in score_tokens]
-    assert all(len(i) == 1 for i in ids), ids
-    values = torch.tensor(list(score_tokens.values()), dtype=torch.float64)
-    scores = []
-    for text in texts:
-        if chat:
-            turn = [{"role": "user", "content": text}]
-            text = tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
-        row = tok(text)["input_ids"]
-        if max_length is not None and len(row) > max_length:
-            # The left side cut, a leading BOS kept in place.
-            bos = row[:1] if row[0] == tok.bos_token_id else []
-            row = bos + row[len(row) - max_length + len(bos) :]
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([row])).logits[0, -1]
-        probs = logits[[i[0] for i in ids]].double().softmax(-1)
-        scores.append(float(probs @ values))
-    return scores
-
-
-def models_file(tmp_path: Path, entries: list[dict[str, Any]]) -> Path:
-    path = tmp_path / f"models-{len(list(tmp_path.iterdir()))}.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    return path
-
-
-def judge_entry(folder: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": "judge",
-        "kind": "judge",
-        "model": str(folder),
-        "template": TEMPLATE,
-        "score_tokens": YES_NO,
-        **extra,
-    }
-
-
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Any]:
-    """``serve(entries, **settings)``: a TestClient of an app serving a models file."""
-    clients: list[TestClient] = []
-
-    def start(entries: list[dict[str, Any]], **overrides: Any) -> TestClient:
-        path = models_file(tmp_path, entries)
-        app = create_app(ServerSettings(models=str(path), max_wait_ms=1.0, **overrides))
-        client = TestClient(app).__enter__()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 # --------------------------------------------------------------------------- equal to transformers
@@ -186,10 +47,10 @@ def serve(tmp_path: Path) -> Iterator[Any]:
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_scores_equal_transformers_for_pairs_conversations_and_texts(
-    family: str, judges: dict[str, Path], serve: Any
+    family: str, judges: dict[str, Path], models_client: Any
 ) -> None:
     folder = judges[family]
-    client = serve([judge_entry(folder)])
+    client = models_client([judge_entry(folder)])
     pairs = client.post(
         "/score", json={"queries": QUERIES, "responses": RESPONSES, "labels": LABELS}
     )
@@ -218,10 +79,12 @@ def test_scores_equal_transformers_for_pairs_conversations_and_texts(
     assert len(set(tokens)) == 3, tokens  # three lengths padded into one pass
 
 
-def test_several_score_tokens_without_a_chat_template(judges: dict[str, Path], serve: Any) -> None:
+def test_several_score_tokens_without_a_chat_template(
+    judges: dict[str, Path], models_client: Any
+) -> None:
     """A 1..5 scale; ``chat_template: none``: the rendered template is the prompt as it is."""
     folder = judges["gpt2"]
-    client = serve([judge_entry(folder, score_tokens=FIVE, chat_template="none")])
+    client = models_client([judge_entry(folder, score_tokens=FIVE, chat_template="none")])
     r = client.post("/score", json={"queries": QUERIES, "responses": RESPONSES})
     assert r.status_code == 200, r.text
     want = reference(folder, contents(QUERIES, RESPONSES, [None] * 3), FIVE, chat=False)
@@ -229,9 +92,11 @@ def test_several_score_tokens_without_a_chat_template(judges: dict[str, Path], s
     assert all(1.0 < s < 5.0 for s in r.json()["scores"])
 
 
-def test_long_prompts_are_cut_on_the_left_or_refused(judges: dict[str, Path], serve: Any) -> None:
+def test_long_prompts_are_cut_on_the_left_or_refused(
+    judges: dict[str, Path], models_client: Any
+) -> None:
     folder = judges["llama"]
-    client = serve([judge_entry(folder, max_length=48)])
+    client = models_client([judge_entry(folder, max_length=48)])
     body = {"queries": QUERIES, "responses": RESPONSES}
     r = client.post("/score", json=body)
     assert r.status_code == 200, r.text
@@ -242,8 +107,8 @@ def test_long_prompts_are_cut_on_the_left_or_refused(judges: dict[str, Path], se
     assert_error(client.post("/score", json={**body, "truncate": False}), 413, "text_too_long")
 
 
-def test_info_lists_the_judge(judges: dict[str, Path], serve: Any) -> None:
-    client = serve([judge_entry(judges["gpt2"], weight=0.5)])
+def test_info_lists_the_judge(judges: dict[str, Path], models_client: Any) -> None:
+    client = models_client([judge_entry(judges["gpt2"], weight=0.5)])
     (entry,) = client.get("/info").json()["models"]
     assert entry["name"] == "judge" and entry["kind"] == "judge" and entry["weight"] == 0.5
     assert entry["mode"] == "logprobs" and entry["score_tokens"] == YES_NO
@@ -251,8 +116,10 @@ def test_info_lists_the_judge(judges: dict[str, Path], serve: Any) -> None:
     assert entry["labels"] == ["score"] and entry["dtype"] == "float32"
 
 
-def test_a_template_that_fails_on_an_item_is_a_422(judges: dict[str, Path], serve: Any) -> None:
-    client = serve([judge_entry(judges["gpt2"], template="Is {{ label.answer }} right?")])
+def test_a_template_that_fails_on_an_item_is_a_422(
+    judges: dict[str, Path], models_client: Any
+) -> None:
+    client = models_client([judge_entry(judges["gpt2"], template="Is {{ label.answer }} right?")])
     ok = client.post("/score", json={"texts": ["x"], "labels": [{"answer": "4"}]})
     assert ok.status_code == 200, ok.text
     body = assert_error(client.post("/score", json={"texts": ["x"]}), 422, "chat_template")
@@ -281,7 +148,7 @@ def test_a_score_token_of_several_tokens_is_refused_at_start(
     judges: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
     tokens = {"Yes": 1.0, "Maybe so": 0.5, "No": 0.0}
-    path = models_file(tmp_path, [judge_entry(judges["gpt2"], score_tokens=tokens)])
+    path = write_models(tmp_path, [judge_entry(judges["gpt2"], score_tokens=tokens)])
     line = _start_line(path, monkeypatch, capsys)
     assert "model 'judge'" in line and "score token 'Maybe so' is" in line, line
     assert "exactly one token" in line
@@ -293,7 +160,7 @@ def test_generate_mode_without_a_pattern_is_refused_at_start(
     """(mode: generate itself: tests/e2e/test_judge_generate.py)"""
     entry = {k: v for k, v in judge_entry(judges["gpt2"], mode="generate").items()}
     del entry["score_tokens"]
-    line = _start_line(models_file(tmp_path, [entry]), monkeypatch, capsys, status=2)
+    line = _start_line(write_models(tmp_path, [entry]), monkeypatch, capsys, status=2)
     assert "models[0]: mode: generate needs 'score_pattern'" in line, line
 
 
@@ -323,15 +190,15 @@ def test_judge_keys_are_validated(entry: dict[str, Any], message: str) -> None:
 
 
 def test_a_judge_of_another_kind_of_model_or_template_does_not_load(
-    judges: dict[str, Path], gpt2_rm: Path, tmp_path: Path, serve: Any
+    judges: dict[str, Path], gpt2_rm: Path, tmp_path: Path, models_client: Any
 ) -> None:
     with pytest.raises(ModelLoadError, match="is not a causal language model"):
-        serve([judge_entry(gpt2_rm)])
+        models_client([judge_entry(gpt2_rm)])
     with pytest.raises(ModelLoadError, match=r"uses answer; it knows prompt, response"):
-        serve([judge_entry(judges["gpt2"], template="{{ answer }}")])
+        models_client([judge_entry(judges["gpt2"], template="{{ answer }}")])
     missing = tmp_path / "gone.jinja"
     with pytest.raises(ModelLoadError, match="cannot read judge template"):
-        serve([judge_entry(judges["gpt2"], template=str(missing))])
+        models_client([judge_entry(judges["gpt2"], template=str(missing))])
 
 
 # --------------------------------------------------------------------------- the template's view
@@ -369,8 +236,8 @@ def test_a_template_file_is_read(tmp_path: Path) -> None:
 
 
 def test_the_judge_logs_what_it_loaded(
-    judges: dict[str, Path], serve: Any, caplog: pytest.LogCaptureFixture
+    judges: dict[str, Path], models_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="reward_server"):
-        serve([judge_entry(judges["gpt2"])])
+        models_client([judge_entry(judges["gpt2"])])
     assert any("loaded judge" in rec.getMessage() for rec in caplog.records)

@@ -13,15 +13,7 @@ from typing import Any
 
 import jinja2
 import pytest
-from test_judge import (  # noqa: F401  (judges and serve: test_judge's fixtures)
-    ATOL,
-    YES_NO,
-    judge_entry,
-    judges,
-    reference,
-    save_judge,
-    serve,
-)
+from helpers.judges import ATOL, YES_NO, judge_entry, reference, save_judge
 
 CALLS_TEMPLATE = (  # short: the tiny judges read 128 tokens at most
     "{% for t in tools %}{{ t.function.name }}{% endfor %}\n{{ prompt }}\n"
@@ -46,11 +38,11 @@ def calling(city: str, content: Any = None) -> list[dict[str, Any]]:
 
 
 def test_a_template_reading_tool_calls_and_tools_sees_them(
-    judges: dict[str, Path],  # noqa: F811
-    serve: Any,  # noqa: F811
+    judges: dict[str, Path],
+    models_client: Any,
 ) -> None:
     folder = judges["llama"]
-    client = serve([judge_entry(folder, template=CALLS_TEMPLATE)])
+    client = models_client([judge_entry(folder, template=CALLS_TEMPLATE)])
     body = {"conversations": [calling("Paris"), calling("London")], "tools": [TOOL]}
     r = client.post("/score", json=body)
     assert r.status_code == 200, r.text
@@ -70,10 +62,10 @@ def test_a_template_reading_tool_calls_and_tools_sees_them(
 
 
 def test_a_template_reading_none_of_them_is_a_422_naming_the_judge(
-    judges: dict[str, Path],  # noqa: F811
-    serve: Any,  # noqa: F811
+    judges: dict[str, Path],
+    models_client: Any,
 ) -> None:
-    client = serve([judge_entry(judges["llama"], template=PLAIN_TEMPLATE)])
+    client = models_client([judge_entry(judges["llama"], template=PLAIN_TEMPLATE)])
     r = client.post("/score", json={"conversations": [calling("Paris")]})
     assert r.status_code == 422, r.text
     assert r.json()["type"] == "unrenderable"
@@ -90,10 +82,10 @@ def test_a_template_reading_none_of_them_is_a_422_naming_the_judge(
 
 def test_the_plain_text_rendering_writes_them_into_response_and_prompt(
     tmp_path: Path,
-    serve: Any,  # noqa: F811
+    models_client: Any,
 ) -> None:
     folder = save_judge(tmp_path / "wide", "llama", wide=True)  # 512 positions
-    client = serve([judge_entry(folder, template=PLAIN_TEMPLATE, tool_rendering="text")])
+    client = models_client([judge_entry(folder, template=PLAIN_TEMPLATE, tool_rendering="text")])
     conv = [
         *calling("Paris", content="Let me check."),
         {"role": "tool", "content": "18C"},
@@ -116,10 +108,10 @@ def test_the_plain_text_rendering_writes_them_into_response_and_prompt(
 
 
 def test_the_judge_reads_the_answer_after_the_thinking(
-    judges: dict[str, Path],  # noqa: F811
-    serve: Any,  # noqa: F811
+    judges: dict[str, Path],
+    models_client: Any,
 ) -> None:
-    client = serve([judge_entry(judges["gpt2"], template=PLAIN_TEMPLATE)])
+    client = models_client([judge_entry(judges["gpt2"], template=PLAIN_TEMPLATE)])
     body = {
         "queries": ["2 + 2?"] * 3,
         "responses": ["<think>two and two</think>4", "4", "<think>never ends"],
@@ -132,8 +124,8 @@ def test_the_judge_reads_the_answer_after_the_thinking(
 
 
 def test_a_pairwise_judge_refuses_a_group_of_differing_trajectories(
-    judges: dict[str, Path],  # noqa: F811
-    serve: Any,  # noqa: F811
+    judges: dict[str, Path],
+    models_client: Any,
 ) -> None:
     template = "{{ prompt }}\nA: {{ response_a }}\nB: {{ response_b }}\nA better?"
     entry = {
@@ -145,7 +137,7 @@ def test_a_pairwise_judge_refuses_a_group_of_differing_trajectories(
         "answer_tokens": ["Yes", "No"],
         "tool_rendering": "text",
     }
-    client = serve([entry])
+    client = models_client([entry])
     paris = [
         *calling("Paris"),
         {"role": "tool", "content": "18C"},

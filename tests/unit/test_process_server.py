@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from test_server_api import assert_error
+from helpers.posting import assert_error
 
 import tiny_models
 from reward_server.config import LoadOptions, ServerSettings

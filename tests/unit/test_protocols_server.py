@@ -11,35 +11,17 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
+from helpers.posting import post
+from helpers.protocols import TEXTS
 
 import tiny_models
 from reward_server.config import ServerSettings
 from reward_server.http.app import create_app
 
-TEXTS = ["The answer is 4.", "hello there, general", "a b c d e f g", "x"]
 ATOL = 1e-6
 
 #: The keys of vLLM's ErrorResponse.error (checked against vLLM's own model below).
 VLLM_ERROR_KEYS = {"message", "type", "param", "code"}
-
-
-def same_fields(body: Any, parsed: Any, where: str = "body") -> None:
-    if isinstance(parsed, BaseModel):
-        assert isinstance(body, dict), where
-        assert set(body) == set(type(parsed).model_fields), (where, sorted(body))
-        assert not parsed.model_extra, (where, parsed.model_extra)
-        for name, value in body.items():
-            same_fields(value, getattr(parsed, name), f"{where}.{name}")
-    elif isinstance(parsed, list) and isinstance(body, list):
-        for i, (b, p) in enumerate(zip(body, parsed, strict=True)):
-            same_fields(b, p, f"{where}[{i}]")
-
-
-@pytest.fixture(scope="module")
-def client(gpt2_rm: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(ServerSettings(model=str(gpt2_rm)))) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
@@ -49,33 +31,27 @@ def three_labels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClien
         yield c
 
 
-def post(client: TestClient, path: str, body: dict[str, Any]) -> Any:
-    r = client.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def raw_numbers(client: TestClient) -> dict[str, list[list[float]]]:
+def raw_numbers(gpt2_app: TestClient) -> dict[str, list[list[float]]]:
     """Every label's raw logit per text through each endpoint."""
     out = {
         f"{path} {flag}": [
-            d["probs"] for d in post(client, path, {"input": TEXTS, flag: False})["data"]
+            d["probs"] for d in post(gpt2_app, path, {"input": TEXTS, flag: False})["data"]
         ]
         for path in ("/classify", "/v1/classify")
         for flag in ("use_activation", "activation")
     }
-    pooled = post(client, "/pooling", {"input": TEXTS, "use_activation": False})["data"]
+    pooled = post(gpt2_app, "/pooling", {"input": TEXTS, "use_activation": False})["data"]
     out["/pooling"] = [d["data"] for d in pooled]
-    predicted = post(client, "/predict", {"inputs": [[t] for t in TEXTS], "raw_scores": True})
+    predicted = post(gpt2_app, "/predict", {"inputs": [[t] for t in TEXTS], "raw_scores": True})
     out["/predict"] = [
         [p["score"] for p in sorted(ps, key=lambda p: p["label"])] for ps in predicted
     ]
     return out
 
 
-def test_every_protocol_gives_the_score_of_score(client: TestClient) -> None:
-    scores = post(client, "/score", {"texts": TEXTS})["scores"]
-    for name, rows in raw_numbers(client).items():
+def test_every_protocol_gives_the_score_of_score(gpt2_app: TestClient) -> None:
+    scores = post(gpt2_app, "/score", {"texts": TEXTS})["scores"]
+    for name, rows in raw_numbers(gpt2_app).items():
         assert [len(r) for r in rows] == [1] * len(TEXTS), name
         assert [r[0] for r in rows] == pytest.approx(scores, abs=ATOL), name
 
@@ -97,22 +73,22 @@ def test_several_labels_raw_match_score_and_activation_is_softmax(three_labels: 
     assert sum(p["score"] for p in tei) == pytest.approx(1.0)
 
 
-def test_one_label_activation_is_sigmoid(client: TestClient) -> None:
-    scores = post(client, "/score", {"texts": TEXTS})["scores"]
+def test_one_label_activation_is_sigmoid(gpt2_app: TestClient) -> None:
+    scores = post(gpt2_app, "/score", {"texts": TEXTS})["scores"]
     sigmoid = [1 / (1 + math.exp(-s)) for s in scores]
     for path in ("/classify", "/pooling"):
-        data = post(client, path, {"input": TEXTS})["data"]
+        data = post(gpt2_app, path, {"input": TEXTS})["data"]
         got = [d["probs"][0] if "probs" in d else d["data"][0] for d in data]
         assert got == pytest.approx(sigmoid, abs=ATOL), path
-    tei = post(client, "/predict", {"inputs": [[t] for t in TEXTS]})
+    tei = post(gpt2_app, "/predict", {"inputs": [[t] for t in TEXTS]})
     assert [ps[0]["score"] for ps in tei] == pytest.approx(sigmoid, abs=ATOL)
 
 
-def test_verl_request_reads_the_raw_logit(client: TestClient) -> None:
+def test_verl_request_reads_the_raw_logit(gpt2_app: TestClient) -> None:
     # verl's reward loop: {"model", "input", "activation": false}, reads data[-1].probs[-1].
-    model = client.get("/v1/models").json()["data"][0]["id"]
-    answer = post(client, "/classify", {"model": model, "input": TEXTS[0], "activation": False})
-    score = post(client, "/score", {"texts": [TEXTS[0]]})["scores"][0]
+    model = gpt2_app.get("/v1/models").json()["data"][0]["id"]
+    answer = post(gpt2_app, "/classify", {"model": model, "input": TEXTS[0], "activation": False})
+    score = post(gpt2_app, "/score", {"texts": [TEXTS[0]]})["scores"][0]
     assert answer["data"][-1]["probs"][-1] == pytest.approx(score, abs=ATOL)
 
 
@@ -127,22 +103,22 @@ def test_messages_are_one_conversation_rendered_like_score(llama_rm: Path) -> No
         assert tei[0]["score"] == pytest.approx(pair, abs=ATOL)  # one pair: a flat list
 
 
-def test_tei_single_and_batch_shapes(client: TestClient) -> None:
-    single = post(client, "/predict", {"inputs": TEXTS[0], "raw_scores": True})
+def test_tei_single_and_batch_shapes(gpt2_app: TestClient) -> None:
+    single = post(gpt2_app, "/predict", {"inputs": TEXTS[0], "raw_scores": True})
     assert isinstance(single, list) and set(single[0]) == {"score", "label"}
-    batch = post(client, "/predict", {"inputs": [[TEXTS[0]], [TEXTS[1]]], "raw_scores": True})
+    batch = post(gpt2_app, "/predict", {"inputs": [[TEXTS[0]], [TEXTS[1]]], "raw_scores": True})
     assert len(batch) == 2 and all(isinstance(b, list) for b in batch)
     assert batch[0][0]["label"] == single[0]["label"] == "LABEL_0"
     assert batch[0][0]["score"] == pytest.approx(single[0]["score"], abs=1e-5)
 
 
-def test_truncation_is_reported_and_truncate_prompt_tokens_cuts(client: TestClient) -> None:
+def test_truncation_is_reported_and_truncate_prompt_tokens_cuts(gpt2_app: TestClient) -> None:
     long = "word " * 2000
-    r = client.post("/classify", json={"input": [long, "short"], "use_activation": False})
+    r = gpt2_app.post("/classify", json={"input": [long, "short"], "use_activation": False})
     assert r.status_code == 200 and r.headers["x-reward-truncated"] == "1,0"
-    r = client.post("/classify", json={"input": [long], "truncate_prompt_tokens": 5})
+    r = gpt2_app.post("/classify", json={"input": [long], "truncate_prompt_tokens": 5})
     assert r.json()["usage"]["prompt_tokens"] == 5
-    r = client.post("/predict", json={"inputs": long, "truncate": False})
+    r = gpt2_app.post("/predict", json={"inputs": long, "truncate": False})
     assert r.status_code == 413 and set(r.json()) == {"error", "error_type"}
 
 
@@ -160,9 +136,9 @@ def test_truncation_is_reported_and_truncate_prompt_tokens_cuts(client: TestClie
     ],
 )
 def test_malformed_requests_answer_in_the_protocols_shape(
-    client: TestClient, path: str, body: dict[str, Any], status: int
+    gpt2_app: TestClient, path: str, body: dict[str, Any], status: int
 ) -> None:
-    r = client.post(path, json=body)
+    r = gpt2_app.post(path, json=body)
     assert r.status_code == status, r.text
     answer = r.json()
     if path == "/predict":
@@ -173,9 +149,9 @@ def test_malformed_requests_answer_in_the_protocols_shape(
         assert answer["error"]["type"] == "UnprocessableEntityError"
 
 
-def test_metrics_count_each_endpoint(client: TestClient) -> None:
-    post(client, "/v1/classify", {"input": ["a"]})
-    post(client, "/predict", {"inputs": "a"})
-    text = client.get("/metrics").text
+def test_metrics_count_each_endpoint(gpt2_app: TestClient) -> None:
+    post(gpt2_app, "/v1/classify", {"input": ["a"]})
+    post(gpt2_app, "/predict", {"inputs": "a"})
+    text = gpt2_app.get("/metrics").text
     for endpoint in ("/classify", "/v1/classify", "/pooling", "/predict"):
         assert f'reward_server_items_total{{endpoint="{endpoint}"}}' in text, endpoint

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.remote import LABELS, QUERIES, RESPONSES, SECRET, TEMPLATE
 
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 from reward_server.config import ServerSettings
@@ -35,13 +36,6 @@ from reward_server.scoring.items import Pairs
 from reward_server.scoring.metrics import Metrics
 from reward_server.scoring.remote_model import RemoteModel, load_remote
 from reward_server.scoring.served import ServingContext
-
-QUERIES = ["What is 2 + 2?", "Name a colour.", "Say something long about the movie please."]
-RESPONSES = ["4", "the red fox jumps over the lazy dog", "boring"]
-LABELS = ["4", "blue", "boring"]
-TEMPLATE = "Question: {{ prompt }}\nAnswer: {{ response }}\nReference: {{ label }}\nScore 1-9:"
-SECRET = "sk-test-not-to-be-shown-7c1e"
-
 
 # --- the models file -------------------------------------------------------------------------
 
@@ -340,8 +334,3 @@ def test_rate_limiter_alone() -> None:
     starts = asyncio.run(run())
     assert _windows_hold(starts, 3, 10.0)
     assert len(starts) == 11
-
-
-# --- openai-chat against a real vLLM server -------------------------------------------------
-
-START_TIMEOUT = 420

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.training import ppo_config
 from peft import LoraConfig, get_peft_model
-from test_trainer import make_config
 from transformers import AutoModelForCausalLM
 
 from ppo_client.config import ConfigError
@@ -64,13 +64,13 @@ def test_scores_of_rows_sent_out_of_order_come_back_in_order() -> None:
 @pytest.mark.parametrize("key", ["vllm_memory_share", "rollout_is_cap"])
 def test_vllm_keys_need_the_vllm_engine(key: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"{key}: only for rollout_engine: vllm"):
-        make_config(tmp_path / "p", tmp_path / "o", **{key: 0.5})
-    make_config(tmp_path / "p", tmp_path / "o", rollout_engine="vllm", **{key: 0.5})
+        ppo_config(tmp_path / "p", tmp_path / "o", **{key: 0.5})
+    ppo_config(tmp_path / "p", tmp_path / "o", rollout_engine="vllm", **{key: 0.5})
 
 
 @pytest.mark.parametrize("engine", ["transformers", "vllm"])
 def test_both_engines_take_the_streaming_keys(engine: str, tmp_path: Path) -> None:
-    cfg = make_config(
+    cfg = ppo_config(
         tmp_path / "p",
         tmp_path / "o",
         rollout_engine=engine,

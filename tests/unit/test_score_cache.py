@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from test_judge import TEMPLATE, YES_NO, save_judge
+from helpers.judges import TEMPLATE, YES_NO, save_judge
 
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import parse_entry
@@ -36,11 +36,6 @@ from reward_server.scoring.served import ServingContext, served_model_for
 from reward_server.text.rendering import Encoded
 
 DIGEST = b"m" * 32
-HITS = "reward_server_score_cache_hits_total"
-MISSES = "reward_server_score_cache_misses_total"
-DUPLICATES = "reward_server_score_cache_duplicates_total"
-#: Rows run through the model, every model together (the histogram's sum).
-ROWS = "reward_server_batch_rows_sum"
 
 
 def entry(**keys: Any) -> Any:

@@ -5,10 +5,10 @@ SIGTERM's drain is tested in tests/e2e/test_reliability_faults.py (every input f
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from helpers.server_cli import LOAD_FAILURES, assert_one_error_line, load_failure_args
 
 from reward_server import cli
 from reward_server.cli import build_parser, parse_settings
@@ -93,48 +93,6 @@ def test_bad_flags_are_usage_errors(
     assert needle in capsys.readouterr().err
 
 
-def _custom_code_model(folder: Path) -> Path:
-    """A model folder whose config names code of its own (auto_map), like many hub models."""
-    folder.mkdir()
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "custom-x",
-                "architectures": ["XForSequenceClassification"],
-                "auto_map": {"AutoConfig": "cfg.XConfig"},
-            }
-        )
-    )
-    (folder / "cfg.py").write_text(
-        "from transformers import PretrainedConfig\n\n\n"
-        "class XConfig(PretrainedConfig):\n    model_type = 'custom-x'\n"
-    )
-    return folder
-
-
-LOAD_FAILURES = ["not a model", "bad adapter", "needs its own code"]
-
-
-def _load_failure_args(case: str, tmp_path: Path, gpt2_rm: Path) -> list[str]:
-    if case == "needs its own code":
-        _custom_code_model(tmp_path / "custom")
-    return {
-        "not a model": ["--model", str(tmp_path)],
-        "bad adapter": ["--model", str(gpt2_rm), "--adapter", str(tmp_path / "no-adapter")],
-        "needs its own code": ["--model", str(tmp_path / "custom")],
-    }[case]
-
-
-def _assert_one_error_line(stderr: str, case: str, model: str) -> None:
-    assert "Traceback" not in stderr
-    lines = [ln for ln in stderr.splitlines() if ln.startswith("reward-server: error:")]
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith(f"reward-server: error: could not load model {model}: ")
-    assert len(lines[0]) > len("reward-server: error: could not load model : ") + len(model)
-    # transformers asks for trust_remote_code=True; the line names the flag that does it
-    assert ("--trust-remote-code" in lines[0]) is (case == "needs its own code")
-
-
 @pytest.mark.parametrize("case", LOAD_FAILURES)
 def test_model_load_failure_is_one_line_and_exit_1(
     case: str,
@@ -145,12 +103,9 @@ def test_model_load_failure_is_one_line_and_exit_1(
 ) -> None:
     """The CLI's main() in process (the console script runs it; see the test below)."""
     clean_env.setattr(cli, "_configure_logging", lambda level: None)  # pytest owns logging
-    args = _load_failure_args(case, tmp_path, gpt2_rm)
+    args = load_failure_args(case, tmp_path, gpt2_rm)
     assert cli.main([*args, "--port", "1", "--log-level", "warning"]) == 1
-    _assert_one_error_line(capsys.readouterr().err, case, args[1])
+    assert_one_error_line(capsys.readouterr().err, case, args[1])
 
 
 # --------------------------------------------------------------------------- a configured server
-
-KEY = "test-key-0123456789"
-AUTH = {"Authorization": f"Bearer {KEY}"}

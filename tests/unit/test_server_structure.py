@@ -26,29 +26,6 @@ from reward_server.scoring.pipeline import ScoringPipeline
 from reward_server.scoring.registry import THREAD_PREFIX
 from reward_server.text.rendering import Encoded
 
-#: The modules that load a model (torch, transformers, vLLM) and the Ray Serve entry point
-#: (Ray); every other module of the server must import without torch.
-NEEDS_TORCH = {
-    "reward_server.engines.transformers",
-    "reward_server.engines._process_reward",
-    "reward_server.engines._judge",
-    "reward_server.engines._vllm_judge",
-    "reward_server.engines._checkpoint",
-    "reward_server.engines.vllm",
-    "reward_server.http.ray_serve",
-}
-
-
-def _server_modules() -> list[str]:
-    root = Path(__file__).resolve().parents[2] / "reward_server"
-    names = []
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if parts[-1] == "__main__":
-            continue
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
-
 
 def test_every_service_error_answers_through_the_table() -> None:
     # One hierarchy in the core, one table at the edge: a new error class without a status

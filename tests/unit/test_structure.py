@@ -4,7 +4,7 @@ ruff enforces complexity (C901, max 12) and statement counts (PLR0915) through
 pyproject.toml; this file adds what ruff does not measure: the length of functions and of
 modules. Classes have no limit of their own: a class is split by job (the model registry
 and the scoring pipeline), not to fit a number. Repeated code:
-test_structure_duplicates.py; torch-free imports: test_server_structure.py.
+test_structure_duplicates.py; torch-free imports: test_server_structure_imports.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("reward_client", "reward_server", "ppo_client", "settings_cli")
+from helpers.repository import PACKAGES, ROOT
+
 MAX_FUNCTION_LINES = 80
 #: Module lengths (lines, exclusive): one job per module, and the client split by noun.
 MAX_MODULE_LINES = {

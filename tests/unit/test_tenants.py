@@ -13,8 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_proc import metric
-from test_server_api import FakeModel, settings
+from helpers.fakes import FakeModel, settings
+from helpers.models_files import keys_yaml
+from helpers.posting import bearer
+from helpers.tenants import KEY_A, KEY_B, KEY_C, WRONG, assert_no_key_in
 
 from reward_server.config import tenants as tenants_module
 from reward_server.config.tenants import (
@@ -31,45 +33,6 @@ from reward_server.http.app import create_app
 from reward_server.http.auth import Authorized
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "api_keys.yaml"
-
-# Keys of the tests' tenants; none of them may ever appear in a file or a log.
-KEY_A = "alpha-key-5b0c61a7e2"
-KEY_B = "beta-key-93d1f04c88"
-KEY_C = "gamma-key-0e7a2b9d14"
-WRONG = "wrong-key-7c3e55aa01"
-ALL_KEYS = (KEY_A, KEY_B, KEY_C, WRONG)
-
-
-def keys_yaml(*entries: tuple[str, str], extra: str = "") -> str:
-    """A keys file of ``(name, key)`` entries: only the keys' hashes are written."""
-    lines = ["tenants:"]
-    for name, key in entries:
-        lines += [f"  - name: {name}", f'    key_sha256: "{hash_key(key)}"']
-        lines += [f"    {extra}"] if extra else []
-    return "\n".join(lines) + "\n"
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def score(url: str, key: str | None, texts: list[str]) -> httpx.Response:
-    headers = bearer(key) if key is not None else {}
-    return httpx.post(f"{url}/score", json={"texts": texts}, headers=headers, timeout=60)
-
-
-def tenant_items(url: str, tenant: str) -> float:
-    return metric(url, "reward_server_tenant_items_total", tenant=tenant)
-
-
-def reloads(url: str, outcome: str) -> float:
-    return metric(url, "reward_server_tenant_reloads_total", outcome=outcome)
-
-
-def assert_no_key_in(text: str) -> None:
-    for key in ALL_KEYS:
-        assert key not in text
-
 
 # --------------------------------------------------------------------------- the file
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
 import pytest
+from helpers.mock_answers import item_score, score_answer
 
 from reward_client import RewardServerError
 from reward_client.integrations.trl import RemoteReward
@@ -30,26 +30,6 @@ WEATHER = {
 }
 
 
-def fake_score(item: Any) -> float:
-    """Deterministic score of one item of any form."""
-    return float(len(json.dumps(item))) / 10
-
-
-def answer(body: dict[str, Any]) -> dict[str, Any]:
-    """A /score answer: one score per item, every other item truncated."""
-    if "texts" in body:
-        items: list[Any] = body["texts"]
-    elif "queries" in body:
-        items = list(zip(body["queries"], body["responses"], strict=True))
-    else:
-        items = body["conversations"]
-    return {
-        "scores": [fake_score(i) for i in items],
-        "tokens": [7] * len(items),
-        "truncated": [i % 2 == 1 for i in range(len(items))],
-    }
-
-
 class Recorder:
     """Mock transport handler recording /score bodies."""
 
@@ -59,7 +39,7 @@ class Recorder:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         self.bodies.append(body)
-        return httpx.Response(200, json=answer(body))
+        return httpx.Response(200, json=score_answer(body))
 
 
 def make_reward(recorder: Recorder, **kwargs: Any) -> RemoteReward:
@@ -84,7 +64,7 @@ def test_plain_prompts_are_sent_as_queries_and_responses() -> None:
             label=["a", "b", "c", "d"],
         )
     )
-    assert scores == [fake_score([p, c]) for p, c in zip(prompts, completions, strict=True)]
+    assert scores == [item_score([p, c]) for p, c in zip(prompts, completions, strict=True)]
     assert all(isinstance(s, float) for s in scores)
     assert recorder.bodies == [
         {"queries": prompts[:3], "responses": completions[:3]},
@@ -111,7 +91,7 @@ def test_conversational_prompts_are_sent_as_conversations() -> None:
     scores = asyncio.run(reward(prompts=prompts, completions=completions))
     expected = [p + c for p, c in zip(prompts, completions, strict=True)]
     assert recorder.bodies == [{"conversations": expected}]
-    assert scores == [fake_score(c) for c in expected]
+    assert scores == [item_score(c) for c in expected]
 
 
 def test_messages_keep_tool_calls_results_and_thinking() -> None:
@@ -183,25 +163,6 @@ def test_empty_batch_and_length_mismatch() -> None:
     assert recorder.bodies == []
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """Answers POST /score like the reward server; records the API key it saw."""
-
-    keys: list[str | None] = []  # noqa: RUF012 - shared by design, reset per test
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).keys.append(self.headers.get("Authorization"))
-        data = json.dumps(answer(body)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Silence the default stderr access log."""
-
-
 def test_retry_timeout_is_a_budget_in_seconds() -> None:
     now = [0.0]
 
@@ -257,7 +218,7 @@ def test_components_share_the_labels_of_their_request() -> None:
         components = {"helpful": [1.0] * n, "exact": [0.0] * n}
         return httpx.Response(
             200,
-            json={**answer(body), "scores": [1.0] * n, "components": components},
+            json={**score_answer(body), "scores": [1.0] * n, "components": components},
         )
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
