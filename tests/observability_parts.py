@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from server_proc import ServerProcess, require_counterpart, running_server
+from helpers.servers import serve
+from server_proc import ServerProcess, require_counterpart
 
 ROOT = Path(__file__).resolve().parents[1]
 OBSERVABILITY = ROOT / "deploy" / "observability"
@@ -72,14 +73,11 @@ def composite_server(
 ) -> Iterator[ServerProcess]:
     """A real server scoring with ``rm`` (the model at ``reward_model``) and an exact-match
     verifier named ``verifier`` together, behind the tenants' keys file ``keys_yaml``."""
-    models = {
-        "models": [
-            {"name": "rm", "model": str(reward_model)},
-            {"name": verifier, "kind": "verifier", "verifier": "exact", "workers": 1},
-        ]
-    }
-    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
+    models = [
+        {"name": "rm", "model": str(reward_model)},
+        {"name": verifier, "kind": "verifier", "verifier": "exact", "workers": 1},
+    ]
     (folder / "keys.yaml").write_text(keys_yaml, encoding="utf-8")
-    args = ("--models", str(folder / "models.yaml"), "--api-keys", str(folder / "keys.yaml"))
-    with running_server(None, *args, timeout=300) as srv:
+    keys = ("--api-keys", str(folder / "keys.yaml"))
+    with serve(None, *keys, models=models, folder=folder, timeout=300) as srv:
         yield srv

@@ -24,14 +24,13 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 import yaml
 from pydantic import Field
-from server_proc import ServerProcess, free_port, running_server
+from server_proc import ServerProcess, free_port
 
 from ppo_client.config import PPOConfig
 from reward_server.config.entries import SequenceEntry
@@ -434,18 +433,12 @@ def test_the_guides_have_runnable_blocks() -> None:
     assert len(BLOCKS) >= 5 and {"bash", "python"} <= languages, BLOCKS
 
 
-@pytest.fixture(scope="module")
-def docs_server(bert_rm: Path) -> Iterator[ServerProcess]:
-    with running_server(bert_rm) as server:
-        yield server
-
-
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:{b.line}" for b in BLOCKS])
-def test_runnable_block(block: Block, docs_server: ServerProcess, tmp_path: Path) -> None:
+def test_runnable_block(block: Block, bert_server: ServerProcess, tmp_path: Path) -> None:
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "REWARD_URL": docs_server.url,
+        "REWARD_URL": bert_server.url,
         # For a block that starts a server of its own (on ${PORT:-8000} in the guide).
         "PORT": str(free_port()),
         "HF_HUB_OFFLINE": "1",

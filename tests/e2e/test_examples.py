@@ -13,31 +13,32 @@ import pytest
 import torch
 from helpers.training import write_prompts
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
-from server_proc import REWARD_SERVER, ServerProcess, free_port, running_server
+from server_proc import REWARD_SERVER, ServerProcess, free_port
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ppo_remote_reward_example(gpt2_policy: Path, bert_rm: Path, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("one_torch_thread")
+def test_ppo_remote_reward_example(
+    gpt2_policy: Path, bert_server: ServerProcess, tmp_path: Path
+) -> None:
     from examples.ppo_remote_reward import main
 
     data = write_prompts(tmp_path / "prompts.jsonl", ["the movie", "i", "a"] * 4)
-    torch.set_num_threads(1)
-    with running_server(bert_rm) as server:
-        history = main(
-            [
-                "--model", str(gpt2_policy),
-                "--reward-url", server.url,
-                "--dataset", str(data),
-                "--output-dir", str(tmp_path / "out"),
-                "--",
-                "--total_episodes", "8",
-                "--per_device_train_batch_size", "4",
-                "--response_length", "6",
-                "--save_steps", "100",
-            ]
-        )  # fmt: skip
+    history = main(
+        [
+            "--model", str(gpt2_policy),
+            "--reward-url", bert_server.url,
+            "--dataset", str(data),
+            "--output-dir", str(tmp_path / "out"),
+            "--",
+            "--total_episodes", "8",
+            "--per_device_train_batch_size", "4",
+            "--response_length", "6",
+            "--save_steps", "100",
+        ]
+    )  # fmt: skip
     assert len(history) == 2
     assert all(math.isfinite(row["objective/scores"]) for row in history)
     assert (tmp_path / "out" / "metrics.jsonl").exists()

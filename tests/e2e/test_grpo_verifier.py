@@ -26,11 +26,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from datasets import Dataset
-from server_proc import ServerProcess, metric, running_server
+from helpers.servers import serve
+from helpers.training import grpo_config
+from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 import tiny_models
 from examples import grpo_remote_reward, gsm8k_prompts
@@ -79,15 +80,11 @@ def arithmetic_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def maths_server(
     gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    models = {
-        "models": [
-            {"name": "correct", "kind": "verifier", "verifier": "math", "weight": 1.0},
-            {"name": "rm", "model": str(gpt2_rm), "weight": 0.1},
-        ]
-    }
-    path = tmp_path_factory.mktemp("maths") / "models.yaml"
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as server:
+    models = [
+        {"name": "correct", "kind": "verifier", "verifier": "math", "weight": 1.0},
+        {"name": "rm", "model": str(gpt2_rm), "weight": 0.1},
+    ]
+    with serve(models=models, folder=tmp_path_factory.mktemp("maths")) as server:
         yield server
 
 
@@ -95,8 +92,8 @@ def _grpo_run(policy: Path, server_url: str, out: Path, seed: int) -> list[dict[
     """One GRPO run from ``policy`` against the server; TRL's log history."""
     reward = RemoteReward(server_url, label_key="answer")
     correct, rm = reward.components()
-    config = GRPOConfig(
-        output_dir=str(out),
+    config = grpo_config(
+        out,
         max_steps=STEPS,
         per_device_train_batch_size=8,
         num_generations=8,
@@ -105,13 +102,7 @@ def _grpo_run(policy: Path, server_url: str, out: Path, seed: int) -> list[dict[
         lr_scheduler_type="constant",
         reward_weights=[1.0, 0.1],
         temperature=1.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
         seed=seed,
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy),

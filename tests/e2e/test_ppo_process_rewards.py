@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
+from helpers.apps import models_app
+from helpers.servers import serve
 from helpers.training import (
     PPO_CLIENT,
     PROMPTS,
@@ -29,27 +30,19 @@ from helpers.training import (
     space_reward,
     write_prompts,
 )
-from server_proc import ServerProcess, running_server, score_requests
+from server_proc import ServerProcess, score_requests
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 import tiny_models
 from ppo_client import PPOTrainer
 from ppo_client.config import ConfigError
 from reward_client import RewardClient
-from reward_server.config import LoadOptions, ServerSettings
+from reward_server.config import LoadOptions
 from reward_server.engines._process_reward import load
-from reward_server.http.app import create_app
 from reward_server.text.steps import StepOptions
 
 SEPARATOR = " "
 ATOL = 1e-5
-
-
-def serve(models: list[dict[str, Any]], folder: Path) -> Any:
-    """``reward-server --models`` over ``models`` (a context manager)."""
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
-    return running_server(None, "--models", str(path), "--max-wait-ms", "1", timeout=120)
 
 
 #: How the server splits and reads the process model's steps.
@@ -75,9 +68,9 @@ def prm_server(
         "step_tag": STEPS.tag,
         "step_aggregate": STEPS.aggregate,
     }
-    with serve(
-        [prm, {"name": "rm", "model": str(bert_rm)}], tmp_path_factory.mktemp("models")
-    ) as server:
+    models = [prm, {"name": "rm", "model": str(bert_rm)}]
+    folder = tmp_path_factory.mktemp("models")
+    with serve(None, "--max-wait-ms", "1", models=models, folder=folder) as server:
         yield server
 
 
@@ -180,9 +173,7 @@ def test_process_mode_fails_at_start_up_without_a_process_model(
     )
     # The app in process through the client's http_client seam: a second server process
     # would add nothing to what the module's real server shows.
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
-    app = create_app(ServerSettings(models=str(path), max_wait_ms=1.0))
+    app = models_app(tmp_path, models)
     with (
         TestClient(app) as http,
         RewardClient("http://testserver", http_client=http) as client,

@@ -13,32 +13,34 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import yaml
+from helpers.models_files import python_verifier, verifier_function
+from helpers.servers import serve
 from helpers.training import (
     PPO_CLIENT,
     PROMPTS,
     TRL_METRICS,
     accelerate_env,
     accelerate_launch,
+    ppo_client_env,
     ppo_config,
     read_jsonl,
 )
 from safetensors.torch import load_file
-from server_proc import running_server
+from server_proc import ServerProcess
 
 from ppo_client import PPOTrainer
 from ppo_client.data import batch_indices
 from ppo_client.sizes import BatchSizes
 
 ROOT = Path(__file__).resolve().parents[2]
-BY_LABEL = f"{ROOT / 'tests' / 'verifier_functions.py'}:by_label"
+BY_LABEL = verifier_function("by_label")
 
 
 #: Tiny models run fastest on one thread, especially on a shared machine.
@@ -193,26 +195,17 @@ def test_micro_batches_of_masked_rows_only_are_left_out_of_each_step(
 # ---------------------------------------------------------------- against a real server
 
 
-def failing_verifier() -> dict[str, Any]:
-    """A models file: a python verifier (``on_error: mask``) that raises on the items
-    labelled ``raise`` and scores the others by the response's length."""
-    return {
-        "models": [
-            {
-                "name": "check",
-                "kind": "verifier",
-                "verifier": "python",
-                "function": BY_LABEL,
-                "on_error": "mask",
-                "workers": 2,
-                "timeout_s": 30,
-            }
-        ]
-    }
+@pytest.fixture(scope="module")
+def failing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of a python verifier (``on_error: mask``) that raises on the items labelled
+    ``raise`` and scores the others by the response's length (both runs below use it)."""
+    check = python_verifier("check", BY_LABEL, on_error="mask", workers=2, timeout_s=30)
+    with serve(models=[check], folder=tmp_path_factory.mktemp("failing")) as server:
+        yield server
 
 
 def test_ppo_client_train_with_a_verifier_that_fails_on_a_third_of_the_items(
-    gpt2_policy: Path, tmp_path: Path
+    gpt2_policy: Path, failing_server: ServerProcess, tmp_path: Path
 ) -> None:
     """``ppo-client train`` against a server whose python verifier (``on_error: mask``)
     raises on the items labelled ``raise``, a third of the prompts: the run completes,
@@ -227,38 +220,35 @@ def test_ppo_client_train_with_a_verifier_that_fails_on_a_third_of_the_items(
             for k, p in enumerate(prompts)
         )
     )
-    models_file = tmp_path / "models.yaml"
-    models_file.write_text(yaml.safe_dump(failing_verifier()), encoding="utf-8")
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
-    with running_server(None, "--models", str(models_file), timeout=180) as server:
-        config.write_text(
-            f"model_name_or_path: {gpt2_policy}\n"
-            f"reward_url: {server.url}\n"
-            f"dataset_name: {data}\n"
-            "label_column: answer\n"
-            f"output_dir: {out}\n"
-            "per_device_train_batch_size: 4\n"
-            "gradient_accumulation_steps: 2\n"
-            "local_rollout_forward_batch_size: 4\n"
-            "total_episodes: 24\n"  # one pass over the prompts: 8 of the 24 rows masked
-            "response_length: 8\n"
-            "stop_token: eos\n"
-            "reward_scale: 0.05\n"  # the verifier's score is the response's length
-            "learning_rate: 1.0e-3\n"
-            "num_sample_generations: 3\n"
-            "num_samples_to_log: 8\n"
-            "disable_tqdm: true\n"
-        )
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.run(
-            [str(PPO_CLIENT), "train", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr + server.log()
+    config.write_text(
+        f"model_name_or_path: {gpt2_policy}\n"
+        f"reward_url: {failing_server.url}\n"
+        f"dataset_name: {data}\n"
+        "label_column: answer\n"
+        f"output_dir: {out}\n"
+        "per_device_train_batch_size: 4\n"
+        "gradient_accumulation_steps: 2\n"
+        "local_rollout_forward_batch_size: 4\n"
+        "total_episodes: 24\n"  # one pass over the prompts: 8 of the 24 rows masked
+        "response_length: 8\n"
+        "stop_token: eos\n"
+        "reward_scale: 0.05\n"  # the verifier's score is the response's length
+        "learning_rate: 1.0e-3\n"
+        "num_sample_generations: 3\n"
+        "num_samples_to_log: 8\n"
+        "disable_tqdm: true\n"
+    )
+    env = ppo_client_env()
+    proc = subprocess.run(
+        [str(PPO_CLIENT), "train", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr + failing_server.log()
     assert "done: 3 steps" in proc.stdout
 
     rows = read_jsonl(out / "metrics.jsonl")
@@ -285,7 +275,7 @@ def test_ppo_client_train_with_a_verifier_that_fails_on_a_third_of_the_items(
 
 @pytest.mark.slow
 def test_accelerate_launch_with_a_rank_whose_rows_are_all_masked(
-    gpt2_policy: Path, tmp_path: Path
+    gpt2_policy: Path, failing_server: ServerProcess, tmp_path: Path
 ) -> None:
     """Two CPU processes (gloo DDP) against the failing verifier, with running reward
     normalisation: in the first update every row of rank 1 is masked and one of rank 0's,
@@ -305,31 +295,28 @@ def test_accelerate_launch_with_a_rank_whose_rows_are_all_masked(
             for k, p in enumerate(prompts)
         )
     )
-    models_file = tmp_path / "models.yaml"
-    models_file.write_text(yaml.safe_dump(failing_verifier()), encoding="utf-8")
     out = tmp_path / "out"
     config = tmp_path / "ppo.yaml"
     env = accelerate_env()
-    with running_server(None, "--models", str(models_file), timeout=180) as server:
-        config.write_text(
-            f"model_name_or_path: {gpt2_policy}\n"
-            f"reward_url: {server.url}\n"
-            f"dataset_name: {data}\n"
-            "label_column: answer\n"
-            f"output_dir: {out}\n"
-            "per_device_train_batch_size: 2\n"
-            "gradient_accumulation_steps: 2\n"
-            "local_rollout_forward_batch_size: 4\n"
-            "total_episodes: 16\n"  # 2 updates of 2 ranks x 4 rollouts
-            "num_ppo_epochs: 1\n"
-            "response_length: 6\n"
-            "stop_token: eos\n"
-            "reward_normalization: running\n"
-            "disable_tqdm: true\n"
-        )
-        cmd = accelerate_launch(config)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=480)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
+    config.write_text(
+        f"model_name_or_path: {gpt2_policy}\n"
+        f"reward_url: {failing_server.url}\n"
+        f"dataset_name: {data}\n"
+        "label_column: answer\n"
+        f"output_dir: {out}\n"
+        "per_device_train_batch_size: 2\n"
+        "gradient_accumulation_steps: 2\n"
+        "local_rollout_forward_batch_size: 4\n"
+        "total_episodes: 16\n"  # 2 updates of 2 ranks x 4 rollouts
+        "num_ppo_epochs: 1\n"
+        "response_length: 6\n"
+        "stop_token: eos\n"
+        "reward_normalization: running\n"
+        "disable_tqdm: true\n"
+    )
+    cmd = accelerate_launch(config)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=480)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert [r["objective/masked_frac"] for r in rows] == [5 / 8, 1 / 8]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from helpers.remote import LABELS, QUERIES, RESPONSES, TEMPLATE
+from helpers.servers import serve
 from helpers.vllm import require_vllm, start_openai_server, stop_group, wait_healthy
-from server_proc import metric, running_server
+from server_proc import metric
 
 from reward_client.wire.openai_chat import chat_body, parse_score, reply_text
 
@@ -60,25 +60,21 @@ def vllm_chat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_openai_chat_against_a_real_vllm_server(vllm_chat: str, tmp_path: Path) -> None:
-    models = {
-        "models": [
-            {
-                "name": "judge",
-                "kind": "remote",
-                "url": vllm_chat,
-                "protocol": "openai-chat",
-                "remote_model": "tiny-judge",
-                "template": TEMPLATE,
-                "score_pattern": r"(\d+)",
-                "max_new_tokens": 8,
-                "call_timeout_s": 60,
-                "on_error": -1.0,
-            },
-            {"name": "exact", "kind": "verifier", "verifier": "exact"},
-        ]
-    }
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump(models))
+    models = [
+        {
+            "name": "judge",
+            "kind": "remote",
+            "url": vllm_chat,
+            "protocol": "openai-chat",
+            "remote_model": "tiny-judge",
+            "template": TEMPLATE,
+            "score_pattern": r"(\d+)",
+            "max_new_tokens": 8,
+            "call_timeout_s": 60,
+            "on_error": -1.0,
+        },
+        {"name": "exact", "kind": "verifier", "verifier": "exact"},
+    ]
     body = {"queries": QUERIES, "responses": RESPONSES, "labels": LABELS, "components": True}
     # What vLLM itself answers the same chat request (temperature 0: deterministic).
     prompt = "Question: What is 2 + 2?\nAnswer: 4\nReference: 4\nScore 1-9:"
@@ -89,7 +85,7 @@ def test_openai_chat_against_a_real_vllm_server(vllm_chat: str, tmp_path: Path) 
     )
     assert direct.status_code == 200, direct.text
     expected = parse_score(reply_text(direct.json()), r"(\d+)")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    with serve(models=models, folder=tmp_path) as srv:
         r = httpx.post(f"{srv.url}/score", json=body, timeout=180)
         parse_errors = metric(
             srv.url, "reward_server_remote_errors_total", model="judge", reason="parse_failure"

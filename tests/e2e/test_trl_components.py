@@ -17,13 +17,14 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from counterparts import Counterpart, serving
 from datasets import Dataset
 from fastapi import FastAPI
-from server_proc import ServerProcess, metric, running_server, score_requests
+from helpers.servers import serve
+from helpers.training import grpo_config
+from server_proc import ServerProcess, metric, score_requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 import tiny_models
 from reward_client import RewardClientError, ScoreResult
@@ -39,16 +40,13 @@ def composite_server(
     bert_rm: Path, gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """``reward-server --models`` with ``helpful`` (BERT) and ``safe`` (GPT-2, weight 0.5)."""
-    models = {
-        "aggregate": "weighted_sum",
-        "models": [
-            {"name": "helpful", "model": str(bert_rm)},
-            {"name": "safe", "model": str(gpt2_rm), "weight": 0.5},
-        ],
-    }
-    path = tmp_path_factory.mktemp("composite") / "models.yaml"
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with running_server(None, "--models", str(path), "--max-wait-ms", "1", timeout=120) as server:
+    models = [
+        {"name": "helpful", "model": str(bert_rm)},
+        {"name": "safe", "model": str(gpt2_rm), "weight": 0.5},
+    ]
+    folder = tmp_path_factory.mktemp("composite")
+    top = {"aggregate": "weighted_sum"}
+    with serve(None, "--max-wait-ms", "1", models=models, top=top, folder=folder) as server:
         yield server
 
 
@@ -200,21 +198,7 @@ def test_grpo_trains_with_one_reward_function_per_component(
     assert names == list(NAMES)
     # TRL's own weights, not the server's (helpful 1.0, safe 0.5): TRL gets raw components.
     weights = [1.0, 0.25]
-    config = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=8,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=True,
-        reward_weights=weights,
-    )
+    config = grpo_config(tmp_path, reward_weights=weights)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=funcs,

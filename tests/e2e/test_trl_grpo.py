@@ -6,16 +6,16 @@ import asyncio
 import json
 import math
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from datasets import Dataset
-from server_proc import ServerProcess, running_server
+from helpers.training import grpo_config
+from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 import tiny_models
 from examples import grpo_remote_reward
@@ -30,18 +30,8 @@ POLICY_CHAT_TEMPLATE = (
 REWARD_KEY = "rewards/remote_reward/mean"
 
 
-@pytest.fixture(scope="module")
-def bert_server(bert_rm: Path) -> Iterator[ServerProcess]:
-    """The real server hosting the tiny BERT reward model (WordPiece, no chat template)."""
-    with running_server(bert_rm) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def llama_server(llama_rm: Path) -> Iterator[ServerProcess]:
-    """The real server hosting the tiny Llama reward model (its own chat template)."""
-    with running_server(llama_rm) as server:
-        yield server
+# bert_server (the tiny BERT reward model: WordPiece, no chat template) and llama_server
+# (the tiny Llama reward model, its own chat template): tests/conftest.py's shared servers.
 
 
 class Capture:
@@ -72,20 +62,7 @@ def train_grpo(
     """Two GRPO steps of 2 prompts x 2 generations, rewarded by RemoteReward(url)."""
     capture = Capture()
     reward = RemoteReward(url, http_client=capture.client())
-    config = GRPOConfig(
-        output_dir=str(output_dir),
-        max_steps=2,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=8,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=True,
-    )
+    config = grpo_config(output_dir)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[reward],

@@ -12,17 +12,18 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from datasets import Dataset
-from server_proc import ServerProcess, running_server
+from helpers.models_files import length_verifier
+from helpers.servers import serve
+from helpers.training import grpo_config
+from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 import tiny_models
 from reward_client.integrations.trl import RemoteReward
 
 ROOT = Path(__file__).resolve().parents[2]
-LENGTH = f"{ROOT / 'tests' / 'verifier_functions.py'}:length"
 GENERATIONS = 4
 PROMPTS_PER_STEP = 2
 STEPS = 2
@@ -34,18 +35,9 @@ def server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     folder = tmp_path_factory.mktemp("trl_groups")
     models = [
         {"name": "rm", "model": str(bert_rm), "weight": 1.0, "normalize": "group"},
-        {
-            "name": "length",
-            "kind": "verifier",
-            "verifier": "python",
-            "function": LENGTH,
-            "weight": 0.5,
-            "normalize": "group",
-        },
+        length_verifier(weight=0.5, normalize="group"),
     ]
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    with serve(models=models, folder=folder) as srv:
         yield srv
 
 
@@ -72,20 +64,12 @@ def test_grpo_sends_its_groups_and_gets_the_server_s_scores(
     capture = Capture()
     prompts = tiny_models.make_corpus(8, seed=7, min_words=2, max_words=5)
     assert len(set(prompts)) == len(prompts)
-    config = GRPOConfig(
-        output_dir=str(tmp_path),
+    config = grpo_config(
+        tmp_path,
         max_steps=STEPS,
         per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
         num_generations=GENERATIONS,
-        max_completion_length=8,
         temperature=1.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),

@@ -20,11 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from datasets import Dataset
-from server_proc import ServerProcess, metric, running_server
+from helpers.servers import serve
+from helpers.training import grpo_config
+from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 import tiny_models
 from reward_client.integrations.trl import RemoteReward
@@ -58,9 +59,7 @@ def failing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         "workers": 2,
         "timeout_s": 30,
     }
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": [entry]}), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as server:
+    with serve(models=[entry], folder=folder) as server:
         yield server
 
 
@@ -96,20 +95,12 @@ def test_grpo_runs_through_masked_items_and_logs_the_mean_of_the_scored(
 ) -> None:
     capture = Capture()
     reward = RemoteReward(failing_server.url, http_client=capture.client())
-    config = GRPOConfig(
-        output_dir=str(tmp_path),
+    config = grpo_config(
+        tmp_path,
         max_steps=STEPS,
         per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
         num_generations=GENERATIONS,
-        max_completion_length=8,
         temperature=1.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=True,
     )
     prompts = tiny_models.make_corpus(8, seed=3, min_words=2, max_words=5)
     trainer = GRPOTrainer(

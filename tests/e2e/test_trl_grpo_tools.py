@@ -35,9 +35,10 @@ from agent_models import (
     save_policy,
 )
 from datasets import Dataset
+from helpers.training import grpo_config
 from server_proc import ServerProcess, running_server
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 from trl.chat_template_utils import qwen2_5_chat_template
 
 import tiny_models
@@ -100,21 +101,11 @@ def test_grpo_with_tools_rewards_equal_server_scores_of_the_trajectories(
     policy = save_policy(tmp_path / "policy")
     capture = Capture()
     reward = RemoteReward(tool_server.url, http_client=capture.client(), tools=[get_weather])
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        max_steps=2,
-        per_device_train_batch_size=4,
-        num_generations=2,
+    config = grpo_config(
+        tmp_path / "out",
         max_completion_length=64,
         max_tool_calling_iterations=2,
         generation_kwargs={"sequence_bias": agent_bias(policy)},
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy),

@@ -43,6 +43,11 @@ def verifier_function(name: str) -> str:
     return f"{VERIFIER_FUNCTIONS}:{name}"
 
 
+def length_verifier(**extra: Any) -> dict[str, Any]:
+    """The python verifier ``length`` (tests/verifier_functions.py: a response's length)."""
+    return python_verifier("length", verifier_function("length"), **extra)
+
+
 def keys_yaml(*entries: tuple[str, str], extra: str = "") -> str:
     """A keys file of ``(name, key)`` entries: only the keys' hashes are written; ``extra``
     is a line added to every tenant (``weight: 2``)."""

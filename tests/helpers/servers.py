@@ -65,11 +65,11 @@ def serve(
     folder when None); ``kwargs`` as ``running_server`` takes them (``env``, ``log_path``,
     ``verify``). Stopped at the end of the block."""
     with contextlib.ExitStack() as stack:
-        if folder is None and models is not None:
+        if models is not None and folder is None:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="models-")))
-        assert folder is not None or models is None
-        args = (*models_flags(folder, models, top), *flags) if folder else flags
-        yield stack.enter_context(running_server(model, *args, timeout=timeout, **kwargs))
+        if models is not None and folder is not None:
+            flags = (*models_flags(folder, models, top), *flags)
+        yield stack.enter_context(running_server(model, *flags, timeout=timeout, **kwargs))
 
 
 @dataclass
@@ -104,6 +104,7 @@ class SharedServers:
         env: Mapping[str, str] | None = None,
         timeout: float = START_TIMEOUT_S,
     ) -> Iterator[ServerProcess]:
+        models = None if models is None else [dict(entry) for entry in models]
         spec = json.dumps(
             [str(model) if model is not None else None, flags, models, top, env],
             sort_keys=True,

@@ -12,10 +12,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-import yaml
-from server_proc import running_server
+from helpers.posting import score
+from helpers.servers import serve
 from tool_call_cases import CASES, PARIS, WEATHER, Case, call
 
 FUNCTION = """
@@ -49,16 +48,8 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "function": f"{folder / 'agent_functions.py'}:count_calls",
         },
     ]
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as server:
+    with serve(models=entries, folder=folder) as server:
         yield server.url
-
-
-def score(url: str, model: str, **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{url}/score", json={"model": model, **body}, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def conversation(case: Case) -> dict[str, Any]:
@@ -75,7 +66,7 @@ def conversation(case: Case) -> dict[str, Any]:
 def test_every_case_of_the_table_gets_its_verdict(url: str, model: str) -> None:
     body = score(
         url,
-        model,
+        model=model,
         conversations=[conversation(c) for c in SERVED],
         labels=[c.label for c in SERVED],
     )
@@ -88,7 +79,9 @@ def test_every_case_of_the_table_gets_its_verdict(url: str, model: str) -> None:
 
 
 def test_an_unusable_label_is_an_item_error(url: str) -> None:
-    body = score(url, "calls", conversations=[conversation(SERVED[0])], labels=[{"not": "calls"}])
+    body = score(
+        url, model="calls", conversations=[conversation(SERVED[0])], labels=[{"not": "calls"}]
+    )
     assert body["scores"] == [None] and body["masked"] == ["error"]
 
 
@@ -114,9 +107,11 @@ def test_the_trajectory_s_calls_after_the_last_user_message(url: str) -> None:
     ]
     labels = [[PARIS]] * 2
     items = [{"messages": trajectory, "tools": [WEATHER]}] * 2
-    assert score(url, "trajectory", conversations=items[:1], labels=labels[:1])["scores"] == [1.0]
+    assert score(url, model="trajectory", conversations=items[:1], labels=labels[:1])["scores"] == [
+        1.0
+    ]
     # The response alone makes no call.
-    body = score(url, "calls", conversations=items[:1], labels=labels[:1])
+    body = score(url, model="calls", conversations=items[:1], labels=labels[:1])
     assert body["scores"] == [0.0] and body["verifier_errors"] == {"calls": ["no_call"]}
 
 
@@ -128,7 +123,7 @@ def test_format_checks_the_thinking_and_the_answer(url: str) -> None:
         "<think>never closed",
         "opened by the prompt</think>\n<answer>42</answer>",
     ]
-    body = score(url, "shape", queries=["q"] * 5, responses=responses)
+    body = score(url, model="shape", queries=["q"] * 5, responses=responses)
     assert body["scores"] == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert body["verifier_errors"]["shape"] == [
         None,
@@ -142,7 +137,7 @@ def test_format_checks_the_thinking_and_the_answer(url: str) -> None:
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "<answer>42</answer>", "reasoning_content": "ok"},
     ]
-    assert score(url, "shape", conversations=[conv])["scores"] == [1.0]
+    assert score(url, model="shape", conversations=[conv])["scores"] == [1.0]
 
 
 def test_math_reads_the_answer_after_the_thinking(url: str) -> None:
@@ -151,7 +146,7 @@ def test_math_reads_the_answer_after_the_thinking(url: str) -> None:
         "<think>it is \\boxed{7}</think>I am not sure.",
         "<think>\\boxed{7} and then the tokens ran out",
     ]
-    body = score(url, "math", queries=["3 + 4?"] * 3, responses=responses, labels=["7"] * 3)
+    body = score(url, model="math", queries=["3 + 4?"] * 3, responses=responses, labels=["7"] * 3)
     assert body["scores"] == [1.0, 0.0, None]
     assert body["masked"] == [None, None, "unclosed_reasoning"]
 
@@ -162,7 +157,7 @@ def test_a_python_function_naming_tools_and_tool_calls_gets_them(url: str) -> No
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": None, "tool_calls": calls},
     ]
-    body = score(url, "counts", conversations=[conv], tools=[WEATHER, WEATHER])
+    body = score(url, model="counts", conversations=[conv], tools=[WEATHER, WEATHER])
     assert body["scores"] == [2.0]
     assert body["objectives"]["tools"] == [2.0]
     assert json.loads(json.dumps(body["objectives"]))  # plain JSON numbers

@@ -18,9 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import yaml
 from agent_trajectories import (
     TIME,
     WEATHER,
@@ -34,7 +32,8 @@ from agent_trajectories import (
     variants,
 )
 from chat_templates import TOOL_FAMILIES
-from server_proc import running_server
+from helpers.posting import post, scores
+from helpers.servers import serve
 
 import tiny_models
 
@@ -73,20 +72,9 @@ def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
             "reasoning_tags": ["<reason>", "</reason>"],
         },
     ]
-    path = tmp_path_factory.mktemp("agents_models") / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    with running_server(None, "--models", str(path), "--max-wait-ms", "1") as proc:
+    folder = tmp_path_factory.mktemp("agents_models")
+    with serve(None, "--max-wait-ms", "1", models=entries, folder=folder) as proc:
         yield proc.url
-
-
-def post(url: str, body: dict[str, Any], status: int = 200) -> dict[str, Any]:
-    response = httpx.post(f"{url}/score", json=body, timeout=60)
-    assert response.status_code == status, response.text
-    return response.json()
-
-
-def scores(url: str, model: str, **body: Any) -> list[float]:
-    return post(url, {"model": model, **body})["scores"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -94,7 +82,7 @@ def test_trajectories_equal_the_template_rendered_by_hand(
     server: str, folders: dict[str, Path], family: str
 ) -> None:
     convs = trajectories(family)
-    got = scores(server, family, conversations=convs, tools=[WEATHER, TIME])
+    got = scores(server, model=family, conversations=convs, tools=[WEATHER, TIME])
     want = reference(
         folders[family], rendered(folders[family], [by_hand(c) for c in convs], [WEATHER, TIME])
     )
@@ -104,14 +92,17 @@ def test_trajectories_equal_the_template_rendered_by_hand(
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_argument_one_result_one_tool_each_change_the_score(server: str, family: str) -> None:
-    got = scores(server, family, conversations=variants())
+    got = scores(server, model=family, conversations=variants())
     assert len(set(got)) == len(got), got
 
 
 def test_per_item_tools_win_over_the_request_s(server: str, folders: dict[str, Path]) -> None:
     conv = trajectory("Paris")
     got = scores(
-        server, "hermes", conversations=[{"messages": conv, "tools": [TIME]}, conv], tools=[WEATHER]
+        server,
+        model="hermes",
+        conversations=[{"messages": conv, "tools": [TIME]}, conv],
+        tools=[WEATHER],
     )
     texts = rendered(folders["hermes"], [by_hand(conv)], [TIME])
     texts += rendered(folders["hermes"], [by_hand(conv)], [WEATHER])
@@ -119,7 +110,9 @@ def test_per_item_tools_win_over_the_request_s(server: str, folders: dict[str, P
 
 
 def test_pairs_take_the_request_s_tools(server: str, folders: dict[str, Path]) -> None:
-    got = scores(server, "mistral", queries=["Weather?"], responses=["Sunny."], tools=[WEATHER])
+    got = scores(
+        server, model="mistral", queries=["Weather?"], responses=["Sunny."], tools=[WEATHER]
+    )
     conv = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Sunny."}]
     want = reference(folders["mistral"], rendered(folders["mistral"], [conv], [WEATHER]))
     assert got == pytest.approx(want, abs=TOL)
@@ -131,35 +124,44 @@ def test_content_parts_are_joined(server: str) -> None:
         {"type": "text", "text": "What is the weather "},
         {"type": "text", "text": "in Paris?"},
     ]
-    assert scores(server, "hermes", conversations=[parts]) == pytest.approx(
-        scores(server, "hermes", conversations=[trajectory("Paris")]), abs=TOL
+    assert scores(server, model="hermes", conversations=[parts]) == pytest.approx(
+        scores(server, model="hermes", conversations=[trajectory("Paris")]), abs=TOL
     )
 
 
 def test_a_template_that_refuses_a_conversation_is_a_422(server: str) -> None:
-    body = post(server, {"model": "llama31", "conversations": [parallel()]}, 422)
+    body = post(server, "/score", {"model": "llama31", "conversations": [parallel()]}, status=422)
     assert body["type"] == "chat_template"
     assert "single tool-calls" in body["error"]
 
 
 def test_a_template_without_tool_calls_is_a_422_naming_the_model(server: str) -> None:
-    body = post(server, {"model": "plain", "conversations": [trajectory("Paris")]}, 422)
+    body = post(
+        server, "/score", {"model": "plain", "conversations": [trajectory("Paris")]}, status=422
+    )
     assert body["type"] == "unrenderable"
     assert "'plain'" in body["error"] and "tool calls" in body["error"]
     assert "tool_rendering: text" in body["error"]
     # Tools alone (no call) are refused too: they would be dropped.
     conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    body = post(server, {"model": "plain", "conversations": [conv], "tools": [WEATHER]}, 422)
+    body = post(
+        server,
+        "/score",
+        {"model": "plain", "conversations": [conv], "tools": [WEATHER]},
+        status=422,
+    )
     assert "tool specs" in body["error"]
     # Without tool calls or tools, the same model scores as ever.
-    assert post(server, {"model": "plain", "conversations": [conv]})["scores"][0] is not None
+    assert (
+        post(server, "/score", {"model": "plain", "conversations": [conv]})["scores"][0] is not None
+    )
 
 
 def test_the_plain_text_rendering_is_the_documented_text(
     server: str, folders: dict[str, Path]
 ) -> None:
     conv = parallel()
-    got = scores(server, "plain_text", conversations=[conv], tools=[WEATHER])
+    got = scores(server, model="plain_text", conversations=[conv], tools=[WEATHER])
     tools = json.dumps(WEATHER)
     written = [
         {
@@ -186,7 +188,7 @@ def test_thinking_scores_as_the_answer_alone(server: str) -> None:
     for model in ("hermes", "plain"):
         with_think = scores(
             server,
-            model,
+            model=model,
             queries=["q", "q", "q"],
             responses=["<think>x</think>answer", "reasoning first</think>answer", "answer"],
         )
@@ -194,19 +196,24 @@ def test_thinking_scores_as_the_answer_alone(server: str) -> None:
         conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer"}]
         thought = [conv[0], {**conv[1], "reasoning_content": "long thought"}]
         tagged = [conv[0], {**conv[1], "content": "<think>\nlong thought\n</think>\n\nanswer"}]
-        got = scores(server, model, conversations=[conv, thought, tagged])
+        got = scores(server, model=model, conversations=[conv, thought, tagged])
         assert got[0] == got[1] == got[2]
 
 
 def test_tokens_count_what_was_scored(server: str) -> None:
     thought = "<think>" + "many words of thinking " * 40 + "</think>answer"
-    body = post(server, {"model": "plain", "queries": ["q", "q"], "responses": [thought, "answer"]})
+    body = post(
+        server,
+        "/score",
+        {"model": "plain", "queries": ["q", "q"], "responses": [thought, "answer"]},
+    )
     assert body["tokens"][0] == body["tokens"][1]
 
 
 def test_unclosed_thinking_is_masked_with_its_reason(server: str) -> None:
     body = post(
         server,
+        "/score",
         {"model": "plain", "queries": ["q", "q"], "responses": ["<think>ran out of tok", "fine"]},
     )
     assert body["scores"][0] is None and body["scores"][1] is not None
@@ -214,6 +221,7 @@ def test_unclosed_thinking_is_masked_with_its_reason(server: str) -> None:
     # An entry may give such an item a score instead, with its own tags.
     body = post(
         server,
+        "/score",
         {"model": "masks_zero", "queries": ["q"], "responses": ["<reason>ran out of tok"]},
     )
     assert body["scores"] == [-1.0]
@@ -227,10 +235,10 @@ def test_keep_reaches_the_template_s_reasoning_content(
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "answer", "reasoning_content": "my thought"},
     ]
-    got = scores(server, "keeps", conversations=[conv])
+    got = scores(server, model="keeps", conversations=[conv])
     want = reference(folders["hermes"], rendered(folders["hermes"], [conv]))
     assert got == pytest.approx(want, abs=TOL)
-    assert got != scores(server, "hermes", conversations=[conv])
+    assert got != scores(server, model="hermes", conversations=[conv])
 
 
 def test_malformed_messages_are_422_naming_the_field(server: str) -> None:
@@ -244,7 +252,7 @@ def test_malformed_messages_are_422_naming_the_field(server: str) -> None:
         ),
     ]
     for conv, said in bad:
-        body = post(server, {"model": "hermes", "conversations": [conv]}, 422)
+        body = post(server, "/score", {"model": "hermes", "conversations": [conv]}, status=422)
         assert body["type"] == "invalid_request"
         assert said in body["error"], body["error"]
 
@@ -257,11 +265,11 @@ def test_a_remote_component_forwards_the_trajectory(server: str, tmp_path: Path)
         {"name": "far", "kind": "remote", "url": server, "remote_model": "hermes"},
         {"name": "far_tei", "kind": "remote", "url": server, "protocol": "tei"},
     ]
-    path = tmp_path / "remote.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
     convs = [trajectory("Paris"), parallel()]
-    with running_server(None, "--models", str(path)) as proc:
-        got = scores(proc.url, "far", conversations=convs, tools=[WEATHER])
-        body = post(proc.url, {"model": "far_tei", "conversations": convs}, 422)
-    assert got == pytest.approx(scores(server, "hermes", conversations=convs, tools=[WEATHER]))
+    with serve(models=entries, folder=tmp_path) as proc:
+        got = scores(proc.url, model="far", conversations=convs, tools=[WEATHER])
+        body = post(proc.url, "/score", {"model": "far_tei", "conversations": convs}, status=422)
+    assert got == pytest.approx(
+        scores(server, model="hermes", conversations=convs, tools=[WEATHER])
+    )
     assert body["type"] == "unrenderable" and "'far_tei'" in body["error"]

@@ -30,10 +30,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from helpers.models_files import python_verifier, write_keys
+from helpers.servers import serve
 from observability_parts import ALERTS, alert_rules, metric_names, promtool_result
 from observability_parts import promtool as find_promtool
 from prometheus_client.parser import text_string_to_metric_families
-from server_proc import metric, running_server, wait_until
+from server_proc import metric, wait_until
 
 from reward_server.config.tenants import hash_key
 
@@ -61,7 +63,7 @@ def promtool() -> str:
 
 def keys_file(path: Path) -> None:
     entries = [{"name": name, "key_sha256": hash_key(key)} for name, key in KEYS.items()]
-    path.write_text(yaml.safe_dump({"tenants": entries}), encoding="utf-8")
+    write_keys(path.parent, entries, name=path.name)
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +72,10 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     folder = tmp_path_factory.mktemp("first_errors")
     (folder / "first_errors.py").write_text(FUNCTIONS, encoding="utf-8")
     function = f"{folder / 'first_errors.py'}:flaky"
-    models = {"models": [{"name": "flaky", "kind": "verifier", "verifier": "python",
-                          "function": function, "workers": 1}]}  # fmt: skip
-    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
+    flaky = python_verifier("flaky", function, workers=1)
     keys = folder / "keys.yaml"
     keys_file(keys)
-    args = ("--models", str(folder / "models.yaml"), "--api-keys", str(keys))
-    with running_server(None, *args, timeout=300) as server:
+    with serve(None, "--api-keys", str(keys), models=[flaky], folder=folder, timeout=300) as server:
         url = server.url
 
         def reload_failed() -> bool:

@@ -7,15 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
+from helpers.apps import models_app
+from helpers.models_files import length_verifier
 
 from reward_client import RewardClient
-from reward_server.config import ServerSettings
-from reward_server.http.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
-LENGTH = f"{ROOT / 'tests' / 'verifier_functions.py'}:length"
 
 QUERIES = ["Say hi.", "Count.", "Say hi.", "Count.", "Say hi.", "Count.", "Alone.", "Name."]
 RESPONSES = ["Hello!", "one", "Hi there, friend.", "two three", "Hey", "six", "Solo", "Bo"]
@@ -27,18 +25,9 @@ def app(llama_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Te
     folder = tmp_path_factory.mktemp("client_groups")
     models = [
         {"name": "rm", "model": str(llama_rm), "weight": 1.0, "normalize": "group"},
-        {
-            "name": "length",
-            "kind": "verifier",
-            "verifier": "python",
-            "function": LENGTH,
-            "weight": 0.5,
-            "normalize": "group_rank",
-        },
+        length_verifier(weight=0.5, normalize="group_rank"),
     ]
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
-    with TestClient(create_app(ServerSettings(models=str(path), max_wait_ms=1.0))) as c:
+    with TestClient(models_app(folder, models)) as c:
         yield c
 
 

@@ -29,7 +29,7 @@ import pytest
 from dependency_closure import dependency_closure
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from server_proc import running_server
+from server_proc import ServerProcess
 
 from tiny_models import make_corpus
 
@@ -289,16 +289,17 @@ print(json.dumps({
 """
 
 
-def test_light_client_scores_like_the_full_one(light_venv: LightVenv, gpt2_rm: Path) -> None:
+def test_light_client_scores_like_the_full_one(
+    light_venv: LightVenv, gpt2_server: ServerProcess
+) -> None:
     """One finite float per text from a real server, equal to the full install's scores."""
     from reward_client import RewardClient
 
     texts = make_corpus(8, seed=7)
-    with running_server(gpt2_rm) as server:
-        light = light_venv.run_json(_SCORE, server.url, json.dumps(texts), ",".join(HEAVY))
-        with RewardClient(server.url) as client:
-            full = client.score(texts=texts)
-            full_tokens = client.score_detailed(texts=texts).tokens
+    light = light_venv.run_json(_SCORE, gpt2_server.url, json.dumps(texts), ",".join(HEAVY))
+    with RewardClient(gpt2_server.url) as client:
+        full = client.score(texts=texts)
+        full_tokens = client.score_detailed(texts=texts).tokens
     assert isinstance(light, dict)
     for key in ("scores", "detailed", "async"):
         scores = light[key]

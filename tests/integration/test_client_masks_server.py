@@ -16,13 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
-from server_proc import ServerProcess, running_server
+from helpers.models_files import python_verifier, verifier_function
+from helpers.servers import serve
+from server_proc import ServerProcess
 
 from reward_client import AsyncRewardClient, RewardClient
 
 ROOT = Path(__file__).resolve().parents[2]
-BY_LABEL = f"{ROOT / 'tests' / 'verifier_functions.py'}:by_label"
+BY_LABEL = verifier_function("by_label")
 
 LABELS = ["ok", "raise", "nan", "string"]
 REASONS = [None, "error", "non_finite", "bad_result"]
@@ -31,11 +32,8 @@ TEXTS = ["fine", "b", "c", "d"]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    path = tmp_path_factory.mktemp("client-masks") / "models.yaml"
-    entry = {"name": "check", "kind": "verifier", "verifier": "python", "function": BY_LABEL}
-    models = {"models": [{**entry, "workers": 2, "timeout_s": 30}]}
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    check = python_verifier("check", BY_LABEL, workers=2, timeout_s=30)
+    with serve(models=[check], folder=tmp_path_factory.mktemp("client-masks")) as srv:
         yield srv
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import yaml
+from helpers.models_files import write_keys, write_models
 from helpers.pki import make_pki
 from server_proc import ServerProcess, running_server, wait_until
 
@@ -65,11 +65,7 @@ def server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     assert reason is None, f"no sandbox on this machine: {reason}"
     folder = tmp_path_factory.mktemp("hostile")
     pki = make_pki(folder)
-    keys = folder / "keys.yaml"
-    keys.write_text(
-        yaml.safe_dump({"tenants": [{"name": "run", "key_sha256": hash_key(KEY)}]}),
-        encoding="utf-8",
-    )
+    keys = write_keys(folder, [{"name": "run", "key_sha256": hash_key(KEY)}])
     outside = folder / "outside"
     outside.mkdir()
     (outside / "canary.txt").write_text("untouched\n", encoding="utf-8")
@@ -83,11 +79,10 @@ def server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     }
     patient = {**code, "name": "patient", "test_timeout_s": PATIENT_TIMEOUT_S, "weight": 0.0}
     rm = {"name": "rm", "model": str(bert_rm), "weight": 0.0}
-    models = {"models": [rm, code, patient]}
-    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
+    models = write_models(folder, [rm, code, patient])
     trusted = ssl.create_default_context(cafile=str(pki.ca))
     env = {"HOSTILE_TEST_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
-    flags = ("--models", str(folder / "models.yaml"), "--api-keys", str(keys))
+    flags = ("--models", str(models), "--api-keys", str(keys))
     flags += ("--ssl-certfile", str(pki.cert), "--ssl-keyfile", str(pki.key))
     with (
         running_server(None, *flags, env=env, verify=trusted, timeout=120) as proc,

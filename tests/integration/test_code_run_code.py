@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
+from helpers.models_files import write_models
+from helpers.servers import serve
 from server_proc import (
     REWARD_SERVER,
     ServerProcess,
@@ -34,18 +35,11 @@ KEY = "run-code-test-key"
 CODE = {"kind": "verifier", "verifier": "code", "test_timeout_s": 2.0, "timeout_s": 3.0}
 
 
-def models_file(folder: Path, *entries: dict[str, Any]) -> Path:
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": list(entries)}), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("run_code")
     entry = {"name": "code", **CODE, "languages": ["python", "cpp", "javascript"]}
-    path = models_file(folder, entry)
-    with running_server(None, "--models", str(path), "--api-key", KEY, timeout=120) as srv:
+    with serve(None, "--api-key", KEY, models=[entry], folder=folder) as srv:
         yield srv
 
 
@@ -149,19 +143,18 @@ def test_run_code_needs_the_api_key(server: ServerProcess) -> None:
     assert run_code(server, body, key="wrong").status_code == 401
 
 
-def test_run_code_without_a_code_verifier_is_404(tmp_path: Path) -> None:
-    path = models_file(tmp_path, {"name": "exact", "kind": "verifier", "verifier": "exact"})
-    with running_server(None, "--models", str(path)) as srv:
-        answer = httpx.post(
-            f"{srv.url}/run_code", json={"code": "print(1)", "language": "python"}, timeout=30
-        )
+def test_run_code_without_a_code_verifier_is_404(bert_server: ServerProcess) -> None:
+    """(Any server without one: the shared server of the tiny BERT reward model.)"""
+    answer = httpx.post(
+        f"{bert_server.url}/run_code", json={"code": "print(1)", "language": "python"}, timeout=30
+    )
     assert answer.status_code == 404
     assert "verifier: code" in answer.json()["error"]
 
 
 def test_no_sandbox_stops_the_server_with_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "bwrap"
-    path = models_file(tmp_path, {"name": "code", **CODE, "bwrap": str(missing)})
+    path = write_models(tmp_path, [{"name": "code", **CODE, "bwrap": str(missing)}])
     done = subprocess.run(
         [str(REWARD_SERVER), "--models", str(path), "--port", str(free_port())],
         capture_output=True,
@@ -179,7 +172,7 @@ def test_no_sandbox_stops_the_server_with_one_line(tmp_path: Path) -> None:
 
 
 def test_sandbox_none_warns_at_every_start(tmp_path: Path) -> None:
-    path = models_file(tmp_path, {"name": "code", **CODE, "sandbox": "none"})
+    path = write_models(tmp_path, [{"name": "code", **CODE, "sandbox": "none"}])
     for _ in range(2):
         log = tmp_path / "server.log"
         with running_server(None, "--models", str(path), log_path=log) as srv:
@@ -193,8 +186,7 @@ def test_sandbox_none_warns_at_every_start(tmp_path: Path) -> None:
 def test_runs_beyond_the_queue_are_429(tmp_path: Path) -> None:
     """Runs waiting or running at once are bounded by --max-queue: one more is refused
     with 429 and Retry-After, and is admitted again once the first is done."""
-    path = models_file(tmp_path, {"name": "code", **CODE})
-    with running_server(None, "--models", str(path), "--max-queue", "1") as srv:
+    with serve(None, "--max-queue", "1", models=[{"name": "code", **CODE}], folder=tmp_path) as srv:
         slow = {"code": "import time\ntime.sleep(1.5)\nprint('done')", "language": "python"}
         first: dict[str, httpx.Response] = {}
         thread = threading.Thread(target=lambda: first.update(r=run_code(srv, slow, key=None)))

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import yaml
-from server_proc import ServerProcess, running_server
+from helpers.servers import serve
+from server_proc import ServerProcess
 
 from reward_server.sandbox import Sandbox
 
@@ -95,23 +95,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     assert reason is None, f"no sandbox on this machine: {reason}"
     folder = tmp_path_factory.mktemp("code")
     code = {"kind": "verifier", "verifier": "code", "test_timeout_s": TEST_TIMEOUT_S}
-    models = {
-        "models": [
-            {"name": "code", **code, "languages": ["python", "cpp", "javascript"]},
-            {
-                "name": "strict",
-                **code,
-                "score": "all_pass",
-                "stop_on_failure": True,
-                "float_tolerance": 1e-6,
-                "parallel_tests": 1,
-                "on_error": -1.0,
-            },
-        ]
-    }
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    models = [
+        {"name": "code", **code, "languages": ["python", "cpp", "javascript"]},
+        {
+            "name": "strict",
+            **code,
+            "score": "all_pass",
+            "stop_on_failure": True,
+            "float_tolerance": 1e-6,
+            "parallel_tests": 1,
+            "on_error": -1.0,
+        },
+    ]
+    with serve(models=models, folder=folder) as srv:
         yield srv
 
 

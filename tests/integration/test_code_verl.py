@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from server_proc import ServerProcess, running_server
+from helpers.servers import serve
+from server_proc import ServerProcess
 
 STDIO = {
     "inputs": ["1 2\n", "10 20\n", "-5 5\n", "7 0\n"],
@@ -67,9 +67,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("code_verl")
     # verl sends its timeout (10 s) as run_timeout: the entry's limits are the ceilings.
     entry = {"name": "code", "kind": "verifier", "verifier": "code", "test_timeout_s": 2.0}
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": [{**entry, "timeout_s": 2.0}]}), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    with serve(models=[{**entry, "timeout_s": 2.0}], folder=folder) as srv:
         yield srv
 
 

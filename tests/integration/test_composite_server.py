@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 from helpers.fakes import POISON, FakeModel, fake_score, fake_score_ids
+from helpers.models_files import next_models_file
 from helpers.posting import assert_error
 from server_proc import running_server
 
@@ -32,18 +32,6 @@ QUERIES = ["What is 2+2?", "Say hi."]
 RESPONSES = ["4", "Hello! How are you today?"]
 ATOL = 1e-5
 LABELS = ["helpfulness", "safety", "verbosity"]
-
-
-def write_models(
-    tmp_path: Path, entries: list[dict[str, Any]], aggregate: str | None = None
-) -> Path:
-    """A models file with ``entries`` (and ``aggregate`` when given)."""
-    body: dict[str, Any] = {"models": entries}
-    if aggregate is not None:
-        body["aggregate"] = aggregate
-    path = tmp_path / f"models-{len(list(tmp_path.iterdir()))}.yaml"
-    path.write_text(yaml.safe_dump(body), encoding="utf-8")
-    return path
 
 
 def settings(**overrides: Any) -> ServerSettings:
@@ -88,7 +76,7 @@ def loaded(bert_rm: Path, gpt2_rm: Path) -> dict[str, RewardModel]:
 @pytest.fixture
 def two_models(tmp_path: Path, bert_rm: Path, gpt2_rm: Path) -> Iterator[TestClient]:
     """bert (weight 0.5) + gpt2 (weight 2, normalized), loaded from their folders by the app."""
-    path = write_models(
+    path = next_models_file(
         tmp_path,
         [
             {"name": "bert", "model": str(bert_rm), "weight": 0.5},
@@ -165,7 +153,7 @@ def test_aggregates_normalize_before_the_weights(
     single: dict[str, dict[str, dict[str, Any]]],
     aggregate: str,
 ) -> None:
-    path = write_models(
+    path = next_models_file(
         tmp_path,
         [
             {
@@ -176,7 +164,7 @@ def test_aggregates_normalize_before_the_weights(
             },
             {"name": "gpt2", "model": "unused-gpt2", "weight": -1.0},
         ],
-        aggregate,
+        aggregate=aggregate,
     )
     with TestClient(create_app(settings(models=str(path)), models=loaded)) as client:
         body = client.post("/score", json={"texts": TEXTS}).json()
@@ -232,7 +220,7 @@ def test_three_label_head_objectives_by_name(tmp_path: Path, armo_rm: Path, bert
     assert list(logits) == LABELS
     assert plain["scores"] == pytest.approx(logits["helpfulness"])  # label_index 0
     # objectives: the weighted sum of the labels named; several models: "model/label" keys
-    path = write_models(
+    path = next_models_file(
         tmp_path,
         [
             {
@@ -255,7 +243,7 @@ def test_three_label_head_objectives_by_name(tmp_path: Path, armo_rm: Path, bert
     assert info["models"][0]["labels"] == LABELS
     assert info["models"][0]["objectives"] == {"helpfulness": 0.7, "safety": 0.3}
     # label_index still reads one label, from the models file and from the flag
-    path = write_models(tmp_path, [{"name": "armo", "model": str(armo_rm), "label_index": 2}])
+    path = next_models_file(tmp_path, [{"name": "armo", "model": str(armo_rm), "label_index": 2}])
     with TestClient(create_app(settings(models=str(path)))) as client:
         body = client.post("/score", json={"texts": TEXTS}).json()
     assert body["scores"] == pytest.approx(logits["verbosity"], abs=ATOL)
@@ -265,7 +253,7 @@ def test_three_label_head_objectives_by_name(tmp_path: Path, armo_rm: Path, bert
 
 
 def test_objectives_naming_no_label_fail_the_load(tmp_path: Path, armo_rm: Path) -> None:
-    path = write_models(
+    path = next_models_file(
         tmp_path, [{"name": "armo", "model": str(armo_rm), "objectives": {"honesty": 1.0}}]
     )
     app = create_app(settings(models=str(path)))
@@ -300,7 +288,7 @@ class Unpoisoned(FakeModel):
 def test_a_failing_batch_of_one_model_fails_only_its_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = write_models(
+    path = next_models_file(
         tmp_path, [{"name": "a", "model": "fake-a"}, {"name": "b", "model": "fake-b"}]
     )
     a, b = Unpoisoned(), FakeModel()  # b's batch fails on the poison
@@ -339,13 +327,13 @@ def test_a_failing_batch_of_one_model_fails_only_its_request(
 def test_reward_server_serves_a_models_file(
     tmp_path: Path, bert_rm: Path, gpt2_rm: Path, single: dict[str, dict[str, dict[str, Any]]]
 ) -> None:
-    path = write_models(
+    path = next_models_file(
         tmp_path,
         [
             {"name": "bert", "model": str(bert_rm)},
             {"name": "gpt2", "model": str(gpt2_rm), "max_length": 4, "weight": 2.0},
         ],
-        "mean",
+        aggregate="mean",
     )
     # The expected answer comes from single-model apps in process, not from the response:
     # gpt2 alone with its own max_length 4 (its texts over 4 tokens cut on the left).
@@ -374,7 +362,7 @@ def test_a_model_that_does_not_load_is_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The CLI's main() in process; test_server_cli.py runs the console script itself."""
-    path = write_models(
+    path = next_models_file(
         tmp_path,
         [
             {"name": "bert", "model": str(bert_rm)},

@@ -15,14 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
-
-from reward_server.config import ServerSettings
-from reward_server.http.app import create_app
+from helpers.apps import models_app
+from helpers.models_files import length_verifier
 
 ROOT = Path(__file__).resolve().parents[2]
-LENGTH = f"{ROOT / 'tests' / 'verifier_functions.py'}:length"
 
 QUERIES = ["Say hi."] * 3 + ["Count."] * 3 + ["Alone."]
 RESPONSES = ["Hello!", "Hi there, friend.", "Hey", "one", "two", "six", "Solo answer"]
@@ -32,22 +29,11 @@ GROUPS = [[0, 1, 2], [3, 4, 5]]  # item 6 is in none: a group of one
 @pytest.fixture(scope="module")
 def client(llama_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     folder = tmp_path_factory.mktemp("groups")
-    models = {
-        "models": [
-            {"name": "rm", "model": str(llama_rm), "weight": 2.0, "normalize": "group"},
-            {
-                "name": "length",
-                "kind": "verifier",
-                "verifier": "python",
-                "function": LENGTH,
-                "weight": 0.5,
-                "normalize": "group_rank",
-            },
-        ]
-    }
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with TestClient(create_app(ServerSettings(models=str(path), max_wait_ms=1.0))) as c:
+    models = [
+        {"name": "rm", "model": str(llama_rm), "weight": 2.0, "normalize": "group"},
+        length_verifier(weight=0.5, normalize="group_rank"),
+    ]
+    with TestClient(models_app(folder, models)) as c:
         yield c
 
 

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
-from server_proc import ServerProcess, metric, running_server
+from helpers.models_files import write_models
+from server_proc import ServerProcess, metric
 
 from reward_server.config import ServerSettings
 from reward_server.http.app import create_app
@@ -35,10 +35,10 @@ LABELS: list[Any] = ["7", {"tests": [{"input": "x", "output": 2}]}, None]
 
 
 @pytest.fixture(scope="module")
-def server(llama_rm: Path) -> Iterator[ServerProcess]:
-    """A real reward server whose model has a chat template."""
-    with running_server(llama_rm) as srv:
-        yield srv
+def server(llama_server: ServerProcess) -> ServerProcess:
+    """A real reward server whose model has a chat template (shared: its counts are compared
+    before and after)."""
+    return llama_server
 
 
 def post(server: ServerProcess, path: str, body: Any) -> httpx.Response:
@@ -126,6 +126,8 @@ def test_get_reward_takes_openrlhfs_labels(server: ServerProcess) -> None:
 
 def test_slime_string_prompt_is_scored_as_the_pair(server: ServerProcess) -> None:
     url = f"{server.url}/slime/reward"
+    ok = {"endpoint": "/slime/reward", "status": "200"}
+    answered = metric(server.url, "reward_server_requests_total", **ok)
     expected = scores(server, {"queries": QUERIES, "responses": RESPONSES})
     for i, (query, response) in enumerate(zip(QUERIES, RESPONSES, strict=True)):
         reward = slime_remote_rm(url, query, response, LABELS[i])
@@ -133,8 +135,7 @@ def test_slime_string_prompt_is_scored_as_the_pair(server: ServerProcess) -> Non
         assert reward == pytest.approx(expected[i], abs=ATOL)
     counted = metric(server.url, "reward_server_requests_total", endpoint="/slime/reward")
     assert counted == 0  # counted with its status
-    ok = {"endpoint": "/slime/reward", "status": "200"}
-    assert metric(server.url, "reward_server_requests_total", **ok) == len(QUERIES)
+    assert metric(server.url, "reward_server_requests_total", **ok) - answered == len(QUERIES)
 
 
 def test_slime_message_prompt_is_scored_as_the_conversation(server: ServerProcess) -> None:
@@ -189,8 +190,7 @@ def test_slime_gets_the_combined_score_and_needs_the_key(
         {"name": "bert", "model": str(bert_rm), "weight": 0.5},
         {"name": "gpt2", "model": str(gpt2_rm), "weight": 2.0},
     ]
-    models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    models = write_models(tmp_path, entries)
     key = {"Authorization": "Bearer k3y"}
     with TestClient(create_app(ServerSettings(models=str(models), api_key="k3y"))) as client:
         body = {"prompt": QUERIES[0], "response": RESPONSES[0], "label": "7"}

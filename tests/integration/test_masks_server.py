@@ -26,13 +26,14 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
-from server_proc import ServerProcess, free_port, metric, running_server
+from helpers.models_files import python_verifier, verifier_function
+from helpers.posting import score
+from helpers.servers import serve
+from server_proc import ServerProcess, free_port, metric
 
 from reward_server.sandbox import find_bwrap
 
-ROOT = Path(__file__).resolve().parents[2]
-BY_LABEL = f"{ROOT / 'tests' / 'verifier_functions.py'}:by_label"
+BY_LABEL = verifier_function("by_label")
 
 #: Each label's behaviour in tests/verifier_functions.py:by_label, and the reason it gives.
 LABELS = ["ok", "raise", "nan", "string", "exit", "sleep"]
@@ -41,7 +42,7 @@ RESPONSES = ["fine", "b", "c", "d", "e", "f"]
 
 
 def python(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "kind": "verifier", "verifier": "python", "function": BY_LABEL, **extra}
+    return python_verifier(name, BY_LABEL, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -49,40 +50,30 @@ def server(
     gpt2_rm: Path, gpt2_policy: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("masks")
-    models = {
-        "models": [
-            {"name": "rm", "model": str(gpt2_rm), "weight": 0.1},
-            python("check", workers=2, timeout_s=1.5),
-            python("filled", workers=2, timeout_s=1.5, on_error=0.5, weight=0.0),
-            {
-                "name": "down",
-                "kind": "remote",
-                "url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
-                "call_timeout_s": 1.0,
-                "weight": 0.0,
-            },
-            {
-                "name": "judge",
-                "kind": "judge",
-                "model": str(gpt2_policy),
-                "mode": "generate",
-                "template": "{{ response }}",
-                "score_pattern": "Grade: (\\d+) of 100 exactly",
-                "max_new_tokens": 4,
-                "weight": 0.0,
-            },
-        ]
-    }
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=180) as srv:
+    models = [
+        {"name": "rm", "model": str(gpt2_rm), "weight": 0.1},
+        python("check", workers=2, timeout_s=1.5),
+        python("filled", workers=2, timeout_s=1.5, on_error=0.5, weight=0.0),
+        {
+            "name": "down",
+            "kind": "remote",
+            "url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
+            "call_timeout_s": 1.0,
+            "weight": 0.0,
+        },
+        {
+            "name": "judge",
+            "kind": "judge",
+            "model": str(gpt2_policy),
+            "mode": "generate",
+            "template": "{{ response }}",
+            "score_pattern": "Grade: (\\d+) of 100 exactly",
+            "max_new_tokens": 4,
+            "weight": 0.0,
+        },
+    ]
+    with serve(models=models, folder=folder) as srv:
         yield srv
-
-
-def score(server: ServerProcess, **body: Any) -> dict[str, Any]:
-    response = httpx.post(f"{server.url}/score", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()  # type: ignore[no-any-return]
 
 
 def test_each_failure_masks_its_item_with_its_reason(server: ServerProcess) -> None:
@@ -192,10 +183,7 @@ DEADLINE_S = 10.0
 @pytest.fixture(scope="module")
 def hanging(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("hanging")
-    models = {"models": [python("hang", workers=4, timeout_s=30)]}
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    with serve(models=[python("hang", workers=4, timeout_s=30)], folder=folder) as srv:
         yield srv
 
 
@@ -251,13 +239,10 @@ def one_row_passes(
     gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("queued")
-    path = folder / "models.yaml"
-    path.write_text(
-        yaml.safe_dump({"models": [{"name": "rm", "model": str(gpt2_rm)}]}), encoding="utf-8"
-    )
-    flags = ("--models", str(path), "--max-batch-size", "1", "--score-cache-size", "0")
+    flags = ("--max-batch-size", "1", "--score-cache-size", "0")
     flags += ("--max-client-batch", str(max(LONG_SIZES)))
-    with running_server(None, *flags, timeout=120) as srv:
+    rm = {"name": "rm", "model": str(gpt2_rm)}
+    with serve(None, *flags, models=[rm], folder=folder) as srv:
         yield srv
 
 
@@ -371,11 +356,9 @@ def test_a_sandbox_that_fails_masks_its_items(
 ) -> None:
     wrapper, flag = failing_sandbox
     entry = {"name": "code", "kind": "verifier", "verifier": "code", "bwrap": str(wrapper)}
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": [entry]}), encoding="utf-8")
     program = "```python\nprint(sum(map(int, input().split())))\n```"
     body = {"texts": [program], "labels": [{"inputs": ["1 2\n"], "outputs": ["3\n"]}]}
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    with serve(models=[entry], folder=tmp_path) as srv:
         works = httpx.post(f"{srv.url}/score", json=body, timeout=120).json()
         assert works["scores"] == [1.0], works
         flag.touch()

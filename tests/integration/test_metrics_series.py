@@ -13,14 +13,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 from helpers.fakes import FakeModel, settings
-from helpers.models_files import keys_yaml
+from helpers.models_files import keys_yaml, python_verifier
 from helpers.posting import bearer
+from helpers.servers import serve
 from helpers.tenants import KEY_A, KEY_B, WRONG
 from prometheus_client.parser import text_string_to_metric_families
-from server_proc import ServerProcess, free_port, running_server
+from server_proc import ServerProcess, free_port
 
 from reward_server.http.app import create_app
 
@@ -400,33 +400,23 @@ class Started:
 def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     folder = tmp_path_factory.mktemp("metrics")
     (folder / "metrics_functions.py").write_text(FUNCTIONS, encoding="utf-8")
-    models = {
-        "models": [
-            {"name": "rm", "model": str(gpt2_rm)},
-            {"name": "exact", "kind": "verifier", "verifier": "exact", "workers": 1},
-            {
-                "name": "boom",
-                "kind": "verifier",
-                "verifier": "python",
-                "function": f"{folder / 'metrics_functions.py'}:boom",
-                "workers": 1,
-                "weight": 0.0,
-                "on_error": -2.0,
-            },
-            {
-                "name": "away",
-                "kind": "remote",
-                "url": f"http://127.0.0.1:{free_port()}",
-                "call_timeout_s": 0.5,
-                "weight": 0.0,
-                "on_error": 0.0,
-            },
-        ]
-    }
-    (folder / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
+    boom = f"{folder / 'metrics_functions.py'}:boom"
+    models = [
+        {"name": "rm", "model": str(gpt2_rm)},
+        {"name": "exact", "kind": "verifier", "verifier": "exact", "workers": 1},
+        python_verifier("boom", boom, workers=1, weight=0.0, on_error=-2.0),
+        {
+            "name": "away",
+            "kind": "remote",
+            "url": f"http://127.0.0.1:{free_port()}",
+            "call_timeout_s": 0.5,
+            "weight": 0.0,
+            "on_error": 0.0,
+        },
+    ]
     (folder / "keys.yaml").write_text(keys_yaml(("alpha", KEY_A), ("beta", KEY_B)))
-    args = ("--models", str(folder / "models.yaml"), "--api-keys", str(folder / "keys.yaml"))
-    with running_server(None, *args, timeout=300) as srv:
+    keys = ("--api-keys", str(folder / "keys.yaml"))
+    with serve(None, *keys, models=models, folder=folder, timeout=300) as srv:
         yield Started(srv, httpx.get(f"{srv.url}/metrics", timeout=30).text)
 
 

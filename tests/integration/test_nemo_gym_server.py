@@ -19,8 +19,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
-from server_proc import ServerProcess, metric, running_server
+from helpers.models_files import python_verifier
+from helpers.servers import serve
+from server_proc import ServerProcess, metric
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "nemo_gym"
 
@@ -55,16 +56,12 @@ def cases(name: str) -> dict[str, dict[str, Any]]:
     return {case["name"]: case for case in data["cases"]}
 
 
-def serve(folder: Path, models: list[dict[str, Any]]) -> Any:
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
-    return running_server(None, "--models", str(path), timeout=120)
-
-
 @pytest.fixture(scope="module")
 def math_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("nemo_gym_math")
-    with serve(folder, [{"name": "correct", "kind": "verifier", "verifier": "math"}]) as srv:
+    with serve(
+        models=[{"name": "correct", "kind": "verifier", "verifier": "math"}], folder=folder
+    ) as srv:
         yield srv
 
 
@@ -74,15 +71,9 @@ def agent_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     functions = folder / "nemo_gym_functions.py"
     functions.write_text(FUNCTIONS, encoding="utf-8")
 
-    def python(name: str, function: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "kind": "verifier",
-            "verifier": "python",
-            "function": f"{functions}:{function}",
-        }
-
-    with serve(folder, [python("call", "expected_call"), python("answered", "answered")]) as srv:
+    call = python_verifier("call", f"{functions}:expected_call")
+    answered = python_verifier("answered", f"{functions}:answered")
+    with serve(models=[call, answered], folder=folder) as srv:
         yield srv
 
 
@@ -161,7 +152,7 @@ def test_items_without_a_chat_form_are_refused(agent_server: ServerProcess) -> N
 def calls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("nemo_gym_calls")
     entry = {"name": "calls", "kind": "verifier", "verifier": "tool_call", "calls": "trajectory"}
-    with serve(folder, [entry]) as srv:
+    with serve(models=[entry], folder=folder) as srv:
         yield srv
 
 

@@ -21,9 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
+from helpers.models_files import python_verifier, write_models
+from helpers.servers import serve
 from pydantic import ValidationError
-from server_proc import REWARD_SERVER, ServerProcess, free_port, running_server
+from server_proc import REWARD_SERVER, ServerProcess, free_port
 
 from reward_server.config.models_file import parse_entry
 from reward_server.sandbox import Sandbox
@@ -79,16 +80,6 @@ RESPONSES = ["It is 7.", "It is 8, I think."]
 LABELS = [7, 7]
 
 
-def _models(folder: Path, *entries: dict[str, Any]) -> Path:
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": list(entries)}), encoding="utf-8")
-    return path
-
-
-def _python(name: str, function: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "kind": "verifier", "verifier": "python", "function": function, **extra}
-
-
 @pytest.fixture(scope="module")
 def functions(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("sandboxed_functions")
@@ -103,21 +94,22 @@ def server(functions: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     assert reason is None, f"no sandbox on this machine: {reason}"
     folder = tmp_path_factory.mktemp("sandboxed_server")
     box = {"sandbox": "bwrap"}
-    path = _models(
-        folder,
-        _python("inproc", f"{functions}:contains"),
-        _python("boxed", f"{functions}:contains", **box),
-        _python("boxed_module", "sandbox_probe_functions:contains", **box, workers=2),
-        _python("reach_inproc", f"{functions}:reach", timeout_s=10),
-        _python("reach_boxed", f"{functions}:reach", timeout_s=10, **box),
-        _python("sleepy", f"{functions}:forever", timeout_s=TIMEOUT_S, on_error=-1.0, **box),
-        _python("boom", f"{functions}:boom", on_error=-2.0, **box),
-        _python("nan", f"{functions}:nan", on_error=-3.0, **box),
-        _python("leave", f"{functions}:leave", on_error=-4.0, **box),
-    )
+    models = [
+        python_verifier("inproc", f"{functions}:contains"),
+        python_verifier("boxed", f"{functions}:contains", **box),
+        python_verifier("boxed_module", "sandbox_probe_functions:contains", **box, workers=2),
+        python_verifier("reach_inproc", f"{functions}:reach", timeout_s=10),
+        python_verifier("reach_boxed", f"{functions}:reach", timeout_s=10, **box),
+        python_verifier(
+            "sleepy", f"{functions}:forever", timeout_s=TIMEOUT_S, on_error=-1.0, **box
+        ),
+        python_verifier("boom", f"{functions}:boom", on_error=-2.0, **box),
+        python_verifier("nan", f"{functions}:nan", on_error=-3.0, **box),
+        python_verifier("leave", f"{functions}:leave", on_error=-4.0, **box),
+    ]
     # The module form finds its file on the server's sys.path.
     env = {SECRET_ENV: SECRET, "PYTHONPATH": str(functions.parent)}
-    with running_server(None, "--models", str(path), env=env, timeout=120) as srv:
+    with serve(models=models, folder=folder, env=env) as srv:
         yield srv
 
 
@@ -215,8 +207,8 @@ def _start_fails(path: Path) -> str:
 
 def test_no_bwrap_stops_the_server_with_one_line(functions: Path, tmp_path: Path) -> None:
     missing = tmp_path / "no" / "bwrap"
-    entry = _python("boxed", f"{functions}:contains", sandbox="bwrap", bwrap=str(missing))
-    line = _start_fails(_models(tmp_path, entry))
+    entry = python_verifier("boxed", f"{functions}:contains", sandbox="bwrap", bwrap=str(missing))
+    line = _start_fails(write_models(tmp_path, [entry]))
     assert "cannot make a sandbox" in line and str(missing) in line
     assert "sandbox: none" in line  # what to do
 
@@ -224,7 +216,9 @@ def test_no_bwrap_stops_the_server_with_one_line(functions: Path, tmp_path: Path
 def test_a_function_that_cannot_import_in_the_sandbox_stops_the_server(tmp_path: Path) -> None:
     needs = tmp_path / "needs_yaml.py"
     needs.write_text("import yaml\n\n\ndef f(prompt, response, label):\n    return 1.0\n")
-    line = _start_fails(_models(tmp_path, _python("needs", f"{needs}:f", sandbox="bwrap")))
+    line = _start_fails(
+        write_models(tmp_path, [python_verifier("needs", f"{needs}:f", sandbox="bwrap")])
+    )
     assert "in its sandbox" in line and "No module named 'yaml'" in line
 
 

@@ -40,14 +40,14 @@ import httpx
 import pytest
 import requests
 import schemathesis
-import yaml
 from chat_templates import TOOL_FAMILIES
+from helpers.servers import serve
 from hypothesis import HealthCheck, given, settings
 from jsonschema import Draft202012Validator
 from schemathesis import GenerationMode
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from server_proc import ServerProcess, running_server
+from server_proc import ServerProcess
 
 import tiny_models
 
@@ -193,16 +193,9 @@ def fuzzed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
             "function": f"{functions}:count_calls",
         },
     ]
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    with running_server(
-        None,
-        "--models",
-        str(path),
-        "--max-body-bytes",
-        "200000",
-        env={"REWARD_SERVER_API_KEY": API_KEY},
-        timeout=120,
+    env = {"REWARD_SERVER_API_KEY": API_KEY}
+    with serve(
+        None, "--max-body-bytes", "200000", models=entries, folder=folder, env=env
     ) as server:
         yield server
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from helpers.remote import LABELS, QUERIES, RESPONSES, SECRET
+from helpers.servers import serve
 from server_proc import metric, running_server
 
 
@@ -16,24 +16,20 @@ def test_remote_component_equals_the_other_servers_score(gpt2_rm: Path, tmp_path
     body = {"queries": QUERIES, "responses": RESPONSES, "labels": LABELS, "components": True}
     with running_server(gpt2_rm, "--max-wait-ms", "1", timeout=120) as other:
         own = httpx.post(f"{other.url}/score", json=body, timeout=60).json()["scores"]
-        models = {
-            "models": [
-                {
-                    "name": "other",
-                    "kind": "remote",
-                    "url": other.url,
-                    "api_key_env": "OTHER_RM_KEY",
-                    "call_timeout_s": 2,
-                    "on_error": -1.5,
-                    "weight": 0.5,
-                },
-                {"name": "exact", "kind": "verifier", "verifier": "exact"},
-            ]
-        }
-        path = tmp_path / "models.yaml"
-        path.write_text(yaml.safe_dump(models))
+        models = [
+            {
+                "name": "other",
+                "kind": "remote",
+                "url": other.url,
+                "api_key_env": "OTHER_RM_KEY",
+                "call_timeout_s": 2,
+                "on_error": -1.5,
+                "weight": 0.5,
+            },
+            {"name": "exact", "kind": "verifier", "verifier": "exact"},
+        ]
         env = {"OTHER_RM_KEY": SECRET}
-        with running_server(None, "--models", str(path), env=env, timeout=120) as first:
+        with serve(models=models, folder=tmp_path, env=env) as first:
             ok = httpx.post(f"{first.url}/score", json=body, timeout=60)
             info = httpx.get(f"{first.url}/info", timeout=30)
             other.stop()

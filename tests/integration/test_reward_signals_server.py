@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
+from helpers.servers import serve
 from observability_parts import alert_threshold
-from server_proc import ServerProcess, metric, running_server
+from server_proc import ServerProcess, metric
 
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS = ROOT / "tests" / "verifier_functions.py"
@@ -37,9 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         | {"function": f"{FUNCTIONS}:field_{name}"}
         for name, weight in (("a", 1.0), ("b", 0.0))
     ]
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    with running_server(None, "--models", str(path), "--reward-window", str(WINDOW)) as srv:
+    with serve(None, "--reward-window", str(WINDOW), models=entries, folder=folder) as srv:
         yield srv
 
 

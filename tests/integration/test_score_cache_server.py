@@ -7,11 +7,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import yaml
+from helpers.posting import score
+from helpers.servers import serve
 from server_proc import ServerProcess, metric, running_server
 
 import tiny_models
@@ -32,12 +32,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield proc
 
 
-def post(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(f"{server.url}/score", json=body, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def counts(server: ServerProcess, model: str) -> tuple[float, float, float, float]:
     """Hits, misses and duplicates of ``model``, and rows run, so far."""
     url = server.url
@@ -55,9 +49,9 @@ def delta(after: tuple[float, ...], before: tuple[float, ...]) -> tuple[float, .
 
 def test_identical_items_of_a_request_are_scored_once(server: ServerProcess) -> None:
     texts = ["the cat sat", "a dog ran", "the cat sat", "the cat sat", "birds sing"]
-    name = post(server, {"texts": ["warm up"]})["model"]
+    name = score(server, texts=["warm up"])["model"]
     before = counts(server, name)
-    body = post(server, {"texts": texts})
+    body = score(server, texts=texts)
     # Three distinct texts: three rows run, the two repeats copied from the first.
     assert delta(counts(server, name), before) == (0, 3, 2, 3)
     assert body["scores"][0] == body["scores"][2] == body["scores"][3]
@@ -66,7 +60,7 @@ def test_identical_items_of_a_request_are_scored_once(server: ServerProcess) -> 
 
 def test_a_repeated_request_is_answered_from_the_cache_exactly(server: ServerProcess) -> None:
     texts = ["once", "there was a very long text that the server cuts to its limit", "hi"]
-    first = post(server, {"texts": texts})
+    first = score(server, texts=texts)
     assert first["truncated"] == [False, True, False]
     name = first["model"]
     before = counts(server, name)
@@ -78,7 +72,7 @@ def test_a_repeated_request_is_answered_from_the_cache_exactly(server: ServerPro
         struct.pack("<d", s) for s in first["scores"]
     ]
     # A fresh pass of the same request (same batch) gives the same floats.
-    fresh = post(server, {"texts": texts, "cache": False})
+    fresh = score(server, texts=texts, cache=False)
     assert fresh == first
     assert metric(server.url, "reward_server_score_cache_entries") >= 3
     assert metric(server.url, "reward_server_score_cache_bytes") > 0
@@ -86,20 +80,18 @@ def test_a_repeated_request_is_answered_from_the_cache_exactly(server: ServerPro
 
 def test_cache_false_scores_afresh_and_leaves_the_cache(server: ServerProcess) -> None:
     texts = ["fresh every time", "fresh every time", "and this"]
-    name = post(server, {"texts": ["warm up"]})["model"]
+    name = score(server, texts=["warm up"])["model"]
     before = counts(server, name)
-    off = post(server, {"texts": texts, "cache": False})
+    off = score(server, texts=texts, cache=False)
     # Every item runs, the duplicate too, and the cache is neither read nor filled.
     assert delta(counts(server, name), before) == (0, 0, 0, 3)
-    assert post(server, {"texts": texts[:1]})["scores"][0] == pytest.approx(
-        off["scores"][0], abs=1e-5
-    )
+    assert score(server, texts=texts[:1])["scores"][0] == pytest.approx(off["scores"][0], abs=1e-5)
     assert delta(counts(server, name), before) == (0, 1, 0, 4)  # that was a miss
 
 
 def test_the_client_can_bypass_the_cache(server: ServerProcess) -> None:
     texts = ["the client asks", "for fresh scores"]
-    name = post(server, {"texts": texts})["model"]
+    name = score(server, texts=texts)["model"]
     before = counts(server, name)
     with RewardClient(server.url) as client:
         cached = client.score_detailed(texts=texts)
@@ -123,10 +115,10 @@ def test_size_zero_turns_it_off(tmp_path: Path) -> None:
     path = tiny_models.save_bert_reward_model(tmp_path / "bert")
     env = {"REWARD_SERVER_SCORE_CACHE_SIZE": "0"}
     with running_server(path, "--max-wait-ms", "1", env=env) as proc:
-        name = post(proc, {"texts": ["warm up"]})["model"]
+        name = score(proc, texts=["warm up"])["model"]
         before = counts(proc, name)
-        post(proc, {"texts": ["same", "same"]})
-        post(proc, {"texts": ["same"]})
+        score(proc, texts=["same", "same"])
+        score(proc, texts=["same"])
         assert delta(counts(proc, name), before) == (0, 0, 0, 3)
         assert metric(proc.url, "reward_server_score_cache_entries") == 0
 
@@ -142,9 +134,7 @@ def models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
         {"name": "long", "model": str(bert), "max_length": 64},
         {"name": "prm", "model": str(prm), "kind": "process"},
     ]
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
-    with running_server(None, "--models", str(path), "--max-wait-ms", "1") as proc:
+    with serve(None, "--max-wait-ms", "1", models=entries, folder=folder) as proc:
         yield proc
 
 
@@ -156,19 +146,19 @@ def test_another_max_length_misses_and_process_steps_come_back_equal(
         "responses": ["it was good\n\nthe end was bad\n\nso: fine", "short\n\nanswer"],
     }
     url = models_server.url
-    first = post(models_server, pairs)
+    first = score(models_server, **pairs)
     # The two entries read the same token ids (nothing is cut at 32 tokens), yet each
     # missed: its max length is part of its identity.
     assert set(first["components"]) == {"short", "long", "prm"}
     for name in ("short", "long", "prm"):
         assert (metric(url, HITS, model=name), metric(url, MISSES, model=name)) == (0, 2)
-    again = post(models_server, pairs)
+    again = score(models_server, **pairs)
     for name in ("short", "long", "prm"):
         assert (metric(url, HITS, model=name), metric(url, MISSES, model=name)) == (2, 2)
     # Every field, the step scores and their ends included, is the first answer's.
     assert again == first
     assert first["step_scores"] and all(first["step_scores"])
-    fresh = post(models_server, {**pairs, "cache": False})
+    fresh = score(models_server, **{**pairs, "cache": False})
     assert fresh["step_ends"] == first["step_ends"]
     for got, want in zip(fresh["step_scores"], first["step_scores"], strict=True):
         assert got == pytest.approx(want, abs=1e-6)

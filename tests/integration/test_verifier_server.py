@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import yaml
-from server_proc import ServerProcess, metric, running_server
+from helpers.models_files import python_verifier
+from helpers.servers import serve
+from server_proc import ServerProcess, metric
 
 FUNCTIONS = """
 import math, time
@@ -57,28 +58,17 @@ def server(gpt2_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     functions.write_text(FUNCTIONS, encoding="utf-8")
 
     def python(name: str, function: str, **extra: Any) -> dict[str, Any]:
-        return {
-            "name": name,
-            "kind": "verifier",
-            "verifier": "python",
-            "function": f"{functions}:{function}",
-            "weight": 0.0,
-            **extra,
-        }
+        return python_verifier(name, f"{functions}:{function}", weight=0.0, **extra)
 
-    models = {
-        "models": [
-            {"name": "rm", "model": str(gpt2_rm), "weight": 0.1},
-            {"name": "correct", "kind": "verifier", "verifier": "math", "workers": 2},
-            python("length", "length"),
-            python("sleepy", "forever", timeout_s=TIMEOUT_S, on_error=-1.0),
-            python("boom", "boom", on_error=-2.0),
-            python("nan", "nan", on_error=-3.0),
-        ]
-    }
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump(models), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    models = [
+        {"name": "rm", "model": str(gpt2_rm), "weight": 0.1},
+        {"name": "correct", "kind": "verifier", "verifier": "math", "workers": 2},
+        python("length", "length"),
+        python("sleepy", "forever", timeout_s=TIMEOUT_S, on_error=-1.0),
+        python("boom", "boom", on_error=-2.0),
+        python("nan", "nan", on_error=-3.0),
+    ]
+    with serve(models=models, folder=folder) as srv:
         yield srv
 
 
@@ -170,12 +160,8 @@ def test_labels_of_the_wrong_length_are_refused(server: ServerProcess) -> None:
 
 
 def test_a_server_of_verifiers_alone(tmp_path: Path) -> None:
-    models = tmp_path / "models.yaml"
-    models.write_text(
-        yaml.safe_dump({"models": [{"name": "correct", "kind": "verifier", "verifier": "math"}]}),
-        encoding="utf-8",
-    )
-    with running_server(None, "--models", str(models), timeout=120) as srv:
+    correct = {"name": "correct", "kind": "verifier", "verifier": "math"}
+    with serve(models=[correct], folder=tmp_path) as srv:
         body = {"texts": ["so \\boxed{\\frac{1}{2}}", "maybe 3"], "labels": ["0.5", "4"]}
         data = httpx.post(f"{srv.url}/score", json=body, timeout=60).json()
         assert data["scores"] == [1.0, 0.0]

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from helpers.drivers import run_driver
 from helpers.mock_answers import tei_answer
-from server_proc import ServerProcess, running_server
+from server_proc import ServerProcess
 
 from reward_client import RewardServerError
 from reward_client.integrations import verl as adapter
@@ -43,10 +43,9 @@ RESPONSES = [
 
 
 @pytest.fixture(scope="module")
-def server(llama_rm: Path) -> Iterator[ServerProcess]:
-    """A real reward server with a tiny chat-template model."""
-    with running_server(llama_rm) as srv:
-        yield srv
+def server(llama_server: ServerProcess) -> ServerProcess:
+    """A real reward server with a tiny chat-template model (shared)."""
+    return llama_server
 
 
 @pytest.fixture(autouse=True)

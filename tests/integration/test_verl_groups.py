@@ -18,13 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from helpers.drivers import run_driver
-from server_proc import ServerProcess, running_server
+from helpers.models_files import length_verifier
+from helpers.servers import serve
+from server_proc import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "verl_groups_driver.py"
-LENGTH = f"{ROOT / 'tests' / 'verifier_functions.py'}:length"
 N = 3
 CHAT = [{"role": "user", "content": "was the movie good"}]
 PROMPTS: list[Any] = [CHAT, "name a colour"]
@@ -44,18 +44,9 @@ def server(llama_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     folder = tmp_path_factory.mktemp("verl_groups")
     models = [
         {"name": "rm", "model": str(llama_rm), "weight": 1.0, "normalize": "group"},
-        {
-            "name": "length",
-            "kind": "verifier",
-            "verifier": "python",
-            "function": LENGTH,
-            "weight": 0.5,
-            "normalize": "group",
-        },
+        length_verifier(weight=0.5, normalize="group"),
     ]
-    path = folder / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
-    with running_server(None, "--models", str(path), timeout=120) as srv:
+    with serve(models=models, folder=folder) as srv:
         yield srv
 
 

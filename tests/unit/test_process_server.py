@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
+from helpers.apps import models_app
 from helpers.posting import assert_error
 
 import tiny_models
@@ -42,9 +42,7 @@ def chat_prm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def serve(tmp_path: Path, entries: list[dict[str, Any]], **top: Any) -> TestClient:
     """A test client of a server of the models file with ``entries``."""
-    path = tmp_path / f"models-{len(list(tmp_path.iterdir()))}.yaml"
-    path.write_text(yaml.safe_dump({"models": entries, **top}), encoding="utf-8")
-    return TestClient(create_app(ServerSettings(models=str(path), max_wait_ms=1.0)))
+    return TestClient(models_app(tmp_path, entries, top=top))
 
 
 def in_process(path: Path, steps: StepOptions = StepOptions(), **options: Any) -> list[StepResult]:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 from helpers.judges import TEMPLATE, YES_NO, save_judge
+from helpers.models_files import write_models
 
 from reward_server.config import ServerSettings
 from reward_server.config.models_file import parse_entry
@@ -317,8 +317,7 @@ def test_a_logprobs_judge_is_cached_and_a_sampling_judge_is_not(tmp_path: Path) 
         {**judge, "name": "sampled", "mode": "generate", "score_pattern": r"(\d)"}
         | {"max_new_tokens": 2, "temperature": 0.7, "on_error": 0.0},
     ]
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    path = write_models(tmp_path, entries)
     body = {"queries": ["2+2?", "2+2?"], "responses": ["4", "4"], "labels": ["4", "4"]}
 
     def rows(client: TestClient, name: str) -> float:
