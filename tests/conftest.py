@@ -239,6 +239,23 @@ def gpt2_server(shared_server: SharedServers, gpt2_rm: Path) -> Iterator[ServerP
         yield server
 
 
+@pytest.fixture(scope="session")
+def tool_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny Llama reward model whose chat template renders tool use (agent_models'
+    REWARD_TEMPLATE)."""
+    from agent_models import REWARD_TEMPLATE
+
+    path = tmp_path_factory.mktemp("tool_rm")
+    return tiny_models.save_llama_reward_model(path, chat_template=REWARD_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def tool_server(shared_server: SharedServers, tool_rm: Path) -> Iterator[ServerProcess]:
+    """``reward-server --model tool_rm``, the server's defaults (shared)."""
+    with shared_server(tool_rm) as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def llama_server(shared_server: SharedServers, llama_rm: Path) -> Iterator[ServerProcess]:
     """``reward-server --model llama_rm``, the server's defaults (shared)."""

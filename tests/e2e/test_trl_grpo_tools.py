@@ -19,7 +19,6 @@ appending its result, generating again, and calling the reward function.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ import httpx
 import pytest
 from agent_models import (
     QWEN25_TEMPLATE,
-    REWARD_TEMPLATE,
     WEATHER,
     answer_text,
     call_text,
@@ -36,12 +34,11 @@ from agent_models import (
 )
 from datasets import Dataset
 from helpers.training import grpo_config
-from server_proc import ServerProcess, running_server
+from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 from trl.chat_template_utils import qwen2_5_chat_template
 
-import tiny_models
 from reward_client import RewardClient
 from reward_client.integrations.trl import RemoteReward
 
@@ -68,13 +65,8 @@ def agent_bias(path: Path) -> list[list[Any]]:
     return bias
 
 
-@pytest.fixture(scope="module")
-def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A real server with a tiny Llama reward model whose template renders tool use."""
-    path = tmp_path_factory.mktemp("tool_rm")
-    tiny_models.save_llama_reward_model(path, chat_template=REWARD_TEMPLATE)
-    with running_server(path) as server:
-        yield server
+# tool_server: tests/conftest.py's shared server of a tiny Llama reward model whose template
+# renders tool use.
 
 
 class Capture:

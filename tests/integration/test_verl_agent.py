@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from agent_models import (
-    REWARD_TEMPLATE,
     VERL_TOOL_SOURCE,
     WEATHER,
     answer_text,
@@ -31,9 +29,7 @@ from agent_models import (
     save_policy,
 )
 from helpers.drivers import VERL_DIR, require_verl, run_driver
-from server_proc import ServerProcess, require_counterpart, running_server
-
-import tiny_models
+from server_proc import ServerProcess, require_counterpart
 
 DRIVER = Path(__file__).resolve().parents[1] / "verl_agent_driver.py"
 PROMPTS = [
@@ -80,12 +76,10 @@ FUNCTIONS = ("compute_score_async", "compute_score")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A real server with a tiny Llama reward model whose template renders tool use."""
-    path = tmp_path_factory.mktemp("tool_rm")
-    tiny_models.save_llama_reward_model(path, chat_template=REWARD_TEMPLATE)
-    with running_server(path) as srv:
-        yield srv
+def server(tool_server: ServerProcess) -> ServerProcess:
+    """A real server with a tiny Llama reward model whose template renders tool use
+    (shared)."""
+    return tool_server
 
 
 @pytest.fixture(scope="module")
