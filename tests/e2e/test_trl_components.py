@@ -10,7 +10,6 @@ counted from its /metrics.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from counterparts import Counterpart, serving
 from datasets import Dataset
 from fastapi import FastAPI
 from helpers.servers import serve
-from helpers.training import grpo_config
+from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess, metric, score_requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
@@ -81,18 +80,6 @@ async def call_together(
     return list(await asyncio.gather(*(f(prompts, completions) for f in funcs)))
 
 
-class Capture:
-    """Records each /score request body and answer the reward functions exchange."""
-
-    def __init__(self) -> None:
-        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
-
-    async def on_response(self, response: httpx.Response) -> None:
-        await response.aread()
-        if response.request.url.path == "/score" and response.status_code == 200:
-            self.exchanges.append((json.loads(response.request.content), response.json()))
-
-
 # ------------------------------------------------------------------- without TRL
 
 
@@ -105,7 +92,7 @@ def test_components_share_one_request_per_batch(composite_server: ServerProcess)
         helpful, safe = (answer.components[n] for n in NAMES)
         combined = [h + 0.5 * s for h, s in zip(helpful, safe, strict=True)]
         assert answer.scores == pytest.approx(combined, abs=1e-5)
-    capture = Capture()
+    capture = ScoreCapture()
     http = httpx.AsyncClient(timeout=60, event_hooks={"response": [capture.on_response]})
     funcs = RemoteReward(composite_server.url, http_client=http).components(names=NAMES)
     assert [f.__name__ for f in funcs] == list(NAMES)
@@ -191,7 +178,7 @@ def test_a_server_without_a_models_list_asks_for_names() -> None:
 def test_grpo_trains_with_one_reward_function_per_component(
     gpt2_policy: Path, composite_server: ServerProcess, tmp_path: Path
 ) -> None:
-    capture = Capture()
+    capture = ScoreCapture()
     http = httpx.AsyncClient(timeout=60, event_hooks={"response": [capture.on_response]})
     funcs = RemoteReward(composite_server.url, http_client=http).components()
     names = [f.__name__ for f in funcs]

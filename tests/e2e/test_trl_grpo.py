@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from datasets import Dataset
-from helpers.training import grpo_config
+from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from trl import GRPOTrainer
@@ -34,21 +34,6 @@ REWARD_KEY = "rewards/remote_reward/mean"
 # (the tiny Llama reward model, its own chat template): tests/conftest.py's shared servers.
 
 
-class Capture:
-    """Records every /score request body and answer that a RemoteReward exchanges."""
-
-    def __init__(self) -> None:
-        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
-
-    async def on_response(self, response: httpx.Response) -> None:
-        await response.aread()
-        if response.request.url.path == "/score" and response.status_code == 200:
-            self.exchanges.append((json.loads(response.request.content), response.json()))
-
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
-
-
 def policy_tokenizer(path: Path, *, chat: bool) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if chat:
@@ -58,9 +43,9 @@ def policy_tokenizer(path: Path, *, chat: bool) -> PreTrainedTokenizerBase:
 
 def train_grpo(
     policy: Path, url: str, prompts: list[Any], output_dir: Path, *, chat: bool
-) -> tuple[GRPOTrainer, Capture]:
+) -> tuple[GRPOTrainer, ScoreCapture]:
     """Two GRPO steps of 2 prompts x 2 generations, rewarded by RemoteReward(url)."""
-    capture = Capture()
+    capture = ScoreCapture()
     reward = RemoteReward(url, http_client=capture.client())
     config = grpo_config(output_dir)
     trainer = GRPOTrainer(
@@ -74,7 +59,7 @@ def train_grpo(
     return trainer, capture
 
 
-def check_logged_rewards(trainer: GRPOTrainer, capture: Capture) -> None:
+def check_logged_rewards(trainer: GRPOTrainer, capture: ScoreCapture) -> None:
     """Each step's logged reward mean is the mean of what the server answered that step."""
     steps = [h for h in trainer.state.log_history if REWARD_KEY in h]
     assert [h["step"] for h in steps] == [1, 2]

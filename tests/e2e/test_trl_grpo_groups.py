@@ -5,17 +5,15 @@ groups (issue 36, acceptance 3)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from datasets import Dataset
 from helpers.models_files import length_verifier
 from helpers.servers import serve
-from helpers.training import grpo_config
+from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
@@ -41,27 +39,11 @@ def server(bert_rm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield srv
 
 
-class Capture:
-    """Every /score request body and answer the RemoteReward exchanges, in order."""
-
-    def __init__(self) -> None:
-        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
-
-    async def on_response(self, response: httpx.Response) -> None:
-        await response.aread()
-        if response.request.url.path == "/score":
-            assert response.status_code == 200, response.text
-            self.exchanges.append((json.loads(response.request.content), response.json()))
-
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
-
-
 @pytest.mark.timeout(600)
 def test_grpo_sends_its_groups_and_gets_the_server_s_scores(
     gpt2_policy: Path, server: ServerProcess, tmp_path: Path
 ) -> None:
-    capture = Capture()
+    capture = ScoreCapture(strict=True)
     prompts = tiny_models.make_corpus(8, seed=7, min_words=2, max_words=5)
     assert len(set(prompts)) == len(prompts)
     config = grpo_config(

@@ -11,18 +11,15 @@ server's own answers; the last batch's advantages are checked against a hand com
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from datasets import Dataset
 from helpers.servers import serve
-from helpers.training import grpo_config
+from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
@@ -63,21 +60,6 @@ def failing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         yield server
 
 
-class Capture:
-    """Every /score answer the RemoteReward receives, in order."""
-
-    def __init__(self) -> None:
-        self.answers: list[dict[str, Any]] = []
-
-    async def on_response(self, response: httpx.Response) -> None:
-        await response.aread()
-        if response.request.url.path == "/score" and response.status_code == 200:
-            self.answers.append(json.loads(response.content))
-
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
-
-
 def group_advantages(scores: list[float | None]) -> list[float]:
     """TRL's advantage of each completion of one group, by hand: the scored ones against
     the mean and (Bessel) standard deviation of the scored ones alone; 0 for a masked one,
@@ -93,7 +75,7 @@ def group_advantages(scores: list[float | None]) -> list[float]:
 def test_grpo_runs_through_masked_items_and_logs_the_mean_of_the_scored(
     gpt2_policy: Path, failing_server: ServerProcess, tmp_path: Path
 ) -> None:
-    capture = Capture()
+    capture = ScoreCapture()
     reward = RemoteReward(failing_server.url, http_client=capture.client())
     config = grpo_config(
         tmp_path,

@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from agent_models import (
     QWEN25_TEMPLATE,
@@ -33,7 +32,7 @@ from agent_models import (
     save_policy,
 )
 from datasets import Dataset
-from helpers.training import grpo_config
+from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
@@ -69,29 +68,13 @@ def agent_bias(path: Path) -> list[list[Any]]:
 # renders tool use.
 
 
-class Capture:
-    """Every /score request body and answer RemoteReward exchanges, in order."""
-
-    def __init__(self) -> None:
-        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
-
-    async def on_response(self, response: httpx.Response) -> None:
-        await response.aread()
-        if response.request.url.path == "/score":
-            assert response.status_code == 200, response.text
-            self.exchanges.append((json.loads(response.request.content), response.json()))
-
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
-
-
 @pytest.mark.timeout(600)
 def test_grpo_with_tools_rewards_equal_server_scores_of_the_trajectories(
     tool_server: ServerProcess, tmp_path: Path, one_torch_thread: None
 ) -> None:
     assert qwen2_5_chat_template == QWEN25_TEMPLATE  # one add_response_schema recognises
     policy = save_policy(tmp_path / "policy")
-    capture = Capture()
+    capture = ScoreCapture(strict=True)
     reward = RemoteReward(tool_server.url, http_client=capture.client(), tools=[get_weather])
     config = grpo_config(
         tmp_path / "out",

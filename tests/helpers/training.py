@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 import tiny_models
 from ppo_client import PPOConfig
 from reward_server.launcher import free_port
@@ -165,3 +167,32 @@ def accelerate_launch(config: Path, processes: int = 2) -> list[str]:
         "--config",
         str(config),
     ]
+
+
+class ScoreCapture:
+    """Every /score request body and answer that a reward function exchanges over
+    :meth:`client` (or a client with :meth:`on_response` as a response hook), in order.
+
+    ``strict``: a /score answer other than 200 fails the test (in the hook); otherwise only
+    the 200s are recorded."""
+
+    def __init__(self, *, strict: bool = False) -> None:
+        self.strict = strict
+        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def on_response(self, response: httpx.Response) -> None:
+        await response.aread()
+        if response.request.url.path != "/score":
+            return
+        if self.strict:
+            assert response.status_code == 200, response.text
+        if response.status_code == 200:
+            self.exchanges.append((json.loads(response.request.content), response.json()))
+
+    @property
+    def answers(self) -> list[dict[str, Any]]:
+        """The answers alone."""
+        return [answer for _body, answer in self.exchanges]
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=60, event_hooks={"response": [self.on_response]})
