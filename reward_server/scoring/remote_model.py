@@ -216,7 +216,7 @@ class RemoteModel:
         if rate is None and spec.max_rpm is not None:
             rate = RateLimiter(spec.max_rpm)
         inner = self._transport or httpx.AsyncHTTPTransport()
-        # Waiting for a slot is no pool timeout: the slots queue requests, not the pool.
+        # Waiting for a seat is no pool timeout: the seats queue requests, not the pool.
         timeout = httpx.Timeout(self.timeout_s, pool=None)
         http = self._http = httpx.AsyncClient(
             transport=_Limited(inner, spec.max_concurrent, rate, self.timeout_s), timeout=timeout
@@ -228,7 +228,9 @@ class RemoteModel:
             http_client=http,
             timeout=timeout,
             retry=RetryPolicy(timeout=self.timeout_s),
-            max_concurrency=spec.max_concurrent,
+            # A call's chunks (up to a light tenant's burst) wait for their seats together,
+            # so the fair queue sees the request whole; the seats bound the connections.
+            max_concurrency=max(spec.max_concurrent, CALLS_BURST),
             protocol=protocol,
         )
 
