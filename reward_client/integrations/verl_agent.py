@@ -65,7 +65,7 @@ def _trajectory_loop() -> type:
             ToolAgentLoop,
         )
     except ImportError as exc:  # only where verl runs the agent loop: not in this project's images
-        raise ImportError(
+        raise ModuleNotFoundError(
             f"TrajectoryToolAgentLoop subclasses verl's ToolAgentLoop: install verl ({exc})"
         ) from exc
 
