@@ -138,11 +138,15 @@ $(BFCL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps --target $(BFCL_DIR) $(BFCL_PACKAGES)
 	touch $(BFCL_STAMP)
 
-# ruff, then the import contracts of pyproject.toml's [tool.importlinter] (the layers).
+# ruff, the import contracts of pyproject.toml's [tool.importlinter] (the layers), then the
+# source rules a contract cannot state: every queue, semaphore and tenant share of the server
+# in reward_server/scheduling/, and no test module importing another (a second each).
+LINT_TESTS = tests/unit/test_scheduling_boundary.py tests/unit/test_suite_layout.py
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache --no-logo
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(LINT_TESTS)
 
 format: setup
 	$(BIN)/ruff format .
