@@ -14,6 +14,7 @@ built-in exception it is a kind of, so callers may catch either::
     ├── TextTooLongError          (ValueError)    over max_length with truncation off
     ├── ResponseNotFoundError     (ValueError)    a process model finds no response to split
     ├── StepsTruncatedError       (ValueError)    truncation cut every step
+    ├── LabelError                (ValueError)    an item's label is not what its model reads
     ├── TooManyItemsError         (ValueError)    more items than one request may carry
     ├── EmptyTextError            (ValueError)    an item encodes to no tokens
     ├── RunRefusedError           (ValueError)    a program run cannot be made as asked
@@ -43,6 +44,7 @@ __all__ = [
     "ClientDisconnectedError",
     "EmptyTextError",
     "GroupsError",
+    "LabelError",
     "ModelLoadError",
     "ModelNotFoundError",
     "ModelsFileError",
@@ -125,6 +127,12 @@ class ResponseNotFoundError(ServiceError, ValueError):
 
 class StepsTruncatedError(ServiceError, ValueError):
     """Truncation cut every step of an item's response: no step is left to score."""
+
+
+class LabelError(ServiceError, ValueError):
+    """An item's label is not what its model reads (a rubric judge's criteria: not a list,
+    a criterion without text, an unknown category ...); ``str(e)`` names the model, the item
+    and the problem."""
 
 
 class QueueFullError(ServiceError, RuntimeError):

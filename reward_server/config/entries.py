@@ -1,7 +1,8 @@
 """One entry of the models file, one class per kind: what every entry has (:class:`Entry`),
 what every entry that loads a model has (:class:`LoadedEntry`), and the model kinds: reward
 models (:class:`SequenceEntry`), process reward models (:class:`ProcessEntry`) and judges,
-one class per mode (:class:`LogprobsJudge`, :class:`GenerateJudge`, :class:`PairwiseJudge`).
+one class per mode (:class:`LogprobsJudge`, :class:`GenerateJudge`, :class:`PairwiseJudge`,
+:class:`RubricJudge`).
 Verifiers are in :mod:`reward_server.config.verifier_entries`, remote components in
 :mod:`reward_server.config.remote_entry`; :mod:`reward_server.config.models_file` joins them
 in one union told apart by ``kind`` (and a verifier's ``verifier``, a judge's ``mode``).
@@ -35,6 +36,7 @@ from reward_server.config.load_options import LoadOptions
 from reward_server.errors import validation_problem
 
 __all__ = [
+    "DEFAULT_CATEGORIES",
     "REASONING_TAGS",
     "Entry",
     "GenerateJudge",
@@ -45,6 +47,7 @@ __all__ = [
     "PairwiseJudge",
     "ProcessEntry",
     "ReasoningMode",
+    "RubricJudge",
     "SequenceEntry",
     "pattern_groups",
 ]
@@ -53,6 +56,14 @@ __all__ = [
 ReasoningMode = Literal["strip", "keep"]
 #: The tags of a thinking block unless an entry names others.
 REASONING_TAGS = ("<think>", "</think>")
+#: A rubric judge's category weights unless its entry sets its own (Scale's "Rubrics as
+#: Rewards": Essential, Important, Optional, and Pitfalls, whose weight subtracts).
+DEFAULT_CATEGORIES: dict[str, float] = {
+    "essential": 1.0,
+    "important": 0.7,
+    "optional": 0.3,
+    "pitfall": -0.9,
+}
 #: Keys that default to the server's flag of the same name (an entry that loads a model).
 INHERITED_KEYS = (
     "device",
@@ -107,6 +118,8 @@ def numbers_by_name(what: str, field: str, least: int) -> Any:
 Objectives = numbers_by_name("objective weights", "objectives", 1)
 #: A judge's score tokens and their values.
 ScoreTokens = numbers_by_name("score token values", "score_tokens", 2)
+#: A rubric judge's weight of each category.
+CategoryWeights = numbers_by_name("category weights", "categories", 0)
 
 
 def two_tags(value: tuple[str, str] | None, what: str) -> tuple[str, str] | None:
@@ -440,3 +453,85 @@ class PairwiseJudge(JudgeEntry, _Fallible):
     def scores_in_groups(self) -> bool:
         """A pairwise judge compares the responses of a group: requests must send groups."""
         return True
+
+
+class RubricJudge(JudgeEntry, _Fallible):
+    """``kind: judge``, ``mode: rubric``: each item's label carries its rubric, a list of
+    criteria; explicit aggregation judges each criterion in a row of its own and weighs the
+    verdicts, implicit aggregation asks for one rating that sees the whole rubric
+    (:mod:`reward_server.scoring.rubric` states the formulas)."""
+
+    mode: Literal["rubric"]
+    SELECTOR: ClassVar[str] = "mode: rubric"
+
+    aggregation: Literal["explicit", "implicit"] = "explicit"
+    """explicit (one row per criterion, the weighted verdicts over the sum of the positive weights, pitfalls subtracting; the template reads criterion) or implicit (one generated rating per item from a template that reads the whole rubric, normalised with rating_range)."""
+    verdict: Literal["logprobs", "generate"] = "logprobs"
+    """Explicit aggregation: how a criterion's row is judged: logprobs (the probability of the first verdict token, renormalised over the two, one forward pass) or generate (an answer whose verdict_pattern match is the first or the second verdict token)."""
+    verdict_tokens: tuple[str, str] = ("Yes", "No")
+    """The two answers, yes first (the criterion holds) then no; with verdict: logprobs each must be one token of the judge's tokenizer."""
+    verdict_pattern: str | None = None
+    """verdict: generate: a regular expression with one group holding the verdict (matched against verdict_tokens, case ignored); default: the first of the two verdict tokens found as a word."""
+    verdict_threshold: float = Field(default=0.5, gt=0, le=1)
+    """A criterion is met when its probability of yes is at least this; a required criterion that fails (not met, or a pitfall met) gives the rubric's minimum score, and /metrics counts the items failing each category by it."""
+    categories: CategoryWeights = Field(default_factory=lambda: dict(DEFAULT_CATEGORIES))
+    """The weight of each category a criterion may name instead of its own weight (negative: a pitfall); default essential 1.0, important 0.7, optional 0.3, pitfall -0.9."""
+    score_pattern: str | None = Field(default=None, min_length=1)
+    """aggregation: implicit: a regular expression with one group, the rating (default: the first number in the answer)."""
+    rating_range: tuple[float, float] = (1.0, 10.0)
+    """aggregation: implicit: the lowest and the highest rating; a rating x scores (x - low) / (high - low), one outside is masked (out_of_range)."""
+    max_new_tokens: int = Field(default=32, ge=1, le=4096)
+    """Most new tokens of a generated verdict or rating."""
+    temperature: float = Field(default=0.0, ge=0)
+    """Sampling temperature of generated answers (0: greedy)."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling when temperature is above 0."""
+
+    @property
+    def generates(self) -> bool:
+        """Whether the judge writes answers (implicit, or verdict: generate)."""
+        return self.aggregation == "implicit" or self.verdict == "generate"
+
+    @property
+    def rating_pattern(self) -> str:
+        """The implicit rating's pattern: score_pattern, else the first number."""
+        return self.score_pattern or r"(-?\d+(?:\.\d+)?)"
+
+    @property
+    def verdict_regex(self) -> str:
+        """The generated verdict's pattern: verdict_pattern, else either verdict token as a
+        word (case ignored)."""
+        if self.verdict_pattern is not None:
+            return self.verdict_pattern
+        words = "|".join(re.escape(t.strip()) for t in self.verdict_tokens)
+        return rf"(?i)(?<!\w)({words})(?!\w)"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RubricJudge:
+        first, second = self.verdict_tokens
+        if not first.strip() or not second.strip() or first.strip() == second.strip():
+            raise ValueError("verdict_tokens: two different, non-empty answers (yes, then no)")
+        for key in ("verdict_pattern", "score_pattern"):
+            pattern = getattr(self, key)
+            try:
+                one_group(pattern)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{key} {pattern!r}: {str(exc).replace('score_pattern', key)}"
+                ) from None
+        if self.aggregation == "implicit" and self.verdict_pattern is not None:
+            raise ValueError(
+                "verdict_pattern is for aggregation: explicit (implicit reads score_pattern)"
+            )
+        if self.aggregation == "explicit" and self.score_pattern is not None:
+            raise ValueError("score_pattern is for aggregation: implicit (explicit reads verdicts)")
+        if self.verdict == "logprobs" and self.verdict_pattern is not None:
+            raise ValueError("verdict_pattern is for verdict: generate")
+        low, high = self.rating_range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(
+                f"rating_range: two finite numbers, low < high, not {list(self.rating_range)}"
+            )
+        if self.top_p is not None and self.temperature == 0:
+            raise ValueError("top_p samples: give a temperature above 0 too (0: greedy)")
+        return self

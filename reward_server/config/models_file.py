@@ -54,6 +54,18 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         answer_tokens: ["A", "B"]   # each one token: the first says response_a is better
         pairs: all               # or k: each response against about k others (O(n k))
         pairwise_aggregate: win_rate   # or bradley_terry; on_error (mask): no opponent
+      - name: rubric             # each item's label is its rubric: a list of criteria
+        kind: judge              #   {text, weight or category, required}
+        model: /models/small-instruct-lm
+        mode: rubric
+        template: |              # Jinja: criterion (its text) and category, rubric (all of
+          Question: {{ prompt }} #   them), prompt, response, label, messages
+          Answer: {{ response }}
+          Does the answer satisfy this criterion? {{ criterion }}
+          Reply Yes or No.
+        aggregation: explicit    # one row per criterion; or implicit: one generated rating
+        verdict: logprobs        # or generate (verdict_pattern); verdict_tokens [Yes, No]
+        categories: {essential: 1.0, important: 0.7, optional: 0.3, pitfall: -0.9}
       - name: other              # scored by another HTTP service through reward_client
         kind: remote
         url: http://rm-host:8000 # or a list; dns+http:// as in reward_client
@@ -109,6 +121,7 @@ from reward_server.config.entries import (
     Normalize,
     PairwiseJudge,
     ProcessEntry,
+    RubricJudge,
     SequenceEntry,
 )
 from reward_server.config.remote_entry import RemoteEntry
@@ -149,6 +162,7 @@ KINDS: tuple[type[Entry], ...] = (
     LogprobsJudge,
     GenerateJudge,
     PairwiseJudge,
+    RubricJudge,
     MathVerifier,
     ExactVerifier,
     RegexVerifier,
@@ -216,11 +230,16 @@ def _tagged(cls: type[Entry]) -> Any:
 
 
 Judge = Annotated[
-    Union[_tagged(LogprobsJudge), _tagged(GenerateJudge), _tagged(PairwiseJudge)],  # noqa: UP007
+    Union[  # noqa: UP007
+        _tagged(LogprobsJudge),
+        _tagged(GenerateJudge),
+        _tagged(PairwiseJudge),
+        _tagged(RubricJudge),
+    ],
     Discriminator(
-        lambda v: _field(v, "mode", "logprobs", ("logprobs", "generate", "pairwise")),
+        lambda v: _field(v, "mode", "logprobs", ("logprobs", "generate", "pairwise", "rubric")),
         custom_error_type="judge_mode",
-        custom_error_message="mode: Input should be 'logprobs', 'generate' or 'pairwise'",
+        custom_error_message="mode: Input should be 'logprobs', 'generate', 'pairwise' or 'rubric'",
     ),
 ]
 Verifier = Annotated[

@@ -19,6 +19,7 @@ from reward_server.errors import (
     ClientDisconnectedError,
     EmptyTextError,
     GroupsError,
+    LabelError,
     ModelLoadError,
     ModelNotFoundError,
     ModelsFileError,
@@ -97,6 +98,7 @@ _KINDS_BY_STATUS: dict[int, dict[type[BaseException], str]] = {
         RunRefusedError: "run_refused",
         BadDeadlineError: "bad_deadline",
         GroupsError: "bad_groups",
+        LabelError: "bad_label",
     },
     429: {QueueFullError: "queue_full", TenantLimitError: "tenant_limit"},
     # nginx's "client closed request": nobody reads it, but metrics count it.

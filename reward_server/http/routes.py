@@ -84,6 +84,7 @@ def _score_response(scored: Scored, body: ScoreRequest) -> ScoreResponse:
         masked=scored.masked(),
         verifier_errors=scored.verifier_errors(),
         tests=scored.tests(),
+        criteria=scored.criteria(),  # type: ignore[arg-type]
     )
 
 

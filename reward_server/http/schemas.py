@@ -389,6 +389,19 @@ class ScoreRequest(BaseModel):
         return 0
 
 
+class CriterionVerdict(BaseModel):
+    """A rubric judge's verdict on one criterion of one item."""
+
+    verdict: bool = Field(
+        description="Whether the judge said yes (probability at least the entry's "
+        "verdict_threshold); for a pitfall (negative weight), yes means it was committed."
+    )
+    probability: float = Field(description="The judge's probability of yes (1 or 0 generated).")
+    weight: float = Field(description="The criterion's weight (its own, or its category's).")
+    category: str | None = Field(description="Its category, null when given by weight alone.")
+    required: bool = Field(description="Whether failing it gives the rubric's minimum score.")
+
+
 class ScoreResponse(BaseModel):
     """Scores in request order, with the tokens scored and truncation per item; the
     breakdown fields are left out when they do not apply."""
@@ -451,6 +464,13 @@ class ScoreResponse(BaseModel):
         "memory_exceeded, output_exceeded, sandbox_error or skipped (null for an item "
         "whose label held no usable tests). The tests passed and their number are in "
         "objectives as passed and total ('model/passed' when several models score).",
+    )
+    criteria: dict[str, list[list[CriterionVerdict] | None]] | None = Field(
+        default=None,
+        description="Per rubric judge (mode: rubric, aggregation: explicit): each item's "
+        "criteria in its rubric's order, each with the judge's verdict and probability of yes, "
+        "its weight, category and whether it is required (null for an item that failed: its "
+        "reason is in verifier_errors).",
     )
 
 

@@ -4,6 +4,10 @@ gives it and the scoring pipeline combines it. Plain data: no torch, no HTTP."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reward_server.scoring.rubric import CriterionVerdict
 
 __all__ = ["UNCLOSED_REASONING", "ItemResult"]
 
@@ -46,3 +50,8 @@ class ItemResult:
     #: Why a verifier scored the item below its best when that is not a failure (a tool_call
     #: verifier's ``wrong_function``, a format verifier's ``no_answer``); else None.
     note: str | None = None
+    #: Rubric judges (explicit aggregation): each criterion's verdict, in the rubric's order;
+    #: None for other models, for implicit aggregation and for an item that failed.
+    criteria: tuple[CriterionVerdict, ...] | None = None
+    #: Rubric judges: per category of the item's rubric, whether a criterion of it failed.
+    failed_categories: tuple[tuple[str, bool], ...] = ()

@@ -17,11 +17,15 @@ judge's reply too). An answer without a match (or whose group is not a finite nu
 ``reward_server_verifier_errors_total{model,reason="parse_failure"}`` (the verifiers' counter).
 The prompt is cut to ``max_length - max_new_tokens`` tokens, leaving room for the answer.
 
+``mode: rubric`` judges each criterion of an item's rubric (its label) in a row of its own, or
+rates the item against its whole rubric (:mod:`reward_server.scoring.rubric_model`, served by
+:class:`~reward_server.scoring.rubric_model.RubricJudgeModel`).
+
 ``mode: pairwise`` compares the responses of a request's groups two at a time
 (:mod:`reward_server.scoring.pairwise_model`, served by :class:`~reward_server.scoring.
 pairwise_model.PairwiseJudgeModel`).
 
-All three modes run on the transformers engine (:mod:`reward_server.engines._judge`) and on the
+All four modes run on the transformers engine (:mod:`reward_server.engines._judge`) and on the
 vLLM engine (:mod:`reward_server.engines._vllm_judge`: continuous batching, the prefix cache
 shared by prompts that begin alike, e.g. a GRPO group's).
 """
@@ -40,12 +44,14 @@ from reward_server.config.entries import (
     JudgeEntry,
     LogprobsJudge,
     PairwiseJudge,
+    RubricJudge,
 )
 from reward_server.engines import DEFAULT_ENGINE, Scorer
 from reward_server.errors import ModelLoadError
 from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, judge_prompts
 from reward_server.scoring.pairwise_model import PAIRWISE_VARIABLES, PairwiseJudgeModel
+from reward_server.scoring.rubric_model import RUBRIC_VARIABLES, RubricJudgeModel
 from reward_server.scoring.served import BatchedModel, Tokenized, _check_rows
 from reward_server.text.judge_prompt import JudgeTemplate
 
@@ -157,7 +163,7 @@ class JudgeModel(BatchedModel):
 
 def load_judge(
     spec: JudgeEntry, options: LoadOptions, engine: str
-) -> JudgeModel | PairwiseJudgeModel:
+) -> JudgeModel | PairwiseJudgeModel | RubricJudgeModel:
     """Load the judge of a ``kind: judge`` entry on the calling thread (the registry's compute
     thread): its template, then its causal LM; ModelLoadError when either fails."""
     modules = {DEFAULT_ENGINE: "_judge", "vllm": "_vllm_judge"}
@@ -167,20 +173,60 @@ def load_judge(
     module = importlib.import_module(f"reward_server.engines.{modules[engine]}")
     if isinstance(spec, PairwiseJudge):
         return _load_pairwise(spec, options, module)
+    if isinstance(spec, RubricJudge):
+        return _load_rubric(spec, options, module)
     template = JudgeTemplate.from_setting(spec.template, spec.name)
     if isinstance(spec, GenerateJudge):
-        generation = module.Generation(spec.max_new_tokens, spec.temperature, spec.top_p)
-        scorer = cast("JudgeScorer", module.load(options, None, generation))
-        if scorer.max_length - spec.max_new_tokens < 1:
-            scorer.close()
-            raise ModelLoadError(
-                f"max_new_tokens {spec.max_new_tokens} leaves no room for a prompt in the "
-                f"max_length {scorer.max_length} of {spec.name!r}"
-            )
+        scorer = _load_generating(spec, options, module)
     else:
         assert isinstance(spec, LogprobsJudge) and spec.score_tokens is not None
         scorer = cast("JudgeScorer", module.load(options, spec.score_tokens))
     return JudgeModel(spec, scorer, template)
+
+
+def _load_generating(
+    spec: GenerateJudge | RubricJudge, options: LoadOptions, module: Any
+) -> JudgeScorer:
+    """The causal LM of a judge that writes answers, with room for a prompt."""
+    generation = module.Generation(spec.max_new_tokens, spec.temperature, spec.top_p)
+    scorer = cast("JudgeScorer", module.load(options, None, generation))
+    if scorer.max_length - spec.max_new_tokens < 1:
+        scorer.close()
+        raise ModelLoadError(
+            f"max_new_tokens {spec.max_new_tokens} leaves no room for a prompt in the "
+            f"max_length {scorer.max_length} of {spec.name!r}"
+        )
+    return scorer
+
+
+def _load_rubric(spec: RubricJudge, options: LoadOptions, module: Any) -> RubricJudgeModel:
+    """A rubric judge: its template (which must read ``criterion`` with explicit aggregation,
+    ``rubric`` and not ``criterion`` with implicit), and its causal LM: a generating judge,
+    or a logprobs judge whose score tokens are the verdict tokens, valued 1 and 0."""
+    assert spec.template is not None
+    template = JudgeTemplate.from_setting(spec.template, spec.name, RUBRIC_VARIABLES)
+    if spec.aggregation == "explicit" and "criterion" not in template.reads:
+        raise ModelLoadError(
+            f"judge template of {spec.name!r} does not read criterion: with aggregation: "
+            "explicit each row judges one criterion (put {{ criterion }} last, so that an "
+            "item's rows share their head)"
+        )
+    if spec.aggregation == "implicit" and (
+        "rubric" not in template.reads or template.reads & {"criterion", "category"}
+    ):
+        raise ModelLoadError(
+            f"judge template of {spec.name!r}: with aggregation: implicit one row sees the "
+            "whole rubric: read rubric (each criterion's text, weight, category, required), "
+            "not criterion or category"
+        )
+    if spec.generates:
+        return RubricJudgeModel(spec, _load_generating(spec, options, module), template)
+    yes, no = spec.verdict_tokens
+    try:
+        scorer = cast("JudgeScorer", module.load(options, {yes: 1.0, no: 0.0}))
+    except ModelLoadError as exc:  # its words for the verdict tokens
+        raise ModelLoadError(str(exc).replace("score token", "verdict token")) from exc
+    return RubricJudgeModel(spec, scorer, template)
 
 
 def _load_pairwise(spec: PairwiseJudge, options: LoadOptions, module: Any) -> PairwiseJudgeModel:

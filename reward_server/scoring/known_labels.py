@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from reward_server.config.entries import RubricJudge
 from reward_server.config.tenants import DEFAULT_TENANT
 from reward_server.scoring.item_result import UNCLOSED_REASONING
 from reward_server.scoring.pairwise import NO_OPPONENT, NON_FINITE
+from reward_server.scoring.rubric import OUT_OF_RANGE, PARSE_FAILURE, UNCATEGORISED
 from reward_server.verifiers import REASONS
 
 if TYPE_CHECKING:
@@ -57,6 +59,9 @@ class ModelSeries:
     remote_errors: tuple[str, ...] = ()
     #: The reasons its items can be masked with (``masked_items``).
     masked: tuple[str, ...] = (_DEADLINE,)
+    #: A rubric judge's categories (its entry's and ``uncategorised``), whose items and
+    #: failed items are counted.
+    rubric_categories: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, spec: ModelSpec, *, cached: bool) -> ModelSeries:
@@ -75,7 +80,15 @@ class ModelSeries:
             verifier_errors=failures if counter == "verifier" else (),
             remote_errors=failures if counter == "remote" else (),
             masked=tuple(masked),
+            rubric_categories=_rubric_categories(spec),
         )
+
+
+def _rubric_categories(spec: ModelSpec) -> tuple[str, ...]:
+    """A rubric judge's categories: its entry's, and the one of criteria given by weight."""
+    if isinstance(spec, RubricJudge):
+        return (*spec.categories, UNCATEGORISED)
+    return ()
 
 
 def _failures(spec: ModelSpec) -> tuple[tuple[str, ...], str | None]:
@@ -87,6 +100,10 @@ def _failures(spec: ModelSpec) -> tuple[tuple[str, ...], str | None]:
         return _REMOTE_REASONS, "remote"
     if spec.kind == "judge" and spec.mode == "generate":
         return ("parse_failure",), "verifier"
+    if isinstance(spec, RubricJudge):
+        if spec.aggregation == "implicit":
+            return (PARSE_FAILURE, OUT_OF_RANGE), "verifier"
+        return ((PARSE_FAILURE,) if spec.verdict == "generate" else ()), "verifier"
     if spec.kind == "judge" and spec.mode == "pairwise":
         return (NO_OPPONENT, NON_FINITE), None
     return (), None

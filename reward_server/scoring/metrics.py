@@ -375,6 +375,8 @@ class Metrics:
                 counted.append(self.score_cache_duplicates)
             for metric in counted:
                 zeros(metric, (name,))
+            for metric in (self.rubric_items, self.rubric_failed_items):
+                zeros(metric, ({**name, "category": c} for c in model.rubric_categories))
             for metric, reasons in (
                 (self.verifier_errors, model.verifier_errors),
                 (self.remote_errors, model.remote_errors),
@@ -410,6 +412,20 @@ class Metrics:
         by_reason = (*model, "reason")
         self.verifier_errors, self.remote_errors, self.masked_items = (
             self._counter(name, doc, by_reason) for name, doc in _REASON_COUNTERS
+        )
+        # Rubric judges: the share of items failing a category is failed / items.
+        by_category = (*model, "category")
+        self.rubric_items = self._counter(
+            "rubric_items",
+            "Items a rubric judge scored whose rubric has a criterion of the category, by "
+            "model and category (uncategorised: criteria given by weight alone).",
+            by_category,
+        )
+        self.rubric_failed_items = self._counter(
+            "rubric_failed_items",
+            "Items a rubric judge scored that failed a criterion of the category (not met, or "
+            "a pitfall committed), by model and category; / rubric_items = the share failing.",
+            by_category,
         )
         self.model_dropped_rows = self._counter(
             "model_dropped_rows",
@@ -493,6 +509,14 @@ class Metrics:
     def on_verifier_error(self, model: str, reason: str) -> None:
         """Count one item a verifier scored on_error, by reason."""
         self.verifier_errors.labels(model=model, reason=reason).inc()
+
+    def on_rubric_item(self, model: str, categories: Iterable[tuple[str, bool]]) -> None:
+        """Count one item a rubric judge scored: each category of its rubric, and whether
+        the item failed it."""
+        for category, failed in categories:
+            self.rubric_items.labels(model=model, category=category).inc()
+            if failed:
+                self.rubric_failed_items.labels(model=model, category=category).inc()
 
     def on_masked(self, model: str, reason: str) -> None:
         """Count one item ``model`` masked, by reason."""

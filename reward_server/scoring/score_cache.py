@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from reward_server.config.entries import GenerateJudge
+from reward_server.config.entries import GenerateJudge, RubricJudge
 from reward_server.config.models_file import ModelSpec
 from reward_server.scoring.metrics import CacheState
 
@@ -64,7 +64,7 @@ def caches_kind(spec: ModelSpec) -> bool:
     """Whether a model of this entry is cached (and its identical rows deduplicated).
 
     ``sequence``, ``process`` and ``judge`` in ``logprobs`` mode run one deterministic
-    forward pass per row: cached. A judge in ``mode: generate`` is cached when greedy
+    forward pass per row: cached. A judge in ``mode: generate`` (or a rubric judge) is cached when greedy
     (``temperature: 0``) and not when it samples: a duplicate or repeated item must draw a
     sample of its own, not the first one's. Verifiers and ``kind: remote`` never reach this
     cache (their served models do not use it): a verifier reads text and label, not token
@@ -73,8 +73,8 @@ def caches_kind(spec: ModelSpec) -> bool:
     """
     if spec.kind in ("sequence", "process"):
         return True
-    if isinstance(spec, GenerateJudge):
-        return spec.temperature == 0
+    if isinstance(spec, GenerateJudge | RubricJudge):
+        return spec.temperature == 0  # a rubric judge's logprobs verdicts: 0 too
     return spec.kind == "judge"
 
 

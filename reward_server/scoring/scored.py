@@ -1,6 +1,6 @@
 """A request's results as the scoring pipeline returns them: the answer's scores and each
 scoring model's own results, with the views the routes answer with (components, objectives,
-verifier errors, test verdicts, process steps).
+verifier errors, test verdicts, rubric criteria, process steps).
 
 A masked item (its reward could not be computed: a failure of a model whose entry masks, or
 the request's deadline) has None for a score, wherever the score is shown, and its reason in
@@ -8,6 +8,7 @@ the request's deadline) has None for a score, wherever the score is shown, and i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from reward_server.scoring.item_result import ItemResult
@@ -98,6 +99,20 @@ class Scored:
             name: [None if r.tests is None else list(r.tests) for r in results]
             for name, results in self.results.items()
             if any(r.tests is not None for r in results)
+        }
+        return out or None
+
+    def criteria(self) -> dict[str, list[list[dict[str, object]] | None]] | None:
+        """Per rubric judge with explicit aggregation: each item's criteria verdicts, in its
+        rubric's order (verdict, probability, weight, category, required; None for an item
+        that failed); None when no such judge scored."""
+        out = {
+            name: [
+                None if r.criteria is None else [dataclasses.asdict(c) for c in r.criteria]
+                for r in results
+            ]
+            for name, results in self.results.items()
+            if any(r.criteria is not None for r in results)
         }
         return out or None
 

@@ -29,7 +29,9 @@ A pairwise judge's template (``mode: pairwise``) compares two responses to one p
 reads ``prompt``, ``messages`` and ``label`` as above and ``response_a``, ``response_b`` (the
 two responses, in the order shown) instead of ``response``
 (:data:`reward_server.scoring.pairwise_model.PAIRWISE_VARIABLES`,
-:meth:`JudgeTemplate.render_variables`).
+:meth:`JudgeTemplate.render_variables`). A rubric judge's template (``mode: rubric``) reads
+the item's variables and ``criterion``, ``category`` (one criterion's text and category) or
+``rubric`` (every criterion) (:data:`reward_server.scoring.rubric_model.RUBRIC_VARIABLES`).
 
 The template runs in Jinja's sandbox with strict undefined variables: a name it does not know
 is refused at load, an attribute an item lacks fails that request (ChatTemplateError, 422).
@@ -66,6 +68,7 @@ __all__ = [
     "JudgeTemplate",
     "fit_prompt",
     "is_template_file",
+    "item_variables",
     "joined_prompt",
 ]
 
@@ -124,6 +127,18 @@ def fit_prompt(item: JudgePrompt, reads: frozenset[str], rendering: ToolRenderin
         )
         prompt = joined_prompt(as_text)
     return replace(item, prompt=prompt, response=response)
+
+
+def item_variables(item: JudgePrompt) -> dict[str, Any]:
+    """The template's variables of one item (:data:`JUDGE_VARIABLES`)."""
+    return {
+        "prompt": item.prompt,
+        "response": item.response,
+        "label": item.label,
+        "messages": item.messages,
+        "tool_calls": item.tool_calls,
+        "tools": item.tools,
+    }
 
 
 def is_template_file(template: str) -> bool:
@@ -191,20 +206,7 @@ class JudgeTemplate:
         """Each item's prompt text (ChatTemplateError naming the item that fails; tool calls,
         results and tools the template does not read: :func:`fit_prompt`)."""
         fitted = [fit_prompt(item, self.reads, rendering) for item in items]
-        return self.render_variables(
-            [
-                {
-                    "prompt": item.prompt,
-                    "response": item.response,
-                    "label": item.label,
-                    "messages": item.messages,
-                    "tool_calls": item.tool_calls,
-                    "tools": item.tools,
-                }
-                for item in fitted
-            ],
-            "item",
-        )
+        return self.render_variables([item_variables(item) for item in fitted], "item")
 
     def render_variables(self, each: Sequence[Mapping[str, Any]], what: str) -> list[str]:
         """The template rendered with each mapping of variables (ChatTemplateError naming

@@ -16,8 +16,8 @@ pytest puts ``tests/`` on the import path (``pythonpath`` in pyproject.toml): a 
   commands (``ppo-client``, ``accelerate launch``) and environments, their logs;
 - :mod:`helpers.fakes`: the fake scorer behind an in-process app;
   :mod:`helpers.mock_answers`: answers behind ``httpx.MockTransport``;
-- :mod:`helpers.judges`, :mod:`helpers.rubric_judge`, :mod:`helpers.pairwise`: the judges'
-  tiny models, entries and independent references;
+- :mod:`helpers.judges`, :mod:`helpers.rubric_judge`, :mod:`helpers.pairwise`,
+  :mod:`helpers.rubrics`: the judges' tiny models, entries and independent references;
 - :mod:`helpers.tenants`, :mod:`helpers.pki`, :mod:`helpers.load`, :mod:`helpers.remote`,
   :mod:`helpers.protocols`, :mod:`helpers.server_cli`, :mod:`helpers.clients`,
   :mod:`helpers.dns`, :mod:`helpers.repository`: what several test files need of one subject;

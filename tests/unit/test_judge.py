@@ -171,7 +171,7 @@ def test_generate_mode_without_a_pattern_is_refused_at_start(
         ({"score_tokens": None}, "kind: judge needs 'score_tokens'"),
         ({"score_tokens": {"Yes": 1.0}}, "score_tokens: Dictionary should have at least 2"),
         ({"score_tokens": {"Yes": 1.0, "No": float("nan")}}, "must be finite numbers (No)"),
-        ({"mode": "vote"}, "mode: Input should be 'logprobs', 'generate' or 'pairwise'"),
+        ({"mode": "vote"}, "mode: Input should be 'logprobs', 'generate', 'pairwise' or 'rubric'"),
         ({"label_index": 1}, "label_index: only for kind: sequence or process"),
         ({"adapter": "/a"}, "adapter: only for kind: sequence or process"),
         (
