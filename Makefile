@@ -36,9 +36,25 @@ TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERV
 	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 REWARD_SERVER_TEST_PROMETHEUS=1 \
 	REWARD_SERVER_TEST_BFCL=1 REWARD_SERVER_TEST_LOCK="$(LOCK)"
 
-.PHONY: setup test test-unit test-learning lint format demo bench soak clean docs lock prometheus
+.PHONY: setup test test-unit test-learning lint format demo bench soak clean docs lock prometheus wordnet
 
-setup: $(STAMP) $(VERL_STAMP) $(BFCL_STAMP) $(OPENRLHF_WHEEL) prometheus
+setup: $(STAMP) $(VERL_STAMP) $(BFCL_STAMP) $(OPENRLHF_WHEEL) prometheus wordnet
+
+# Debian's wordnet-base (WordNet 3.0 in /usr/share/wordnet): the synonyms of the METEOR
+# metric of kind: grader's text_similarity (reward_server/verifiers/graders/similarity.py;
+# nltk's own download cannot be made here). Installed as root with apt-get where missing;
+# elsewhere a line says so (METEOR then matches exact words and stems only).
+wordnet:
+	@if [ -f /usr/share/wordnet/data.noun ]; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends wordnet-base >/dev/null \
+			|| { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends wordnet-base >/dev/null; } \
+			|| echo "make setup: apt-get could not install wordnet-base; METEOR runs without synonyms"; \
+	else \
+		echo "make setup: /usr/share/wordnet missing (Debian: apt-get install wordnet-base, as root)"; \
+	fi
 
 # Debian's prometheus package (/usr/bin/prometheus and /usr/bin/promtool) for the tests of
 # deploy/observability (tests/integration/test_alert_rules.py, test_observability_prometheus.py),

@@ -44,6 +44,8 @@ def type_name(annotation: Any) -> str:
     """A field's type as a reader writes it: ``int | None``, ``'left' | 'right'``."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:  # a tagged union's member (kind: grader's grader object)
+        return type_name(args[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a) for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -79,6 +79,14 @@ reward models behind one endpoint, each with its own tokenizer, chat template an
         # openai-chat: template, score_pattern (one group), max_new_tokens (16), temperature
         # mode: generate: score_pattern (a regex, one group: the number), max_new_tokens (32),
         # temperature (0: greedy) and top_p, on_error (mask: an answer without a number)
+      - name: rft                # an OpenAI grader object, verbatim (the graders guide)
+        kind: grader
+        grader: {type: string_check, name: exact, operation: eq,
+                 input: "{{ sample.output_text }}", reference: "{{ item.answer }}"}
+        # or grader_file: FILE (JSON or YAML); workers (1); timeout_s (120: a python
+        # grader's time per item), memory_mb (2048), disk_mb (1024), sandbox (bwrap);
+        # embedding_model (cosine); models: {grader model name: entry of this file};
+        # on_error (mask; 0 is OpenAI's behaviour)
 
 What the numbers mean: a model's own score per item is the raw logit of its ``label_index``,
 or with ``objectives`` the sum over its labels of weight x raw logit; a judge's, the expected
@@ -124,6 +132,7 @@ from reward_server.config.entries import (
     RubricJudge,
     SequenceEntry,
 )
+from reward_server.config.grader_entry import GraderEntry
 from reward_server.config.remote_entry import RemoteEntry
 from reward_server.config.verifier_entries import (
     CodeVerifierEntry,
@@ -150,7 +159,7 @@ __all__ = [
     "read_models_file",
 ]
 
-ModelKind = Literal["sequence", "process", "verifier", "judge", "remote"]
+ModelKind = Literal["sequence", "process", "verifier", "judge", "remote", "grader"]
 #: How several models' scores combine (the top-level ``aggregate``; the arithmetic is in
 #: :mod:`reward_server.scoring.aggregate`).
 AggregateName = Literal["weighted_sum", "mean", "min"]
@@ -171,6 +180,7 @@ KINDS: tuple[type[Entry], ...] = (
     ToolCallVerifier,
     FormatVerifier,
     RemoteEntry,
+    GraderEntry,
 )
 
 
@@ -258,13 +268,17 @@ ModelSpec = Annotated[
         Annotated[Judge, Tag("<kind: judge>")],
         Annotated[Verifier, Tag("<kind: verifier>")],
         Annotated[RemoteEntry, Tag("<kind: remote>")],
+        Annotated[GraderEntry, Tag("<kind: grader>")],
     ],
     Discriminator(
         lambda v: _field(
-            v, "kind", "sequence", ("sequence", "process", "judge", "verifier", "remote")
+            v,
+            "kind",
+            "sequence",
+            ("sequence", "process", "judge", "verifier", "remote", "grader"),
         ),
         custom_error_type="model_kind",
-        custom_error_message="kind is sequence, process, verifier, judge or remote",
+        custom_error_message="kind is sequence, process, verifier, judge, remote or grader",
     ),
 ]
 

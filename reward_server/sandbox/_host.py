@@ -162,12 +162,14 @@ def bwrap_argv(
     root_bytes: int,
     files: list[tuple[int, str]],
     tools: Sequence[tuple[int, str]] = (),
+    mounts: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """bwrap's arguments for one item, up to the command: every namespace new, toolchains
     read-only, one bounded tmpfs at :data:`SANDBOX_ROOT` holding the program's files (from
     the descriptors ``files``: ``(fd, path relative to prog/)``) and the sandbox's own
     executables (``tools``: ``(fd, name)``, beside ``prog/``), the rest of the tree
-    read-only."""
+    read-only. ``mounts``: more host folders, read-only, each ``(host path, path inside)``
+    (a python grader's packages, mounted where their host path says nothing of the host)."""
     argv = [
         bwrap,
         "--unshare-all",  # user, PID, network, IPC, UTS, mount and cgroup namespaces
@@ -190,8 +192,8 @@ def bwrap_argv(
     for path in (*_ETC, *sorted(p for pattern in _ETC_GLOBS for p in glob.glob(pattern))):
         if os.path.exists(path):
             argv += ["--ro-bind", path, path]
-    for path in binds:
-        argv += ["--ro-bind", path, path]
+    for host, inside in [*((path, path) for path in binds), *mounts]:
+        argv += ["--ro-bind", host, inside]
     root = SANDBOX_ROOT
     argv += [
         "--proc",

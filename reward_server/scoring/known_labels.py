@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from prometheus_client import Counter, Gauge, Histogram
 
 from reward_server.config.entries import RubricJudge
+from reward_server.config.graders import GRADER_FLAGS
 from reward_server.config.tenants import DEFAULT_TENANT
 from reward_server.scoring.item_result import UNCLOSED_REASONING
 from reward_server.scoring.pairwise import NO_OPPONENT, NON_FINITE
@@ -98,6 +99,8 @@ def _failures(spec: ModelSpec) -> tuple[tuple[str, ...], str | None]:
         return REASONS, "verifier"
     if spec.kind == "remote":
         return _REMOTE_REASONS, "remote"
+    if spec.kind == "grader":
+        return (*GRADER_FLAGS, _DEADLINE), "verifier"
     if spec.kind == "judge" and spec.mode == "generate":
         return ("parse_failure",), "verifier"
     if isinstance(spec, RubricJudge):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from reward_server.config import LoadOptions
 from reward_server.config.models_file import ModelSpec
 from reward_server.errors import ModelLoadError
+from reward_server.scoring.grader_model import load_grader
 from reward_server.scoring.judge_model import load_judge
 from reward_server.scoring.remote_model import load_remote
 from reward_server.scoring.served import ServedModel, load_served_model
@@ -28,6 +29,8 @@ def load_model(spec: ModelSpec, base: LoadOptions, engine: str, *, from_file: bo
         return load_verifier(spec)
     if spec.kind == "remote":
         return load_remote(spec)
+    if spec.kind == "grader":
+        return load_grader(spec)
     if not from_file:  # a plain --model server: the flags alone
         return load_served_model(spec, base, engine)
     load = load_judge if spec.kind == "judge" else load_served_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-__all__ = ["REASONS", "Graded", "Reason", "Task", "Verdict"]
+__all__ = ["REASONS", "Failed", "Graded", "Reason", "Task", "Verdict"]
 
 #: Why an item got ``on_error`` instead of its verifier's score:
 #:
@@ -44,6 +44,9 @@ class Task:
     tool_calls: list[dict[str, Any]] | None = None
     #: The response message's ``reasoning_content`` where the entry keeps the thinking.
     reasoning: str | None = None
+    #: An OpenAI grader object brought by the request (the graders API's pool runs each
+    #: task's own); None for every other verifier.
+    grader: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,15 @@ class Graded:
 
     score: float
     note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A built-in verifier's failure with a reason of its own (a grader's: OpenAI's error
+    flag, :data:`reward_server.config.graders.GRADER_FLAGS`) and its detail for the log."""
+
+    reason: str
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +79,8 @@ class Verdict:
 
     score: float
     extras: dict[str, float]
-    error: Reason | None = None
+    #: One of :data:`REASONS`, or a grader's flag (:class:`Failed`).
+    error: str | None = None
     tests: tuple[str, ...] | None = None
     #: Why a rule gave less than full marks (a tool_call or format verifier's reason); not
     #: a failure: the score stands.

@@ -7,9 +7,10 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from reward_server.verifiers.formats import FormatOptions
+from reward_server.verifiers.graders.python_sandbox import GraderLimits
 from reward_server.verifiers.tool_calls import ToolCallOptions
 
 __all__ = [
@@ -22,7 +23,7 @@ __all__ = [
 
 #: The verifiers a :class:`~reward_server.verifiers.VerifierPool` runs (``code`` runs in
 #: :mod:`reward_server.verifiers.code` instead).
-VerifierName = Literal["math", "exact", "regex", "python", "tool_call", "format"]
+VerifierName = Literal["math", "exact", "regex", "python", "tool_call", "format", "grader"]
 #: Where a python verifier's function runs: ``none``, in the pool's worker processes (with
 #: the server's rights); ``bwrap``, each item's call in a bubblewrap sandbox of its own
 #: (:mod:`reward_server.verifiers.sandboxed`).
@@ -60,6 +61,11 @@ class VerifierOptions:
     trajectory: bool = False
     #: format only: the shape asked for.
     format: FormatOptions | None = None
+    #: grader only: the OpenAI grader object (None: each task brings its own), its python
+    #: leaves' limits, and the embedding model of its cosine leaves (a local folder).
+    grader: dict[str, Any] | None = None
+    grader_limits: GraderLimits | None = None
+    embedding_model: str | None = None
 
 
 def split_function(spec: str) -> tuple[str, str]:
@@ -110,7 +116,14 @@ def check_options(options: VerifierOptions) -> VerifierOptions:
 
 def _check_owners(options: VerifierOptions) -> None:
     """ValueError for an option of one verifier given to another."""
-    owners = (("function", "python"), ("tool_call", "tool_call"), ("format", "format"))
+    owners = (
+        ("function", "python"),
+        ("tool_call", "tool_call"),
+        ("format", "format"),
+        ("grader", "grader"),
+        ("grader_limits", "grader"),
+        ("embedding_model", "grader"),
+    )
     for field, verifier in owners:
         if getattr(options, field) is not None and options.verifier != verifier:
             raise ValueError(f"{field} is for the {verifier} verifier, not {options.verifier!r}")

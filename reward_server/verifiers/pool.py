@@ -64,7 +64,7 @@ from reward_server.errors import ModelLoadError, NotRunningError
 from reward_server.scheduling.fair_queue import FairQueue
 from reward_server.verifiers.call import Call
 from reward_server.verifiers.deadline import past, remaining
-from reward_server.verifiers.items import Task, Verdict
+from reward_server.verifiers.items import REASONS, Task, Verdict
 from reward_server.verifiers.options import VerifierOptions, check_options
 from reward_server.verifiers.worker import Outcome, worker_main
 
@@ -293,7 +293,10 @@ def outcome_verdict(name: str, position: int, outcome: Outcome, on_error: float)
     )
     if reason == "error" and text:
         logger.debug("verifier %r: item %d raised:\n%s", name, position, text)
-    return Verdict(score=on_error, extras={}, error=reason)
+    # A built-in's own failure (a grader's flag) keeps its last line: the graders API
+    # answers with it (python_grader_runtime_error_details).
+    own = last if reason not in REASONS else None
+    return Verdict(score=on_error, extras={}, error=reason, note=own or None)
 
 
 def _exited(process: BaseProcess) -> bool:

@@ -42,6 +42,7 @@ from reward_server.verifiers.answers import (
     label_texts,
 )
 from reward_server.verifiers.formats import FormatOptions, format_score
+from reward_server.verifiers.graders.python_sandbox import GraderLimits
 from reward_server.verifiers.items import Graded, Task
 from reward_server.verifiers.options import VerifierOptions, split_function
 from reward_server.verifiers.tool_calls import ToolCallOptions, score_tool_calls
@@ -63,6 +64,11 @@ def build(options: VerifierOptions) -> Check:
         return _tool_call_check(options.tool_call or ToolCallOptions(), options.trajectory)
     if options.verifier == "format":
         return _format_check(options.format or FormatOptions())
+    if options.verifier == "grader":
+        from reward_server.verifiers.graders.check import grader_check
+
+        limits = options.grader_limits or GraderLimits()
+        return grader_check(options.grader, limits, options.embedding_model)
     rule: Rule
     if options.verifier == "math":
         rule = _math_check()

@@ -37,14 +37,14 @@ from types import FrameType
 from typing import Any
 
 from reward_server.errors import one_line
-from reward_server.verifiers.items import Graded, Reason, Task
+from reward_server.verifiers.items import Failed, Graded, Task
 from reward_server.verifiers.options import VerifierOptions
 
 __all__ = ["Outcome", "coerce", "worker_main"]
 
 #: One item's outcome on the wire: (reason or None, score, extras, detail): the detail of a
 #: failure is for the log; of a success, the rule's note (why it gave less than full marks).
-Outcome = tuple[Reason | None, float, dict[str, float], str | None]
+Outcome = tuple[str | None, float, dict[str, float], str | None]
 
 _PR_SET_PDEATHSIG = 1
 #: Thread pools of numerical libraries a user's function may import: one thread each,
@@ -83,7 +83,10 @@ def _real(value: Any) -> float | None:
 
 def coerce(value: Any) -> Outcome:
     """A verifier's return value as an outcome: a number, a dict of numbers with "score", or a
-    built-in's :class:`~reward_server.verifiers.items.Graded`."""
+    built-in's :class:`~reward_server.verifiers.items.Graded` (or its
+    :class:`~reward_server.verifiers.items.Failed`)."""
+    if isinstance(value, Failed):
+        return (value.reason, 0.0, {}, value.detail)
     if isinstance(value, Graded):
         if not math.isfinite(value.score):
             return ("non_finite", 0.0, {}, f"returned {value.score!r}")
