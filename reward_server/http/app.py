@@ -23,6 +23,7 @@ from reward_server.config.tenants import TenantKeys
 from reward_server.engines import Scorer
 from reward_server.http.compat import (
     nemo_gym,
+    openai_graders,
     openrlhf,
     protocol_error_bodies,
     sandbox_fusion,
@@ -87,6 +88,8 @@ def create_app(
     app.include_router(slime.router)  # slime's remote_rm: /slime/reward
     app.include_router(sandbox_fusion.router)  # SandboxFusion's /run_code
     app.include_router(nemo_gym.router)  # NeMo Gym's resources server: /verify, /seed_session
+    app.include_router(openai_graders.router)  # OpenAI's /v1/fine_tuning/alpha/graders/*
+    app.include_router(openai_graders.endpoint_router)  # the endpoint grader: /v1/graders/NAME
     if settings.tenants is None:
         _drop_security_from_openapi(app)
     install_error_handlers(app)
@@ -94,7 +97,7 @@ def create_app(
         BodyLimitMiddleware,
         limit=settings.max_body_bytes,
         metrics=http_metrics,
-        error_bodies=protocol_error_bodies(vllm.router, tei.router),
+        error_bodies=protocol_error_bodies(vllm.router, tei.router, openai_graders.router),
     )
     app.add_middleware(MetricsMiddleware, metrics=http_metrics)
     return app

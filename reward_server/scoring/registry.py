@@ -33,6 +33,7 @@ from reward_server.config.models_file import ModelSpec
 from reward_server.engines import Scorer
 from reward_server.errors import ModelLoadError, UnknownModelError
 from reward_server.scoring.code_runs import CodeRuns
+from reward_server.scoring.grader_runs import GraderRuns
 from reward_server.scoring.loading import load_model
 from reward_server.scoring.metrics import Metrics, RegistryState
 from reward_server.scoring.score_cache import ScoreCache, caches_kind
@@ -101,6 +102,9 @@ class ModelRegistry:
         #: Program runs on request (/run_code) in the first code verifier's sandbox; made
         #: once the models start.
         self.code_runs: CodeRuns | None = None
+        #: Graders brought by requests (OpenAI's graders API); made once the models start,
+        #: its pool at its first call.
+        self.grader_runs: GraderRuns | None = None
 
     # ------------------------------------------------------------------ what is served
 
@@ -255,6 +259,7 @@ class ModelRegistry:
         self.metrics.declare_models([model.spec for model in self.served], caches_kind)
         self.draining = False
         self.code_runs = _code_runs(self.served, self.settings.max_queue)
+        self.grader_runs = GraderRuns(self.settings.max_queue)
         for model in self.served:
             self._warn_limits(model)
         if len(self.served) > 1:
@@ -299,6 +304,9 @@ class ModelRegistry:
             self._tokenizer = None
         self.served = []
         self.code_runs = None
+        if self.grader_runs is not None:
+            await asyncio.to_thread(self.grader_runs.close)
+            self.grader_runs = None
         if self._compute is not None:
             await asyncio.wrap_future(self._compute.submit(self._close_owned))
         self._end_compute_thread()
