@@ -9,7 +9,7 @@ rubric's minimum.
 
 from __future__ import annotations
 
-import math
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -116,11 +116,21 @@ def aggregate(label: Any, probs: Sequence[float], threshold: float) -> tuple[flo
     return 1.0, False
 
 
-def threshold_between(values: Sequence[float]) -> float:
-    """A verdict threshold that some of ``values`` reach and some do not (the midpoint of
-    the two middle ones, sorted)."""
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    cut = (ordered[mid - 1] + ordered[mid]) / 2
-    assert not math.isclose(ordered[mid - 1], ordered[mid]), ordered
-    return cut
+def mixed_threshold(probs: Sequence[Sequence[float]], labels: Sequence[Any] = RUBRICS) -> float:
+    """A verdict threshold at which some required criterion of ``labels`` fails and another
+    holds (``probs``: each item's criteria's probabilities of yes)."""
+    required = sorted(
+        {
+            p
+            for label, ps in zip(labels, probs, strict=True)
+            for c, p in zip(criteria_of(label), ps, strict=True)
+            if c.get("required")
+        }
+        | {0.5}
+    )
+    for t in [(a + b) / 2 for a, b in itertools.pairwise(required)] + [0.5]:
+        gated = [aggregate(label, ps, t)[1] for label, ps in zip(labels, probs, strict=True)]
+        kept = [g for g, label in zip(gated, labels, strict=True) if criteria_of(label)]
+        if any(gated) and not all(kept):
+            return t
+    raise AssertionError(f"no threshold mixes gated and kept items: {required}")

@@ -8,7 +8,6 @@ Generated verdicts and implicit ratings: the judge trained to answer ``Score: N`
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,6 @@ from helpers.rubric_judge import ANSWERS
 from helpers.rubric_judge import reference_answers as generated
 
 
-def _threshold(probs: list[list[float]]) -> float:
-    """A verdict threshold at which some required criterion fails and another holds."""
-    required = [
-        (p, rubrics.weight_of(c) < 0)
-        for label, ps in zip(rubrics.RUBRICS, probs, strict=True)
-        for c, p in zip(rubrics.criteria_of(label), ps, strict=True)
-        if c.get("required")
-    ]
-    values = sorted({p for p, _ in required} | {0.5})
-    for t in [(a + b) / 2 for a, b in itertools.pairwise(values)] + [0.5]:
-        gated = [
-            rubrics.aggregate(label, ps, t)[1]
-            for label, ps in zip(rubrics.RUBRICS, probs, strict=True)
-        ]
-        if any(gated) and not all(
-            g for g, label in zip(gated, rubrics.RUBRICS, strict=True) if label
-        ):
-            return t
-    raise AssertionError(f"no threshold mixes gated and kept items: {required}")
-
-
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_rubric_scores_equal_the_independent_computation(
     judges: dict[str, Path], tmp_path: Path, family: str
@@ -50,7 +28,7 @@ def test_rubric_scores_equal_the_independent_computation(
     folder = judges[family]
     labels = rubrics.RUBRICS
     probs = rubrics.probabilities(folder, rubrics.QUERIES, rubrics.RESPONSES, labels)
-    threshold = _threshold(probs)
+    threshold = rubrics.mixed_threshold(probs)
     want = [
         rubrics.aggregate(label, ps, threshold) for label, ps in zip(labels, probs, strict=True)
     ]
