@@ -261,7 +261,16 @@ def _signal_families(snapshot: SignalsSnapshot) -> Iterator[GaugeMetricFamily]:
     for a in snapshot.agreements:
         if a.agreement is not None:
             agreement.add_metric([a.model, a.other, a.tenant], a.agreement)
+    rubric = family(
+        "rubric_failed_ratio",
+        "Share of a rubric judge's last items with a criterion of the category that failed one "
+        "(not met, or a pitfall committed), by model, tenant and category.",
+        ["model", "tenant", "category"],
+    )
+    for r in snapshot.rubrics:
+        rubric.add_metric([r.model, r.tenant, r.category], r.failed_ratio)
     yield from (items, score, mean, std, chars, chars_mean, correlation, masked, failed, agreement)
+    yield rubric
 
 
 class _SignalsCollector:

@@ -154,6 +154,9 @@ class ScoringPipeline:
         for name, results in scored.results.items():
             failed = [r.error is not None for r in results]
             signals.record(tenant, name, components[name], failed, chars)
+            judged = [r.failed_categories for r in results if r.failed_categories]
+            if judged:
+                signals.record_rubric(tenant, name, judged)
         if scored.name not in scored.results:
             # Failed: any model failed on the item (masked, or filled with its on_error).
             failed = [

@@ -15,6 +15,11 @@ monitors included), the last ``window`` items both scored are kept as pairs of s
 Spearman rank correlation is the components' agreement: a reward model and a verifier that
 stop ranking the same responses alike are the other early sign of a hacked reward model.
 
+For each rubric judge (``mode: rubric``), per tenant and category, the last ``window`` items
+whose rubric has a criterion of that category are kept as whether the item failed one: the
+share failing each category (an "essential" share falling while the score climbs is a judge
+being gamed on the easy criteria).
+
 Characters, not tokens: the models of a composite use different tokenizers, and the
 response's text is the one thing they share. Everything here is bounded: models come from the
 models file, tenants from the keys file, and each series holds ``window`` items.
@@ -37,6 +42,7 @@ __all__ = [
     "Distribution",
     "RecentSummary",
     "RewardSignals",
+    "RubricSummary",
     "SignalsSnapshot",
     "pearson",
     "spearman",
@@ -99,11 +105,25 @@ class AgreementSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class RubricSummary:
+    """One rubric judge's recent items of one category, for one tenant, at a scrape."""
+
+    model: str
+    tenant: str
+    category: str
+    #: Items held (each with a criterion of the category).
+    items: int
+    #: Share of them that failed a criterion of the category.
+    failed_ratio: float
+
+
+@dataclass(frozen=True, slots=True)
 class SignalsSnapshot:
     """Every window at a scrape."""
 
     recent: tuple[RecentSummary, ...] = ()
     agreements: tuple[AgreementSummary, ...] = ()
+    rubrics: tuple[RubricSummary, ...] = ()
 
 
 def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float | None:
@@ -194,6 +214,7 @@ class RewardSignals:
         self.window = window
         self._items: dict[tuple[str, str], _Recent[_Item]] = {}
         self._pairs: dict[tuple[str, str, str], _Recent[tuple[float, float]]] = {}
+        self._rubrics: dict[tuple[str, str, str], _Recent[bool]] = {}
         # The pipeline records on the event loop; a scrape may read from another thread.
         self._lock = threading.Lock()
 
@@ -229,11 +250,27 @@ class RewardSignals:
                 both = zip(scores[a], scores[b], strict=True)
                 pairs.extend((x, y) for x, y in both if x is not None and y is not None)
 
+    def record_rubric(
+        self, tenant: str, model: str, categories: Iterable[Sequence[tuple[str, bool]]]
+    ) -> None:
+        """Add one request's items as a rubric judge judged them: per item, each category
+        of its rubric and whether the item failed it."""
+        if self.window <= 0:
+            return
+        with self._lock:
+            for item in categories:
+                for category, failed in item:
+                    recent = self._rubrics.get((model, tenant, category))
+                    if recent is None:
+                        recent = self._rubrics[(model, tenant, category)] = _Recent(self.window)
+                    recent.extend([failed])
+
     def snapshot(self) -> SignalsSnapshot:
         """Every window summarised now."""
         with self._lock:
             items = {key: recent.values() for key, recent in self._items.items()}
             pairs = {key: recent.values() for key, recent in self._pairs.items()}
+            rubrics = {key: recent.values() for key, recent in self._rubrics.items()}
         recent = tuple(
             _summary(model, tenant, held) for (model, tenant), held in sorted(items.items())
         )
@@ -244,4 +281,9 @@ class RewardSignals:
                 xs, ys = zip(*held, strict=True)
                 agreement = spearman(xs, ys)
             agreements.append(AgreementSummary(a, b, tenant, len(held), agreement))
-        return SignalsSnapshot(recent, tuple(agreements))
+        by_category = tuple(
+            RubricSummary(model, tenant, category, len(held), sum(held) / len(held))
+            for (model, tenant, category), held in sorted(rubrics.items())
+            if held
+        )
+        return SignalsSnapshot(recent, tuple(agreements), by_category)

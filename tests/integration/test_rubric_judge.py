@@ -65,7 +65,8 @@ def test_rubric_scores_equal_the_independent_computation(
 
 
 def test_categories_failed_are_counted(judges: dict[str, Path], tmp_path: Path) -> None:
-    """/metrics: per category, the items whose rubric has it and those failing it."""
+    """/metrics: per category, the items whose rubric has it and those failing it, and the
+    reward signals' share failing it."""
     folder = judges["gpt2"]
     labels = rubrics.RUBRICS
     probs = rubrics.probabilities(folder, rubrics.QUERIES, rubrics.RESPONSES, labels)
@@ -91,6 +92,10 @@ def test_categories_failed_are_counted(judges: dict[str, Path], tmp_path: Path) 
         assert (
             f"reward_server_rubric_failed_items_total{labels_} {float(failed.get(name, 0))}" in text
         )
+    # The reward signals: the share of the window's items failing each category they have.
+    for name, n in items.items():
+        labels_ = f'{{category="{name}",model="rubric",tenant="default"}}'
+        assert f"reward_server_reward_rubric_failed_ratio{labels_} {failed[name] / n}" in text
 
 
 BAD_RUBRICS: list[tuple[Any, str]] = [

@@ -23,6 +23,7 @@ from reward_server.scoring.rubric import (
     parse_verdict,
     rubric_of,
 )
+from reward_server.scoring.signals import RewardSignals
 
 CATS = {"essential": 1.0, "important": 0.5, "pitfall": -2.0}
 
@@ -171,3 +172,15 @@ def test_the_entry_defaults_and_checks() -> None:
     for extra, message in bad:
         with pytest.raises(ModelsFileError, match=re.escape(message)):
             parse_models_file({"models": [_entry(**extra)]})
+
+
+def test_the_reward_signals_keep_a_window_per_category() -> None:
+    signals = RewardSignals(window=3)
+    both = (("a", True), ("b", False))
+    signals.record_rubric("t", "m", [both, both, (("a", False),), (("a", False),)])
+    got = {r.category: (r.items, r.failed_ratio) for r in signals.snapshot().rubrics}
+    assert got == {"a": (3, pytest.approx(1 / 3)), "b": (2, 0.0)}
+    assert {(r.model, r.tenant) for r in signals.snapshot().rubrics} == {("m", "t")}
+    off = RewardSignals(window=0)
+    off.record_rubric("t", "m", [both])
+    assert off.snapshot().rubrics == ()
