@@ -29,16 +29,19 @@ VERL_STAMP := $(VERL_DIR)/.installed
 # bfcl-eval for tests/integration/test_bfcl_agreement.py, without its pins (see its rule below).
 BFCL_DIR := $(VENV)/bfcl
 BFCL_STAMP := $(BFCL_DIR)/.installed
+# Prime Intellect's verifiers for tests/integration/test_verifiers_rubric.py (see its rule below).
+VERIFIERS_DIR := $(VENV)/verifiers
+VERIFIERS_STAMP := $(VERIFIERS_DIR)/.installed
 
 # Real counterparts (vLLM, kubectl, Ray, duplicates, verl, bfcl-eval) fail their tests when missing
 # instead of skipping them (see the comments above the test target).
 TEST_GATES := REWARD_SERVER_TEST_VLLM=1 REWARD_SERVER_TEST_KUBECTL=1 REWARD_SERVER_TEST_RAY=1 \
 	REWARD_SERVER_TEST_DUPLICATES=1 REWARD_SERVER_TEST_VERL=1 REWARD_SERVER_TEST_PROMETHEUS=1 \
-	REWARD_SERVER_TEST_BFCL=1 REWARD_SERVER_TEST_LOCK="$(LOCK)"
+	REWARD_SERVER_TEST_BFCL=1 REWARD_SERVER_TEST_VERIFIERS=1 REWARD_SERVER_TEST_LOCK="$(LOCK)"
 
 .PHONY: setup test test-unit test-learning lint format demo bench soak clean docs lock prometheus wordnet
 
-setup: $(STAMP) $(VERL_STAMP) $(BFCL_STAMP) $(OPENRLHF_WHEEL) prometheus wordnet
+setup: $(STAMP) $(VERL_STAMP) $(BFCL_STAMP) $(VERIFIERS_STAMP) $(OPENRLHF_WHEEL) prometheus wordnet
 
 # Debian's wordnet-base (WordNet 3.0 in /usr/share/wordnet): the synonyms of the METEOR
 # metric of kind: grader's text_similarity (reward_server/verifiers/graders/similarity.py;
@@ -154,6 +157,21 @@ $(BFCL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps --target $(BFCL_DIR) $(BFCL_PACKAGES)
 	touch $(BFCL_STAMP)
 
+# verifiers 0.4 (Prime Intellect), for tests/integration/test_verifiers_rubric.py's tasks scored
+# through the server. It pins openai<3 (this venv has 3.x) and Prime's own packages; the
+# import of verifiers.v1 needs, beyond this venv, what is listed here (each found by importing
+# it until nothing was missing; prime-sandboxes 0.5 wants connectrpc<0.12, which wants
+# protobuf-py 0.1.1). So they go without their pins into a folder of its own inside the venv,
+# on no path (the test puts it first on a subprocess's PYTHONPATH): openai 2.x shadows 3.x
+# there only.
+VERIFIERS_PACKAGES := verifiers==0.4.0 openai==2.54.0 prime-pydantic-config==0.4.3 \
+	renderers==0.1.12 distro==1.9.0 prime-sandboxes==0.5.1 tenacity==9.2.1 connectrpc==0.11.1 \
+	pyqwest==0.12.0 protobuf-py==0.1.1 aiofiles==25.1.0 tomli-w==1.2.0
+$(VERIFIERS_STAMP): $(STAMP)
+	rm -rf $(VERIFIERS_DIR)
+	$(BIN)/python -m pip install -q --no-deps --target $(VERIFIERS_DIR) $(VERIFIERS_PACKAGES)
+	touch $(VERIFIERS_STAMP)
+
 # ruff, the import contracts of pyproject.toml's [tool.importlinter] (the layers), then the
 # source rules a contract cannot state: every queue, semaphore and tenant share of the server
 # in reward_server/scheduling/, and no test module importing another (a second each).
@@ -173,6 +191,7 @@ format: setup
 # REWARD_SERVER_TEST_RAY=1: the Ray Serve tests likewise without Ray;
 # REWARD_SERVER_TEST_VERL=1: the runs of verl's own reward managers likewise without verl;
 # REWARD_SERVER_TEST_BFCL=1: the agreement with BFCL's own checker likewise without bfcl-eval;
+# REWARD_SERVER_TEST_VERIFIERS=1: the verifiers tasks scored by the server likewise without it;
 # REWARD_SERVER_TEST_DUPLICATES=1: the repeated-code check likewise without `duplicates`;
 # REWARD_SERVER_TEST_PROMETHEUS=1: the alert-rule and dashboard tests likewise without
 # Debian's prometheus (prometheus and promtool).

@@ -18,6 +18,7 @@ BREAKDOWN = (
     "step_ends",
     "steps_dropped",
     "outcome_scores",
+    "criteria",
 )
 
 #: The reason of a masked item whose answer says only that it is masked (a ``null`` score
@@ -44,7 +45,10 @@ class ScoreResult:
     (model name -> its own scores), ``objectives`` (label name -> raw logits),
     ``step_scores`` and ``step_ends`` (per item, a process model's score of each step and
     the code-point offset into the response where that step ends), ``steps_dropped``
-    (steps lost to truncation) and ``outcome_scores`` (the sequence models' aggregate).
+    (steps lost to truncation), ``outcome_scores`` (the sequence models' aggregate) and
+    ``criteria`` (rubric judge name -> per item its criteria's verdicts in rubric order, each
+    ``{"verdict", "probability", "weight", "category", "required"}``; None for an item the
+    judge failed on).
     """
 
     scores: list[float | None]
@@ -57,6 +61,7 @@ class ScoreResult:
     steps_dropped: list[int] | None = None
     outcome_scores: list[float | None] | None = None
     masked: list[str | None] | None = None
+    criteria: dict[str, list[list[dict[str, Any]] | None]] | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -107,6 +112,18 @@ def merge(results: Sequence[ScoreResult]) -> ScoreResult:
         parts = [getattr(r, key) for r in results]
         present = [p is not None for p in parts]
         if not any(present):
+            continue
+        if key == "criteria":  # a chunk whose items the judge all failed on has none
+            parts = [p if p is not None else {} for p in parts]
+            names = list(dict.fromkeys(n for p in parts for n in p))
+            breakdown[key] = {
+                n: [
+                    v
+                    for p, r in zip(parts, results, strict=True)
+                    for v in p.get(n, [None] * len(r))
+                ]
+                for n in names
+            }
             continue
         if not all(present):
             raise RewardClientError(f"some chunks' answers have {key} and others not")

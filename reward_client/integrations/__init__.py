@@ -8,6 +8,9 @@
   agent's trajectory for it.
 - :mod:`reward_client.integrations.openrlhf`: a ``reward_func`` file for OpenRLHF's
   ``--remote_rm_url``.
+- :mod:`reward_client.integrations.verifiers`: Prime Intellect's verifiers (0.4): a reward
+  function (:class:`~reward_client.integrations.verifiers.ServerReward`) and a rubric of the
+  server's models (:class:`~reward_client.integrations.verifiers.ServerRubric`) for its tasks.
 
 Shared: :mod:`~reward_client.integrations.messages` (the frameworks' chat messages as OpenAI
 chat messages, tool calls and results kept), :mod:`~reward_client.integrations.tools` (tools

@@ -147,25 +147,47 @@ def _named(
     return {str(k): values(v, expected, f"{what}[{k!r}]") for k, v in column.items()}
 
 
+def _criteria(column: object, expected: int, what: str) -> list[list[dict[str, Any]] | None]:
+    """Per item, a rubric judge's criteria verdicts (objects with a bool verdict and a finite
+    probability and weight) or null; ValueError if not."""
+    if not isinstance(column, list) or len(column) != expected:
+        raise ValueError(f"{what} is not a list of {expected} items")
+    out: list[list[dict[str, Any]] | None] = []
+    for i, row in enumerate(column):
+        if row is None:
+            out.append(None)
+            continue
+        if not isinstance(row, list):
+            raise ValueError(f"{what}[{i}] is not a list of criteria or null")
+        for j, c in enumerate(row):
+            if (
+                not isinstance(c, dict)
+                or not isinstance(c.get("verdict"), bool)
+                or not is_number(c.get("probability"))
+                or not is_number(c.get("weight"))
+            ):
+                raise ValueError(f"{what}[{i}][{j}] is {c!r}, not a criterion's verdict")
+        out.append([dict(c) for c in row])
+    return out
+
+
 def _breakdown(payload: dict[str, Any], expected: int) -> dict[str, Any]:
     """The breakdown fields present in an answer, checked (absent or null: None)."""
     out: dict[str, Any] = {}
+    checks: dict[str, Callable[[object], Any]] = {
+        "components": lambda c: _named(c, expected, "components", _scores),
+        "objectives": lambda c: _named(c, expected, "objectives", _numbers),
+        "step_scores": lambda c: _per_item(c, expected, "step_scores", _numbers),
+        "step_ends": lambda c: _per_item(c, expected, "step_ends", _offsets),
+        "steps_dropped": lambda c: _offsets(c, expected, "steps_dropped"),
+        "criteria": lambda c: _named(c, expected, "criteria", _criteria),
+    }
     for key in BREAKDOWN:
         column = payload.get(key)
         if column is None:
             continue
-        if key == "components":
-            out[key] = _named(column, expected, key, _scores)
-        elif key == "objectives":
-            out[key] = _named(column, expected, key, _numbers)
-        elif key == "step_scores":
-            out[key] = _per_item(column, expected, key, _numbers)
-        elif key == "step_ends":
-            out[key] = _per_item(column, expected, key, _offsets)
-        elif key == "steps_dropped":
-            out[key] = _offsets(column, expected, key)
-        else:
-            out[key] = _scores(column, expected, key)
+        check = checks.get(key)
+        out[key] = check(column) if check is not None else _scores(column, expected, key)
     scores, ends = out.get("step_scores"), out.get("step_ends")
     if (scores is None) != (ends is None):
         raise ValueError("step_scores and step_ends come together")

@@ -1,4 +1,5 @@
-"""Counterparts that live in folders of their own inside the venv, on no path (verl, bfcl-eval:
+"""Counterparts that live in folders of their own inside the venv, on no path (verl, bfcl-eval,
+Prime Intellect's verifiers:
 their pins clash with this venv's; ``make setup`` installs them there): a test runs a driver
 script of tests/ in a subprocess whose PYTHONPATH holds that folder, hands it a case as a
 JSON file and reads its result from another.
@@ -18,6 +19,20 @@ from server_proc import require_counterpart
 
 #: Where ``make setup`` installs verl 0.9.1 without its pins.
 VERL_DIR = Path(sys.prefix) / "verl"
+#: Where ``make setup`` installs Prime Intellect's verifiers 0.4 (it pins ``openai<3``).
+VERIFIERS_DIR = Path(sys.prefix) / "verifiers"
+
+
+def require_verifiers() -> str:
+    """verifiers' PYTHONPATH entry; skips, or fails under REWARD_SERVER_TEST_VERIFIERS=1,
+    without it."""
+    found = (VERIFIERS_DIR / "verifiers" / "v1" / "__init__.py").is_file()
+    require_counterpart(
+        found,
+        "REWARD_SERVER_TEST_VERIFIERS",
+        f"verifiers 0.4 (make setup puts it in {VERIFIERS_DIR})",
+    )
+    return str(VERIFIERS_DIR)
 
 
 def verl_pythonpath() -> str | None:
