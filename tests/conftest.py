@@ -162,6 +162,15 @@ def rubric_judge(built_once: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture(scope="session")
+def grader_judge(built_once: Callable[..., Path]) -> Path:
+    """The judge trained to answer OpenAI's score_model graders (:mod:`helpers.grader_judge`),
+    trained once per ``make test`` and shared by its workers."""
+    from helpers.grader_judge import train_grader_judge
+
+    return built_once("grader-judge", train_grader_judge)
+
+
+@pytest.fixture(scope="session")
 def verl_path() -> str:
     """verl's PYTHONPATH entry (:mod:`helpers.drivers`); skips, or fails under
     REWARD_SERVER_TEST_VERL=1, without verl."""

@@ -55,6 +55,8 @@ class Generation:
     max_new_tokens: int = 32
     temperature: float = 0.0
     top_p: float | None = None
+    #: The seed of the sampling (a grader's sampling_params.seed); None: the RNG as it is.
+    seed: int | None = None
 
 
 def load(
@@ -213,6 +215,11 @@ class JudgeLM(NetworkModel):
         (as it is without a chat template)."""
         return self.rendering.render_prompts(contents)
 
+    def render_chats(self, chats: Sequence[Sequence[Mapping[str, str]]]) -> list[str]:
+        """Each list of chat messages through the chat template, generation prompt on (a
+        grader's model leaf)."""
+        return self.rendering.render_chats(chats)
+
     @torch.inference_mode()
     def probabilities(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """Each score token's probability ``(B, K)`` after each row, renormalised over the
@@ -237,15 +244,28 @@ class JudgeLM(NetworkModel):
         ends = eos if isinstance(eos, list) else [eos]
         return [int(e) for e in ends if e is not None]
 
-    @torch.inference_mode()
     def generate_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        """Each row's answer: the text of its new tokens, left-padded into one ``generate``
-        call (greedy at temperature 0)."""
+        """Each row's answer: the text of its new tokens. Rows with the same generation
+        settings (the judge's, or a :class:`~reward_server.engines.generation.GenerationRow`'s
+        own) go left-padded into one ``generate`` call (greedy at temperature 0)."""
+        own = self.generation or Generation()
+        groups: dict[Generation, list[int]] = {}
+        for i, row in enumerate(batch):
+            groups.setdefault(getattr(row, "generation", None) or own, []).append(i)
+        answers: list[str] = [""] * len(batch)
+        for generation, members in groups.items():
+            texts = self._generate([batch[i] for i in members], generation)
+            for i, text in zip(members, texts, strict=True):
+                answers[i] = text
+        return answers
+
+    @torch.inference_mode()
+    def _generate(self, batch: Sequence[Sequence[int]], gen: Generation) -> list[str]:
+        """One ``generate`` call over ``batch`` with ``gen``'s settings."""
         if not batch:
             return []
         from transformers import GenerationConfig
 
-        gen = self.generation or Generation()
         pad = self.rendering.pad_token_id
         right, lengths = _pad(batch, pad)
         width = right.shape[1]
@@ -256,6 +276,8 @@ class JudgeLM(NetworkModel):
             mask[b, width - length :] = 1
         ends = self._end_ids()
         sample = gen.temperature > 0
+        if sample and gen.seed is not None:
+            torch.manual_seed(gen.seed)
         config = GenerationConfig(
             max_new_tokens=gen.max_new_tokens,
             do_sample=sample,

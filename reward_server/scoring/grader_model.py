@@ -21,20 +21,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from reward_server.config.grader_entry import GraderEntry
 from reward_server.config.graders import GRADER_FLAGS
 from reward_server.config.tenants import current_tenant
 from reward_server.errors import ModelLoadError, NotReadyError
 from reward_server.scoring.deadline import current_deadline
+from reward_server.scoring.grader_judges import GraderJudges
 from reward_server.scoring.item_result import ItemResult
 from reward_server.scoring.items import Items, tasks
 from reward_server.scoring.verifier_model import VerifierModel, _result
-from reward_server.verifiers import VerifierOptions, VerifierPool
-from reward_server.verifiers.graders.grading import model_leaves
+from reward_server.verifiers import Task, VerifierOptions, VerifierPool
+from reward_server.verifiers.graders.check import SUB
+from reward_server.verifiers.graders.errors import GradeFailure
+from reward_server.verifiers.graders.grading import combine, model_leaves
 from reward_server.verifiers.graders.python_sandbox import GraderLimits
 from reward_server.verifiers.graders.similarity import default_embedding_model
+from reward_server.verifiers.graders.templates import build_sample
 
 if TYPE_CHECKING:
     from reward_server.verifiers import Verdict
@@ -59,9 +64,26 @@ def grader_reason(reason: str) -> str:
 
 
 class GraderModel(VerifierModel):
-    """A ``kind: grader`` entry, served: its pool of worker processes."""
+    """A ``kind: grader`` entry, served: its pool of worker processes, and the judges of its
+    model leaves (bound once every model of the file is loaded: :meth:`bind_models`)."""
 
     kind = "grader"
+    judges: GraderJudges | None = None
+
+    def bind_models(self, served: Mapping[str, Any]) -> None:
+        """Find the judge of each model leaf among the served models (ModelLoadError naming
+        the leaf whose model has none)."""
+        spec = self.spec
+        assert isinstance(spec, GraderEntry) and spec.grader is not None
+        judges = GraderJudges(served, spec.models)
+        for name, leaf in model_leaves(spec.grader).items():
+            try:
+                judges.check(leaf.model)
+            except GradeFailure as failure:
+                raise ModelLoadError(
+                    f"grader {spec.name!r}: {name} ({leaf.type}): {failure.detail}"
+                ) from None
+        self.judges = judges
 
     async def score(
         self, items: Items, *, truncate: bool, max_tokens: int | None, cache: bool = True
@@ -76,16 +98,62 @@ class GraderModel(VerifierModel):
         )
         with admission.admitted(current_tenant.get(), len(work)):
             verdicts: list[Verdict] = await self.pool.verify(work, current_deadline.get())
-        results = []
-        for verdict in verdicts:
-            result = _result(verdict)
-            if verdict.error is not None:
-                reason = grader_reason(verdict.error)
-                result = dataclasses.replace(result, error=reason)
+        results = [_result(verdict) for verdict in verdicts]
+        spec = self.spec
+        assert isinstance(spec, GraderEntry) and spec.grader is not None
+        if self.judges is not None and model_leaves(spec.grader):
+            results = await self._model_leaves(work, results, ctx.tokenizer)
+        for i, result in enumerate(results):
+            if result.error is not None:
+                reason = grader_reason(result.error)
+                results[i] = dataclasses.replace(result, error=reason)
                 ctx.metrics.on_verifier_error(self.name, reason)
-            results.append(result)
         ctx.metrics.on_model_items(self.name, len(results), 0)
         return results
+
+    async def _model_leaves(
+        self, work: list[Task], results: list[ItemResult], tokenizer: Any
+    ) -> list[ItemResult]:
+        """The items whose local leaves passed, with their model leaves graded by their
+        judges and the reward combined."""
+        spec = self.spec
+        assert isinstance(spec, GraderEntry) and spec.grader is not None
+        assert self.judges is not None
+        leaves = model_leaves(spec.grader)
+        pending = [i for i, result in enumerate(results) if result.error is None]
+        pairs = [
+            (build_sample(work[i].response, work[i].tool_calls), work[i].label) for i in pending
+        ]
+        graded = await asyncio.gather(
+            *(self.judges.grade(leaf, pairs, tokenizer) for leaf in leaves.values())
+        )
+        out = list(results)
+        for k, i in enumerate(pending):
+            scores = {
+                name.removeprefix(SUB): value
+                for name, value in results[i].extras
+                if name.startswith(SUB)
+            }
+            try:
+                for name, grades in zip(leaves, graded, strict=True):
+                    grade = grades.grades[k]
+                    if isinstance(grade, GradeFailure):
+                        raise grade
+                    scores[name] = grade
+                reward = combine(spec.grader, scores)
+            except GradeFailure as failure:
+                logger.warning("grader %s: item %d: %s", self.name, i, failure)
+                out[i] = ItemResult(
+                    score=spec.error_score,
+                    num_tokens=0,
+                    truncated=False,
+                    error=failure.flag,
+                    note=failure.detail[-300:],
+                )
+                continue
+            extras = tuple(sorted((SUB + name, value) for name, value in scores.items()))
+            out[i] = dataclasses.replace(results[i], score=reward, extras=extras)
+        return out
 
     def info(self) -> dict[str, object]:
         """The entry's settings for /info (the grader object included)."""
@@ -116,15 +184,9 @@ def grader_options(spec: GraderEntry, grader: dict[str, object] | None = None) -
 
 def load_grader(spec: GraderEntry) -> GraderModel:
     """Start the worker pool of a ``kind: grader`` entry (ModelLoadError when its grader
-    cannot run here: a python grader without a sandbox, a model grader)."""
+    cannot run here: a python grader without a sandbox). Its model leaves' judges are found
+    once every entry is loaded (:meth:`GraderModel.bind_models`)."""
     assert spec.grader is not None
-    models = model_leaves(spec.grader)
-    if models:
-        names = ", ".join(f"{name} ({leaf.type})" for name, leaf in models.items())
-        raise ModelLoadError(
-            f"grader {spec.name!r}: model graders are not served yet ({names}); "
-            "see the graders guide"
-        )
     pool = VerifierPool(grader_options(spec), spec.name)
     pool.start()
     logger.info(

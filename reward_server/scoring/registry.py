@@ -256,10 +256,17 @@ class ModelRegistry:
         )
         for model in self.served:
             await model.start(context)
+        by_name = {model.name: model for model in self.served}
+        for model in self.served:  # a grader's model leaves: their judges, by name
+            bind = getattr(model, "bind_models", None)
+            if bind is not None:
+                bind(by_name)
         self.metrics.declare_models([model.spec for model in self.served], caches_kind)
         self.draining = False
         self.code_runs = _code_runs(self.served, self.settings.max_queue)
-        self.grader_runs = GraderRuns(self.settings.max_queue)
+        self.grader_runs = GraderRuns(
+            self.settings.max_queue, served=lambda: {m.name: m for m in self.served}
+        )
         for model in self.served:
             self._warn_limits(model)
         if len(self.served) > 1:

@@ -250,11 +250,20 @@ class JudgeRenderer(Renderer):
         prompt; as it is without a chat template."""
         if not self.has_chat_template or not contents:
             return list(contents)
+        return self.render_chats([[{"role": "user", "content": content}] for content in contents])
+
+    def render_chats(self, chats: Sequence[Sequence[Mapping[str, str]]]) -> list[str]:
+        """Each list of messages through the chat template, with the generation prompt;
+        without a chat template, ``role: content`` lines and ``assistant:`` to answer after."""
+        if not chats:
+            return []
+        if not self.has_chat_template:
+            return [
+                "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
+                for chat in chats
+            ]
         from jinja2 import TemplateError
 
-        chats: list[list[Mapping[str, str]]] = [
-            [{"role": "user", "content": content}] for content in contents
-        ]
         try:
             texts = self.tokenizer.apply_chat_template(
                 chats, tokenize=False, add_generation_prompt=True

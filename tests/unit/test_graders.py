@@ -349,7 +349,7 @@ def test_score_model_answer_is_parsed_and_clipped() -> None:
         assert failed.value.flag == "model_grader_parse_error"
     messages = model_messages(leaf, build_sample("four"), {"ref": "4"})
     assert messages[0] == {"role": "user", "content": "Grade four against 4"}
-    assert '"result"' in messages[-1]["content"] and "from 1 to 7" in messages[-1]["content"]
+    assert '"result"' in messages[-1]["content"] and "<1 to 7>" in messages[-1]["content"]
 
 
 def test_label_model_passing_labels() -> None:

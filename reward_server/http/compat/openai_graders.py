@@ -169,9 +169,12 @@ async def run_grader(
             type=body.grader.type,
             execution_time=run.execution_time,
             scores=run.scores,
+            token_usage=sum(run.tokens.values()) if run.tokens else None,
             errors=_errors(run.errors),
         ),
-        model_grader_token_usage_per_model={},
+        model_grader_token_usage_per_model={
+            model: {"total_tokens": tokens} for model, tokens in run.tokens.items()
+        },
     )
 
 

@@ -129,12 +129,11 @@ class LocalGrader:
 
 # -- model leaves -------------------------------------------------------------------------
 
+#: The last message of a model leaf's input: the JSON answer asked for (OpenAI's graders
+#: ask their models for it with structured outputs).
 _FORMAT = {
-    "score_model": (
-        'Answer with one JSON object and nothing else: {{"result": <a number from {lo:g} to '
-        '{hi:g}>, "steps": [{{"description": "...", "conclusion": "..."}}]}}.'
-    ),
-    "label_model": 'Answer with one JSON object and nothing else: {{"result": <one of {labels}>}}.',
+    "score_model": 'Answer in JSON: {{"result": <{lo:g} to {hi:g}>, "steps": [...]}}',
+    "label_model": 'Answer in JSON: {{"result": <one of {labels}>}}',
 }
 
 
