@@ -11,7 +11,8 @@ read). A criterion is a mapping::
 
 ``text`` (required, a non-empty string), ``weight`` (a finite number) and/or ``category`` (a
 name of the entry's ``categories``; its weight there unless ``weight`` is given too), and
-``required`` (default false). A criterion with a negative weight is a *pitfall*: its text
+``required`` (default false); a key whose value is null counts as absent (a dataset's
+table fills the keys other criteria have with null). A criterion with a negative weight is a *pitfall*: its text
 says what the response must not do, and the judge's "yes" means the response did it.
 
 The verdict of criterion ``j``: ``v_j`` in [0, 1], the judge's probability that the answer is
@@ -159,7 +160,8 @@ def _criterion(value: Any, categories: Mapping[str, float], where: str) -> Crite
         raise _problem(where, f"'weight' must be a number, not {weight!r}")
     elif not math.isfinite(weight):
         raise _problem(where, "'weight' must be finite")
-    required = value.get("required", False)
+    required = value.get("required")
+    required = False if required is None else required
     if not isinstance(required, bool):
         raise _problem(where, f"'required' must be true or false, not {required!r}")
     return Criterion(text, float(weight), category, required)

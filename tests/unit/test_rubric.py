@@ -42,6 +42,9 @@ def test_criteria_from_a_list_or_a_mapping() -> None:
     assert rubric_of(label, CATS, "item 0") == want
     assert rubric_of({"rubric": label, "reference": "x"}, CATS, "item 0") == want
     assert rubric_of([], CATS, "item 0") == ()
+    # null is absent (a dataset's table gives every criterion the same keys).
+    nulls = {"text": "a", "weight": None, "category": "essential", "required": None}
+    assert rubric_of([nulls], CATS, "item 0") == (want[0],)
     assert want[2].pitfall and not want[0].pitfall
 
 
