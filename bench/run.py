@@ -19,7 +19,9 @@ too; ``--code-quick`` shrinks it to a smoke test. ``--only groups`` (:mod:`bench
 pairwise judge on groups of 8, ``pairs: all`` against ``pairs: 2``, vLLM's prefix cache on
 against off) writes its own block too, as does ``--only reasoning`` (:mod:`bench.reasoning`: a
 reward model and a judge on a 2,000-token thinking trace and a 100-token answer,
-``reasoning: strip`` against ``keep``; ``--reasoning-quick`` shrinks it to a smoke test).
+``reasoning: strip`` against ``keep``; ``--reasoning-quick`` shrinks it to a smoke test), and
+``--only rubrics`` (:mod:`bench.rubrics`: a 10-criterion rubric judge on vLLM, its prefix
+cache on against off; ``--rubrics-quick`` shrinks it to a smoke test).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ PARTS = (
     "code",
     "groups",
     "reasoning",
+    "rubrics",
 )
 
 
@@ -117,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-code", action="store_true")
     p.add_argument("--skip-groups", action="store_true")
     p.add_argument("--skip-reasoning", action="store_true")
+    p.add_argument("--skip-rubrics", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -209,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--reasoning-quick", action="store_true", help="a smoke test (seconds, not figures)"
     )
+    r = p.add_argument_group("rubrics (a rubric judge on vLLM: its prefix cache on and off)")
+    r.add_argument("--rubrics-items", type=int, default=16, help="items per round")
+    r.add_argument("--rubrics-criteria", type=int, default=10)
+    r.add_argument("--rubrics-rounds", type=int, default=3)
+    r.add_argument("--rubrics-quick", action="store_true", help="a smoke test: 4 items, 1 round")
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", help="results file name (default: <date>.json)")
     p.add_argument("--markdown", type=Path, default=REPO / "BENCHMARKS.md")
@@ -230,6 +239,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["code"] = args.skip_code
     skipped["groups"] = args.skip_groups
     skipped["reasoning"] = args.skip_reasoning
+    skipped["rubrics"] = args.skip_rubrics
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -331,6 +341,18 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
         )
     if "reasoning" in parts:
         results["reasoning"] = _run_reasoning(args)
+    if "rubrics" in parts:
+        from bench.rubrics import RubricBenchConfig, run_rubric_bench
+
+        quick = args.rubrics_quick
+        results["rubrics"] = run_rubric_bench(
+            RubricBenchConfig(
+                items=4 if quick else args.rubrics_items,
+                criteria=args.rubrics_criteria,
+                rounds=1 if quick else args.rubrics_rounds,
+                threads=args.threads,
+            )
+        )
     meta["wall_s"] = time.perf_counter() - started
     meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -387,7 +409,11 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
 
         update_block(path, "reasoning", render_reasoning(results["reasoning"]), "Reasoning")
     own_blocks = ("verifiers", "judges", "rollout", "cache", "tenants", "code", "groups")
-    own_blocks += ("reasoning",)
+    if "rubrics" in parts:
+        from bench.rubrics import render as render_rubrics
+
+        update_block(path, "rubrics", render_rubrics(results["rubrics"]), "Rubrics")
+    own_blocks += ("reasoning", "rubrics")
     rest = [part for part in parts if part not in own_blocks]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))

@@ -90,6 +90,7 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--skip-code",  # tests/e2e/test_bench_code.py
             "--skip-groups",  # tests/e2e/test_vllm_pairwise.py checks the judge; bench: by hand
             "--skip-reasoning",  # a tiny-size test of its own below
+            "--skip-rubrics",  # vLLM: tests/e2e/test_vllm_rubric.py; its block below
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
@@ -326,6 +327,26 @@ def test_groups_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None
     text = markdown.read_text(encoding="utf-8")
     assert "prose that stays" in text and "<!-- bench:groups:begin -->" in text
     assert "## Groups" in text and "| transformers | 2 | 16 |" in text
+
+
+def test_the_rubric_part_writes_its_own_block(tmp_path: Path) -> None:
+    """The rubrics part (two vLLM servers: by hand, BENCHMARKS.md): its items, each with a
+    10-criterion rubric, and its block written from the stored run's figures."""
+    from bench import rubrics
+
+    cfg = rubrics.RubricBenchConfig(items=3, criteria=12)
+    body = rubrics.make_items(cfg, seed=1)
+    assert len(body["queries"]) == 3 and body["cache"] is False
+    assert all(len(label) == 12 for label in body["labels"])
+    assert len({c["text"] for c in body["labels"][0]}) == 12  # no criterion twice
+    results = Path(rubrics.__file__).parent / "results"
+    stored = json.loads((results / "2026-12-05-rubrics.json").read_text())
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nprose that stays\n", encoding="utf-8")
+    run._write_markdown(markdown, ("rubrics",), {"rubrics": stored})
+    text = markdown.read_text(encoding="utf-8")
+    assert "prose that stays" in text and "<!-- bench:rubrics:begin -->" in text
+    assert "## Rubrics" in text and "| on | 1.03 | 10.3 |" in text
 
 
 def test_reasoning_part_runs_alone_and_writes_its_own_block(tmp_path: Path) -> None:
