@@ -12,6 +12,7 @@ import pytest
 from reward_server.config.entries import DEFAULT_CATEGORIES, RubricJudge
 from reward_server.config.models_file import ModelsFileError, parse_entry, parse_models_file
 from reward_server.errors import LabelError
+from reward_server.scoring.known_labels import ModelSeries
 from reward_server.scoring.rubric import (
     OUT_OF_RANGE,
     PARSE_FAILURE,
@@ -187,3 +188,18 @@ def test_the_reward_signals_keep_a_window_per_category() -> None:
     off = RewardSignals(window=0)
     off.record_rubric("t", "m", [both])
     assert off.snapshot().rubrics == ()
+
+
+def test_a_rubric_judges_series_are_known_at_start() -> None:
+    explicit = parse_entry(_entry(categories={"must": 1.0, "never": -1.0}))
+    series = ModelSeries.of(explicit, cached=True)
+    assert series.rubric_categories == ("must", "never", "uncategorised")
+    assert series.verifier_errors == () and series.passes and series.cached
+    generated = ModelSeries.of(parse_entry(_entry(verdict="generate")), cached=True)
+    assert generated.verifier_errors == ("parse_failure",)
+    assert "parse_failure" in generated.masked
+    implicit = parse_entry(_entry(aggregation="implicit", template="{{ rubric }}"))
+    assert ModelSeries.of(implicit, cached=False).verifier_errors == (
+        "parse_failure",
+        "out_of_range",
+    )
