@@ -1,6 +1,7 @@
-"""A code verifier shared by tenants (issue 49, item 1): its sessions and sandbox slots are
-seats of the server's one fair queue, so a tenant flooding it does not hold another's item
-behind its backlog, and ``/run_code``'s runs take the same seats. A real
+"""A code verifier shared by tenants (issue 49, item 1): its sessions are seats of the
+server's one fair queue (its sandbox slots serve the items in session in the order asked), so
+a tenant flooding it does not hold another's item behind its backlog, and ``/run_code``'s runs
+take the same seats. A real
 :class:`~reward_server.verifiers.code.CodeVerifier` in the bubblewrap sandbox, no server.
 """
 
@@ -49,8 +50,9 @@ def test_a_tenant_flooding_the_sandbox_does_not_hold_another_behind_its_backlog(
     verifier: CodeVerifier,
 ) -> None:
     # One sandbox slot, two sessions. A's three calls of 4 slow items (12 x 0.2 s, each a
-    # build and a test) wait in the fair queue; B's one item waits for a session and a slot
-    # to free, then goes first: it is done while most of A's items still wait.
+    # build and a test) wait in the fair queue; B's one item goes first to the next session
+    # that frees, its programs then wait only for those of A's other item in session: it is
+    # done while most of A's items still wait.
     async def scenario() -> tuple[list[Verdict], int, float]:
         flood = [
             asyncio.create_task(
