@@ -180,6 +180,18 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Pow: lambda a, b: a**b,
 }
 _MAX_FORMULA = 4096
+#: The deepest a formula's tree may be (its evaluation recurses once per level).
+_MAX_DEPTH = 64
+
+
+def _depth(tree: ast.AST) -> int:
+    """The depth of ``tree`` (iteratively: a long chain of + must not exhaust the stack)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -203,6 +215,8 @@ class Formula:
             tree = ast.parse(text.strip().replace("^", "**"), mode="eval").body
         except SyntaxError as exc:
             raise FormulaError(f"{text!r} does not parse: {exc.msg}") from None
+        if _depth(tree) > _MAX_DEPTH:
+            raise FormulaError(f"nested deeper than {_MAX_DEPTH} operations")
         used: set[str] = set()
         for node in ast.walk(tree):
             _check_node(node, names, used)

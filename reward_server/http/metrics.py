@@ -23,6 +23,10 @@ ENDPOINTS = frozenset(
         *("/score", "/get_reward", "/health", "/info", "/metrics", "/docs", "/openapi.json"),
         *("/classify", "/v1/classify", "/pooling", "/v1/models", "/predict", "/slime/reward"),
         *("/run_code", "/verify", "/seed_session"),
+        # OpenAI's graders API; /v1/graders: the endpoint graders' items (their requests,
+        # one path per kind: grader entry, are "other")
+        *("/v1/fine_tuning/alpha/graders/run", "/v1/fine_tuning/alpha/graders/validate"),
+        "/v1/graders",
     }
 )
 OTHER_ENDPOINT = "other"

@@ -164,7 +164,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
 ENDPOINTS = [
     *("/classify", "/docs", "/get_reward", "/health", "/info", "/metrics", "/openapi.json"),
     *("/pooling", "/predict", "/run_code", "/score", "/seed_session", "/slime/reward"),
-    *("/v1/classify", "/v1/models", "/verify", "other"),
+    *("/v1/classify", "/v1/fine_tuning/alpha/graders/run"),
+    *("/v1/fine_tuning/alpha/graders/validate", "/v1/graders", "/v1/models", "/verify", "other"),
 ]
 STATUSES = ["200", "401", "404", "413", "422", "429", "499", "500", "503"]
 TENANT_STATUSES = [s for s in STATUSES if s != "401"]

@@ -19,6 +19,12 @@ rule JSON Schema cannot state, named in the request body's description and in th
   naming items of the request, each in one group at most, whose prompts are equal
   (``invalid_request``); ``model`` the name of a served model (``unknown_model``).
 * ``POST /get_reward``: labels, and prompts when given, one per query.
+* ``POST /v1/fine_tuning/alpha/graders/run`` and ``/validate``: a grader object whose
+  template variables read item or sample, whose multi formula parses and names its
+  graders, whose python source compiles and defines grade, whose label_model's passing
+  labels are among its labels (``invalid_request``).
+* ``POST /v1/graders/{name}``: ``name`` a ``kind: grader`` entry (``unknown_model``: none
+  is served here).
 
 Every other 422 a served model can give is out of reach here: this template renders every
 conversation and no served model scores in groups or by steps. ``POST /run_code`` answers
@@ -77,11 +83,20 @@ OPERATIONS = {
     "POST /run_code",
     "POST /verify",
     "POST /seed_session",
+    "POST /v1/fine_tuning/alpha/graders/run",
+    "POST /v1/fine_tuning/alpha/graders/validate",
+    "POST /v1/graders/{name}",
 }
 
 #: Routes where a schema-valid request may be refused by a rule JSON Schema cannot state
 #: (the module's docstring names them): positive_data_acceptance is not checked there.
-SEMANTIC = {"POST /score", "POST /get_reward"}
+SEMANTIC = {
+    "POST /score",
+    "POST /get_reward",
+    "POST /v1/fine_tuning/alpha/graders/run",
+    "POST /v1/fine_tuning/alpha/graders/validate",
+    "POST /v1/graders/{name}",
+}
 
 #: Bodies at the edges of the schemas (path, body): the schema and the server must agree on
 #: each, the server refusing it (422) exactly when the schema does. Random generation rarely
@@ -275,7 +290,13 @@ def test_schemathesis_finds_no_response_the_schema_does_not_state(
         assert seen, label
     if mode is GenerationMode.POSITIVE:
         # Schema-valid requests reach the models and are scored on every scoring route.
-        scoring = OPERATIONS - {"GET /health", "GET /metrics", "POST /run_code"}
+        # (/v1/graders/{name}: a generated name is no kind: grader entry, and none is served)
+        scoring = OPERATIONS - {
+            "GET /health",
+            "GET /metrics",
+            "POST /run_code",
+            "POST /v1/graders/{name}",
+        }
         for label in scoring:
             assert statuses[label][200] > 0, (label, statuses[label])
     else:

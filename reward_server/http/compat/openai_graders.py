@@ -29,7 +29,7 @@ from reward_server.config.graders import GRADER_FLAGS, GraderObject
 from reward_server.errors import NotReadyError, UnknownModelError
 from reward_server.http.auth import Authorized
 from reward_server.http.compat import ProtocolRoute
-from reward_server.http.compat.vllm import vllm_error_body
+from reward_server.http.compat.vllm import VLLMErrorResponse, vllm_error_body
 from reward_server.http.errors import ERROR_DOCS
 from reward_server.http.scoring import deadline, get_registry, score
 from reward_server.http.strict_json import StrictJSONRoute
@@ -53,6 +53,20 @@ class _OpenAIRoute(ProtocolRoute):
 
     error_body = staticmethod(vllm_error_body)
 
+
+#: The OpenAI routes' error answers, in OpenAI's shape; a 422 also for a grader object that
+#: JSON Schema cannot refuse (a template variable outside item and sample, a formula that
+#: does not parse, a python source that does not compile or defines no grade).
+_OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {**doc, "model": VLLMErrorResponse} for status, doc in ERROR_DOCS.items()
+}
+_OPENAI_ERRORS[422] = {
+    "model": VLLMErrorResponse,
+    "description": "A body this schema refuses, or a grader object that is not valid: a "
+    "template variable outside item and sample, a multi grader's formula that does not "
+    "parse or names no grader of it, a python source that does not compile or defines no "
+    "grade, a label_model's passing_labels not among its labels (invalid_request)",
+}
 
 #: OpenAI's graders API (its error shape).
 router = APIRouter(route_class=_OpenAIRoute, tags=["openai-graders"])
@@ -151,7 +165,9 @@ def _errors(flags: dict[str, str]) -> RunErrors:
 
 
 @router.post(
-    "/v1/fine_tuning/alpha/graders/run", response_model=GraderRunResponse, responses=ERROR_DOCS
+    "/v1/fine_tuning/alpha/graders/run",
+    response_model=GraderRunResponse,
+    responses=_OPENAI_ERRORS,
 )
 async def run_grader(
     body: GraderRunRequest, request: Request, _auth: Authorized
@@ -161,6 +177,7 @@ async def run_grader(
     if runs is None:
         raise NotReadyError("the server is not started")
     run = await runs.run(body.grader, body.model_sample, body.item, deadline(request))
+    request.app.state.http_metrics.items.labels(endpoint=request.url.path).inc()
     return GraderRunResponse(
         reward=run.reward,
         sub_rewards=runs.sub_rewards(body.grader, run),
@@ -178,7 +195,7 @@ async def run_grader(
     )
 
 
-@router.post("/v1/fine_tuning/alpha/graders/validate", responses=ERROR_DOCS)
+@router.post("/v1/fine_tuning/alpha/graders/validate", responses=_OPENAI_ERRORS)
 async def validate_grader(body: GraderValidateRequest, _auth: Authorized) -> dict[str, Any]:
     """Check a grader object: the grader as parsed, or a 422 naming its bad field."""
     return {"grader": body.grader.model_dump(exclude_none=True)}
@@ -240,6 +257,6 @@ async def endpoint_grade(
     if calls:
         message["tool_calls"] = calls
     items = Conversations(((message,),), (body.item,))
-    scored = await score(request, f"/v1/graders/{name}", items, ScoreOptions(model=name))
+    scored = await score(request, "/v1/graders", items, ScoreOptions(model=name))
     (result,) = scored.results[name]
     return EndpointGradeResponse(score=None if result.masked else result.score, error=result.error)
