@@ -1,6 +1,13 @@
 """The judges of graders' model leaves (``score_model``, ``label_model``): served ``kind:
-judge`` entries in ``mode: generate`` of the same models file, by name (a grader entry's
-``models`` maps OpenAI's model names to them).
+judge`` entries in ``mode: generate`` of the same models file, or ``kind: remote`` entries
+with ``protocol: openai-chat`` (an OpenAI-compatible chat endpoint), by name (a grader
+entry's ``models`` maps OpenAI's model names to them).
+
+A remote judge gets the templated messages as they are, one chat completion per item
+through the remote entry's own limits (its connection seats in the fair queue, its rate),
+with the leaf's ``sampling_params`` as the request's ``max_tokens``, ``temperature``,
+``top_p``, ``seed`` and ``reasoning_effort`` (unset ones: the entry's ``max_new_tokens`` and
+``temperature``); a call that fails is a ``model_grader_server_error``.
 
 For each item a leaf's ``input`` messages are templated, with a last system message stating
 the JSON answer asked for (:func:`~reward_server.verifiers.graders.grading.model_messages`),
@@ -28,6 +35,14 @@ from reward_server.verifiers.graders.errors import GradeFailure
 from reward_server.verifiers.graders.grading import model_messages, parse_model_answer
 
 __all__ = ["GraderJudges", "ModelGrades"]
+
+
+def _remote_chat(model: Any) -> bool:
+    """Whether ``model`` is a remote OpenAI-compatible chat endpoint (kind: remote,
+    protocol: openai-chat)."""
+    spec = getattr(model, "spec", None)
+    return getattr(spec, "kind", None) == "remote" and spec.protocol == "openai-chat"
+
 
 ModelLeaf = ScoreModelGrader | LabelModelGrader
 
@@ -58,13 +73,16 @@ class GraderJudges:
             raise GradeFailure(
                 "model_grader_server_error", f"no model {entry!r} is served for {model!r}"
             )
+        if _remote_chat(judge):
+            return judge
         usable = getattr(judge, "generates", False) and hasattr(
             getattr(judge, "judge", None), "render_chats"
         )
         if not usable or getattr(judge, "scheduler", None) is None:
             raise GradeFailure(
                 "model_grader_server_error",
-                f"{entry!r} is not a kind: judge entry in mode: generate on the transformers engine",
+                f"{entry!r} is neither a kind: judge entry in mode: generate on the "
+                "transformers engine nor a kind: remote entry with protocol: openai-chat",
             )
         return judge
 
@@ -95,6 +113,8 @@ class GraderJudges:
                 grades[i] = failure
         if not chats:
             return ModelGrades(grades, 0, leaf.model)
+        if _remote_chat(judge):
+            return await self._remote(leaf, judge, chats, asked, grades)
         generation = self._generation(leaf, judge)
         try:
             rows = await asyncio.get_running_loop().run_in_executor(
@@ -111,6 +131,42 @@ class GraderJudges:
             tokens += len(judge.judge.tokenizer.encode(answer, add_special_tokens=False))
             try:
                 grades[i] = parse_model_answer(leaf, str(answer))
+            except GradeFailure as failure:
+                grades[i] = failure
+        return ModelGrades(grades, tokens, leaf.model)
+
+    @staticmethod
+    async def _remote(
+        leaf: ModelLeaf,
+        judge: Any,
+        chats: list[list[dict[str, str]]],
+        asked: list[int],
+        grades: list[float | GradeFailure],
+    ) -> ModelGrades:
+        """The leaf's grades by a remote chat endpoint, one call per item."""
+        spec = judge.spec
+        params = getattr(leaf, "sampling_params", None)
+        sampling: dict[str, Any] = {
+            "max_tokens": (params and params.max_completions_tokens) or spec.max_new_tokens,
+            "temperature": spec.temperature,
+        }
+        if params is not None:
+            given = params.model_dump(exclude_none=True, exclude={"max_completions_tokens"})
+            sampling.update(given)
+        calls = await asyncio.gather(
+            *(judge.chat(chat, sampling) for chat in chats), return_exceptions=True
+        )
+        tokens = 0
+        for i, call in zip(asked, calls, strict=True):
+            if isinstance(call, BaseException):
+                if not isinstance(call, Exception):
+                    raise call
+                grades[i] = GradeFailure("model_grader_server_error", f"{leaf.model}: {call}")
+                continue
+            answer, used = call
+            tokens += used
+            try:
+                grades[i] = parse_model_answer(leaf, answer)
             except GradeFailure as failure:
                 grades[i] = failure
         return ModelGrades(grades, tokens, leaf.model)

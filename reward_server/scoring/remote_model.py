@@ -338,6 +338,25 @@ class RemoteModel:
             return self._failed("parse_failure")
         return ItemResult(score, num_tokens=0, truncated=False)
 
+    async def chat(
+        self, messages: list[dict[str, str]], sampling: dict[str, Any]
+    ) -> tuple[str, int]:
+        """One chat completion of ``messages`` with ``sampling`` (max_tokens, temperature,
+        top_p, seed, reasoning_effort: a grader's model leaf), through this entry's seats
+        and rate, admitted as one item of the request's tenant: the reply's text and the
+        tokens the endpoint counted (0 when it counts none). RewardClientError or
+        ValueError when the call fails; NotReadyError when the entry is not running."""
+        client, admission = self._client, self._admission
+        if client is None or admission is None or not self.running:
+            raise NotReadyError("the remote component is not running")
+        assert self.spec.remote_model is not None
+        body = {"model": self.spec.remote_model, "messages": messages, **sampling}
+        with admission.admitted(current_tenant.get(), 1):
+            answer = await client.chat_completion(body)
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        tokens = usage.get("total_tokens") if isinstance(usage, dict) else None
+        return reply_text(answer), tokens if isinstance(tokens, int) else 0
+
     def info(self) -> dict[str, object]:
         """The entry's settings for /info: the URL, protocol and model, never the key."""
         entry = self.spec.shown()
