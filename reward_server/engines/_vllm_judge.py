@@ -187,20 +187,27 @@ class VllmJudge(VllmScorer):
         """Each content as the one user message of the chat template, generation prompt on."""
         return self.rendering.render_prompts(contents)
 
-    def _params(self) -> Any:
-        """vLLM's sampling parameters for one row of this judge's mode."""
+    def render_chats(self, chats: Sequence[Sequence[Mapping[str, str]]]) -> list[str]:
+        """Each list of chat messages through the chat template, generation prompt on (a
+        grader's model leaf)."""
+        return self.rendering.render_chats(chats)
+
+    def _params(self, own: Generation | None = None) -> Any:
+        """vLLM's sampling parameters for one row of this judge's mode (``own``: the row's
+        own generation settings, a :class:`~reward_server.engines.generation.GenerationRow`'s)."""
         from vllm import SamplingParams
 
-        if self.generation is None:  # logprobs: one greedy token, the score tokens' logprobs
+        gen = own or self.generation
+        if gen is None:  # logprobs: one greedy token, the score tokens' logprobs
             return SamplingParams(
                 max_tokens=1, temperature=0.0, logprob_token_ids=self.token_ids, detokenize=False
             )
-        gen = self.generation
         sample = gen.temperature > 0
         return SamplingParams(
             max_tokens=gen.max_new_tokens,
             temperature=gen.temperature if sample else 0.0,
             top_p=gen.top_p if sample and gen.top_p is not None else 1.0,
+            seed=gen.seed if sample else None,
             stop_token_ids=self.end_ids,
             detokenize=False,
         )
@@ -212,7 +219,8 @@ class VllmJudge(VllmScorer):
         engine = self._live_engine()
         prompt = TokensPrompt(prompt_token_ids=list(ids))
         output = None
-        async for part in engine.generate(prompt, self._params(), request_id=self._request_id()):
+        params = self._params(getattr(ids, "generation", None))
+        async for part in engine.generate(prompt, params, request_id=self._request_id()):
             output = part
         if output is None or not output.outputs:
             raise RuntimeError("vLLM returned no output")

@@ -1,5 +1,5 @@
 """The judges of graders' model leaves (``score_model``, ``label_model``): served ``kind:
-judge`` entries in ``mode: generate`` of the same models file, or ``kind: remote`` entries
+judge`` entries in ``mode: generate`` of the same models file (either engine), or ``kind: remote`` entries
 with ``protocol: openai-chat`` (an OpenAI-compatible chat endpoint), by name (a grader
 entry's ``models`` maps OpenAI's model names to them).
 
@@ -35,6 +35,14 @@ from reward_server.verifiers.graders.errors import GradeFailure
 from reward_server.verifiers.graders.grading import model_messages, parse_model_answer
 
 __all__ = ["GraderJudges", "ModelGrades"]
+
+
+def _answer_tokens(judge: Any, answer: str) -> int:
+    """The tokens of an answer by the judge's tokenizer (0 when it shows none)."""
+    rendering = getattr(judge, "rendering", None)
+    tokenizer = getattr(judge, "tokenizer", None) or getattr(rendering, "tokenizer", None)
+    encode = getattr(tokenizer, "encode", None)
+    return len(encode(answer, add_special_tokens=False)) if encode is not None else 0
 
 
 def _remote_chat(model: Any) -> bool:
@@ -81,8 +89,8 @@ class GraderJudges:
         if not usable or getattr(judge, "scheduler", None) is None:
             raise GradeFailure(
                 "model_grader_server_error",
-                f"{entry!r} is neither a kind: judge entry in mode: generate on the "
-                "transformers engine nor a kind: remote entry with protocol: openai-chat",
+                f"{entry!r} is neither a kind: judge entry in mode: generate nor a kind: "
+                "remote entry with protocol: openai-chat",
             )
         return judge
 
@@ -128,7 +136,7 @@ class GraderJudges:
             return ModelGrades(grades, 0, leaf.model)
         tokens = sum(len(row) for row in rows)
         for i, answer in zip(asked, answers, strict=True):
-            tokens += len(judge.judge.tokenizer.encode(answer, add_special_tokens=False))
+            tokens += _answer_tokens(judge.judge, str(answer))
             try:
                 grades[i] = parse_model_answer(leaf, str(answer))
             except GradeFailure as failure:
