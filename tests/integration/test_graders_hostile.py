@@ -242,3 +242,15 @@ def test_the_graders_packages_import(isolated: PythonSandbox) -> None:
     )
     sandbox.close()
     assert got == 1.0
+
+
+def test_sandbox_none_runs_the_same_grader_unsandboxed() -> None:
+    """``sandbox: none`` (trusted graders): the same interpreter and limits, no namespaces."""
+    sandbox = PythonSandbox(GraderLimits(sandbox="none", memory_mb=1024))
+    try:
+        got = outcome(sandbox, "import os\nreturn float(os.path.exists('/proc/1'))\n")
+        assert got == 1.0
+        big = outcome(sandbox, "blob = bytearray(4 << 30)\nreturn len(blob)\n")
+        assert isinstance(big, GradeFailure) and "MemoryError" in big.detail
+    finally:
+        sandbox.close()

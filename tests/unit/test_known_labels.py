@@ -13,6 +13,19 @@ from reward_server.config.tenants import TenantTable, hash_key, parse_tenants_fi
 from reward_server.scoring.known_labels import ModelSeries, tenant_names
 
 VERIFIER = ("timeout", "crash", "error", "non_finite", "bad_result", "sandbox_error", "deadline")
+#: A kind: grader's: OpenAI's error flags, and the deadline.
+GRADER = (
+    "invalid_variable_error",
+    "sample_parse_error",
+    "formula_parse_error",
+    "python_grader_runtime_error",
+    "python_grader_server_error",
+    "model_grader_parse_error",
+    "model_grader_server_error",
+    "other_error",
+    "deadline",
+)
+EXACT = {"type": "string_check", "name": "e", "input": "a", "reference": "b", "operation": "eq"}
 JUDGE = {"kind": "judge", "model": "m", "template": "{{ response }}"}
 
 
@@ -63,9 +76,17 @@ def series(entry: dict[str, Any], cached: bool = False) -> ModelSeries:
                 masked=("no_opponent", "non_finite", "deadline", "unclosed_reasoning"),
             ),
         ),
+        (
+            {"kind": "grader", "grader": EXACT},
+            ModelSeries("x", verifier_errors=GRADER, masked=(*GRADER, "unclosed_reasoning")),
+        ),
+        (
+            {"kind": "grader", "grader": EXACT, "on_error": 0},
+            ModelSeries("x", verifier_errors=GRADER, masked=("deadline", "unclosed_reasoning")),
+        ),
     ],
     ids=["sequence", "process", "verifier", "verifier-filled", "remote", "logprobs", "generate",
-         "pairwise"],
+         "pairwise", "grader", "grader-zero"],
 )  # fmt: skip
 def test_each_kind_has_the_series_of_what_it_can_give(
     entry: dict[str, Any], expected: ModelSeries
