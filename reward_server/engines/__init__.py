@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from reward_server.config import LoadOptions
+from reward_server.engines._generation import GenerationRow
 from reward_server.errors import ModelLoadError
 from reward_server.text.rendering import Encoded, ItemTools
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_ENGINE",
     "Engine",
+    "GenerationRow",
     "MultiLabel",
     "Scorer",
     "available_engines",

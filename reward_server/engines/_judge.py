@@ -246,7 +246,7 @@ class JudgeLM(NetworkModel):
 
     def generate_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """Each row's answer: the text of its new tokens. Rows with the same generation
-        settings (the judge's, or a :class:`~reward_server.engines.generation.GenerationRow`'s
+        settings (the judge's, or a :class:`~reward_server.engines.GenerationRow`'s
         own) go left-padded into one ``generate`` call (greedy at temperature 0)."""
         own = self.generation or Generation()
         groups: dict[Generation, list[int]] = {}

@@ -194,7 +194,7 @@ class VllmJudge(VllmScorer):
 
     def _params(self, own: Generation | None = None) -> Any:
         """vLLM's sampling parameters for one row of this judge's mode (``own``: the row's
-        own generation settings, a :class:`~reward_server.engines.generation.GenerationRow`'s)."""
+        own generation settings, a :class:`~reward_server.engines.GenerationRow`'s)."""
         from vllm import SamplingParams
 
         gen = own or self.generation

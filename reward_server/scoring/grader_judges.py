@@ -13,7 +13,7 @@ For each item a leaf's ``input`` messages are templated, with a last system mess
 the JSON answer asked for (:func:`~reward_server.verifiers.graders.grading.model_messages`),
 rendered by the judge's chat template with the generation prompt, cut to leave room for the
 answer, and queued on the judge's own scheduler (its micro-batcher: fair across tenants,
-batched with its other rows) as :class:`~reward_server.engines.generation.GenerationRow`
+batched with its other rows) as :class:`~reward_server.engines.GenerationRow`
 rows carrying the leaf's ``sampling_params`` (``max_completions_tokens``, ``temperature``,
 ``top_p``, ``seed``; unset ones are the judge entry's). The answer is parsed (the
 ``{"result": float, "steps": [...]}`` object of a score model, clipped to its range; a label
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reward_server.config.graders import LabelModelGrader, ScoreModelGrader
-from reward_server.engines.generation import GenerationRow
+from reward_server.engines import GenerationRow
 from reward_server.errors import ServiceError
 from reward_server.verifiers.graders.errors import GradeFailure
 from reward_server.verifiers.graders.grading import model_messages, parse_model_answer

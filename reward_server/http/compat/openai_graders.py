@@ -20,6 +20,7 @@ All three are behind the server's API keys (``Authorization: Bearer KEY``), like
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -70,6 +71,7 @@ _OPENAI_ERRORS[422] = {
 
 #: OpenAI's graders API (its error shape).
 router = APIRouter(route_class=_OpenAIRoute, tags=["openai-graders"])
+logger = logging.getLogger(__name__)
 #: The endpoint-grader contract (this server's error shape).
 endpoint_router = APIRouter(route_class=StrictJSONRoute, tags=["openai-graders"])
 
@@ -246,6 +248,7 @@ async def endpoint_grade(
 ) -> EndpointGradeResponse:
     """The endpoint-grader contract for the models file's ``kind: grader`` entry ``name``."""
     registry = get_registry(request)
+    logger.debug("endpoint grader %s: trace %s", name, body.trace_id)
     graders = [m.name for m in registry.served if m.kind == "grader"]
     if name not in graders:
         raise UnknownModelError(f"no kind: grader entry named {name!r} (served: {graders})")
