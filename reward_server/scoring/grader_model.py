@@ -5,7 +5,9 @@ A grader loads no model: its leaves that need none (``string_check``, ``text_sim
 (:class:`~reward_server.verifiers.VerifierPool` with ``verifier: grader``, its items in the
 server's one fair queue), each worker holding its python graders' warm sandbox
 (:mod:`reward_server.verifiers.graders`). Each item's ``sample`` is built from its response,
-its ``item`` is its label. The reward is the grader's score (a ``multi`` grader's formula
+its ``item`` is its label. Its model leaves (``score_model``, ``label_model``) are then
+answered by the judges they name, other entries of the file
+(:mod:`reward_server.scoring.grader_judges`), for the items whose other leaves passed. The reward is the grader's score (a ``multi`` grader's formula
 over its graders' scores, each of which is in the answer's extras as ``sub:NAME``).
 
 An item whose grade fails is not an error of the request: it is masked (``on_error: mask``)
