@@ -20,12 +20,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from reward_server.config.graders import GRADER_FLAGS, GraderObject, MultiGrader
 from reward_server.config.tenants import current_tenant
-from reward_server.scheduling.fairness import Admission
+from reward_server.scheduling.fairness import Admission, TokenBuckets
 from reward_server.scoring.grader_judges import GraderJudges
 from reward_server.scoring.grader_model import grader_reason
 from reward_server.verifiers import Task, VerifierOptions, VerifierPool
@@ -66,12 +67,17 @@ class GraderRuns:
         max_queue: int,
         workers: int = 1,
         served: Callable[[], Mapping[str, Any]] | None = None,
+        tokenizer: Executor | None = None,
+        buckets: TokenBuckets | None = None,
     ) -> None:
         """``served``: the registry's served models by name, read at each call (the judges
-        of model graders)."""
+        of model graders); ``tokenizer``: the registry's tokenizer thread (a judge's messages
+        are rendered and tokenized there); ``buckets``: the tenants' rate buckets of the
+        app (admission applies them)."""
         self.workers = workers
         self._served = served or dict
-        self._admission = Admission(max_queue)
+        self._tokenizer = tokenizer
+        self._admission = Admission(max_queue, buckets)
         self._pool: VerifierPool | None = None
         self._starting = asyncio.Lock()
 
@@ -120,7 +126,7 @@ class GraderRuns:
         tokens: dict[str, int] = {}
         try:
             for name, leaf in model_leaves(grader).items():
-                graded = await judges.grade(leaf, [(sample, item)])
+                graded = await judges.grade(leaf, [(sample, item)], self._tokenizer)
                 tokens[graded.model] = tokens.get(graded.model, 0) + graded.tokens
                 (grade,) = graded.grades
                 if isinstance(grade, GradeFailure):

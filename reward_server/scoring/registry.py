@@ -265,7 +265,10 @@ class ModelRegistry:
         self.draining = False
         self.code_runs = _code_runs(self.served, self.settings.max_queue)
         self.grader_runs = GraderRuns(
-            self.settings.max_queue, served=lambda: {m.name: m for m in self.served}
+            self.settings.max_queue,
+            served=lambda: {m.name: m for m in self.served},
+            tokenizer=context.tokenizer,
+            buckets=context.buckets,
         )
         for model in self.served:
             self._warn_limits(model)
