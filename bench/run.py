@@ -21,7 +21,9 @@ against off) writes its own block too, as does ``--only reasoning`` (:mod:`bench
 reward model and a judge on a 2,000-token thinking trace and a 100-token answer,
 ``reasoning: strip`` against ``keep``; ``--reasoning-quick`` shrinks it to a smoke test), and
 ``--only rubrics`` (:mod:`bench.rubrics`: a 10-criterion rubric judge on vLLM, its prefix
-cache on against off; ``--rubrics-quick`` shrinks it to a smoke test).
+cache on against off; ``--rubrics-quick`` shrinks it to a smoke test), and ``--only graders``
+(:mod:`bench.graders`: OpenAI graders' items/s, a python grader's warm sandbox against a
+fresh interpreter per item).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ PARTS = (
     "groups",
     "reasoning",
     "rubrics",
+    "graders",
 )
 
 
@@ -121,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-groups", action="store_true")
     p.add_argument("--skip-reasoning", action="store_true")
     p.add_argument("--skip-rubrics", action="store_true")
+    p.add_argument("--skip-graders", action="store_true")
     p.add_argument(
         "--only", type=_parts, help=f"run only these parts (comma-separated of {', '.join(PARTS)})"
     )
@@ -240,6 +244,7 @@ def _selected(args: argparse.Namespace) -> tuple[str, ...]:
     skipped["groups"] = args.skip_groups
     skipped["reasoning"] = args.skip_reasoning
     skipped["rubrics"] = args.skip_rubrics
+    skipped["graders"] = args.skip_graders
     return tuple(part for part in PARTS if not skipped[part])
 
 
@@ -274,6 +279,10 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
         results["engines"], trainer = _run_engines(args, model_path)
         if trainer:
             results["trainer_pattern"] = trainer
+    if "graders" in parts:
+        from bench.graders import GraderBenchConfig, run_grader_bench
+
+        results["graders"] = run_grader_bench(GraderBenchConfig())
     if "verifiers" in parts:
         from bench.verifiers import VerifierBenchConfig, run_verifier_bench
 
@@ -414,6 +423,11 @@ def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any])
 
         update_block(path, "rubrics", render_rubrics(results["rubrics"]), "Rubrics")
     own_blocks += ("reasoning", "rubrics")
+    if "graders" in parts:
+        from bench.graders import render as render_graders
+
+        update_block(path, "graders", render_graders(results["graders"]), "OpenAI graders")
+    own_blocks += ("graders",)
     rest = [part for part in parts if part not in own_blocks]
     if rest == ["engines"]:
         update_engines_block(path, render_engines(results, with_meta=True))

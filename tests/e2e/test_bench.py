@@ -91,6 +91,7 @@ def test_bench_runs_end_to_end_at_a_tiny_size(
             "--skip-groups",  # tests/e2e/test_vllm_pairwise.py checks the judge; bench: by hand
             "--skip-reasoning",  # a tiny-size test of its own below
             "--skip-rubrics",  # vLLM: tests/e2e/test_vllm_rubric.py; its block below
+            "--skip-graders",  # tests/e2e/test_bench_graders.py
             "--results-dir", str(tmp_path / "results"),
             "--markdown", str(md),
         ]
