@@ -1,7 +1,8 @@
-"""A judge for OpenAI's model graders (``score_model``): a tiny GPT-2 trained to answer the
-messages a score_model leaf sends (rendered without a chat template: ``role: content``
-lines, then ``assistant:``) with OpenAI's ``{"result": N, "steps": []}``, N set by the
-response's last word, or with garbage for one last word (a ``model_grader_parse_error``).
+"""A judge for OpenAI's model graders: a tiny GPT-2 trained to answer the messages a
+``score_model`` leaf sends (rendered without a chat template: ``role: content`` lines, then
+``assistant:``) with OpenAI's ``{"result": N, "steps": []}``, N set by the response's last
+word, and those of a ``label_model`` leaf with ``{"result": "positive"}`` or
+``"negative"``; with garbage for one last word (a ``model_grader_parse_error``).
 The ``grader_judge`` fixture of tests/conftest.py trains it once per run;
 :func:`reference_answers` is plain transformers' greedy ``generate`` of the same prompts.
 """
@@ -28,6 +29,11 @@ ANSWERS = {
     "bad": '{"result": 0.2, "steps": []}',
 }
 GARBAGE = {"odd": "no idea"}
+#: The label_model grader this judge answers, and its label by the response's last word.
+LABEL = "Label: {{ sample.output_text }}"
+LABELS = ["positive", "negative"]
+LABEL_INSTRUCTION = 'Answer in JSON: {"result": <one of ["positive", "negative"]>}'
+LABEL_OF = {"great": "positive", "good": "positive", "bad": "negative"}
 FILLER = "the movie film story plot was is very really quite and but so it".split()
 
 
@@ -42,18 +48,39 @@ def score_model(**extra: Any) -> dict[str, Any]:
     }
 
 
+def label_model(**extra: Any) -> dict[str, Any]:
+    """The label_model grader (model ``judge``, positive passes)."""
+    return {
+        "type": "label_model",
+        "name": "sentiment",
+        "model": "judge",
+        "input": [{"role": "user", "content": LABEL}],
+        "labels": LABELS,
+        "passing_labels": ["positive"],
+        **extra,
+    }
+
+
 def random_response(rng: random.Random, last: str) -> str:
     return " ".join([*rng.choices(FILLER, k=rng.randint(0, 4)), last])
 
 
-def prompt(response: str) -> str:
-    """The leaf's messages as the judge reads them without a chat template."""
+def prompt(response: str, labelled: bool = False) -> str:
+    """The leaf's messages as the judge reads them without a chat template (``labelled``:
+    the label_model's)."""
+    if labelled:
+        return f"user: Label: {response}\nsystem: {LABEL_INSTRUCTION}\nassistant:"
     return f"user: Rate: {response}\nsystem: {INSTRUCTION}\nassistant:"
 
 
-def line(response: str) -> str:
-    answer = ANSWERS.get(response.split()[-1]) or GARBAGE["odd"]
-    return f"{prompt(response)} {answer}"
+def line(response: str, labelled: bool = False) -> str:
+    last = response.split()[-1]
+    if labelled:
+        label = LABEL_OF.get(last)
+        answer = json.dumps({"result": label}) if label else GARBAGE["odd"]
+    else:
+        answer = ANSWERS.get(last) or GARBAGE["odd"]
+    return f"{prompt(response, labelled)} {answer}"
 
 
 def expected(response: str) -> float | None:
@@ -67,19 +94,19 @@ def train_grader_judge(folder: Path) -> Path:
     with tiny_models.torch_threads(1):
         rng = random.Random(0)
         lasts = [*ANSWERS, *GARBAGE]
-        corpus = [line(random_response(rng, rng.choice(lasts))) for _ in range(500)]
+        corpus = [line(random_response(rng, rng.choice(lasts)), i % 2 == 1) for i in range(500)]
         tok = tiny_models.byte_bpe_tokenizer(corpus, vocab_size=400, pad_is_eos=True)
         model = tiny_models.gpt2_causal_lm(tok, seed=0, n_positions=128, n_embd=128, n_head=2)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         model.train()
-        for _step in range(400):
+        for _step in range(500):
             responses = [random_response(rng, rng.choice(lasts)) for _ in range(32)]
-            enc = tok(
-                [line(r) + tok.eos_token for r in responses], return_tensors="pt", padding=True
-            )
+            kinds = [i % 2 == 1 for i in range(32)]  # half score_model, half label_model
+            texts = [line(r, k) + tok.eos_token for r, k in zip(responses, kinds, strict=True)]
+            enc = tok(texts, return_tensors="pt", padding=True)
             labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-            for row, response in zip(labels, responses, strict=True):  # the answer's loss only
-                row[: len(tok(prompt(response))["input_ids"])] = -100
+            for row, response, kind in zip(labels, responses, kinds, strict=True):
+                row[: len(tok(prompt(response, kind))["input_ids"])] = -100  # the answer only
             loss = model(**enc, labels=labels).loss
             loss.backward()
             optimizer.step()
@@ -88,13 +115,15 @@ def train_grader_judge(folder: Path) -> Path:
         return tiny_models.save(folder, model, tok)
 
 
-def reference_answers(folder: Path, responses: list[str], max_new_tokens: int) -> list[str]:
+def reference_answers(
+    folder: Path, responses: list[str], max_new_tokens: int, labelled: bool = False
+) -> list[str]:
     """Plain transformers: each prompt alone, unpadded, greedy, decoded up to EOS."""
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     answers = []
     for response in responses:
-        enc = tok(prompt(response), return_tensors="pt")
+        enc = tok(prompt(response, labelled), return_tensors="pt")
         out = model.generate(
             **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id
         )

@@ -1,4 +1,5 @@
-"""OpenAI's model graders on a served judge (issue 50, item 1: score_model): a multi grader
+"""OpenAI's model graders on a served judge (issue 50, item 1: score_model and label_model):
+a multi grader
 of a ``python``, a ``string_check`` and a ``score_model`` leaf whose model is a ``kind:
 judge`` entry (``mode: generate``, a tiny GPT-2 trained to answer OpenAI's ``{"result": N,
 "steps": []}``: helpers.grader_judge), through ``/score`` and through the graders API with
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from helpers.grader_judge import judge_entry, reference_answers, score_model
+from helpers.grader_judge import judge_entry, label_model, reference_answers, score_model
 from helpers.servers import serve
 from server_proc import ServerProcess
 
@@ -98,6 +99,29 @@ def test_graders_api_with_a_served_judge(server: ServerProcess, grader_judge: Pa
     assert short.reward == 0.0 and short.metadata.errors.api_model_grader_parse_error
     garbage = client.fine_tuning.alpha.graders.run(grader=score_model(), model_sample="so odd")  # type: ignore[arg-type]
     assert garbage.metadata.errors.api_model_grader_parse_error
+
+
+def test_label_model_on_the_served_judge(server: ServerProcess, grader_judge: Path) -> None:
+    """label_model: the judge's label, 1 when it passes, 0 when it does not, a parse error
+    when the answer names no label (each answer checked against plain transformers)."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    responses = ["it good", "plot bad", "so odd"]
+    answers = reference_answers(grader_judge, responses, max_new_tokens=24, labelled=True)
+    assert [a.strip() for a in answers] == [
+        '{"result": "positive"}',
+        '{"result": "negative"}',
+        "no idea",
+    ]
+    runs = [
+        client.fine_tuning.alpha.graders.run(grader=label_model(), model_sample=r)  # type: ignore[arg-type]
+        for r in responses
+    ]
+    assert [run.reward for run in runs] == [1.0, 0.0, 0.0]
+    assert [run.metadata.errors.api_model_grader_parse_error for run in runs] == [
+        False,
+        False,
+        True,
+    ]
 
 
 def test_a_grader_whose_model_is_not_served_does_not_start(tmp_path: Path) -> None:
