@@ -1,8 +1,8 @@
 """OpenAI's model graders on a served judge (issue 50, item 1: score_model and label_model):
-a multi grader
-of a ``python``, a ``string_check`` and a ``score_model`` leaf whose model is a ``kind:
-judge`` entry (``mode: generate``, a tiny GPT-2 trained to answer OpenAI's ``{"result": N,
-"steps": []}``: helpers.grader_judge), through ``/score`` and through the graders API with
+a multi grader of a ``python``, a ``string_check`` and a ``score_model`` leaf whose model is
+a ``kind: judge`` entry (``mode: generate``, a tiny GPT-2 trained to answer OpenAI's
+``{"result": N, "steps": []}`` and a label model's ``{"result": LABEL}``:
+helpers.grader_judge), through ``/score`` and through the graders API with
 the ``openai`` package, each value against an independent computation (the judge's answers
 by plain transformers' greedy ``generate``, parsed here; the other leaves and the formula
 by hand); ``sampling_params`` honoured (a ``max_completions_tokens`` too short to finish the
