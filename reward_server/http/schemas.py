@@ -402,6 +402,15 @@ class CriterionVerdict(BaseModel):
     required: bool = Field(description="Whether failing it gives the rubric's minimum score.")
 
 
+#: ScoreResponse.criteria's description.
+_CRITERIA = (
+    "Per rubric judge (mode: rubric, aggregation: explicit): each item's criteria in its "
+    "rubric's order, each with the judge's verdict and probability of yes, its weight, "
+    "category and whether it is required (null for an item that failed: its reason is in "
+    "verifier_errors)."
+)
+
+
 class ScoreResponse(BaseModel):
     """Scores in request order, with the tokens scored and truncation per item; the
     breakdown fields are left out when they do not apply."""
@@ -466,11 +475,7 @@ class ScoreResponse(BaseModel):
         "objectives as passed and total ('model/passed' when several models score).",
     )
     criteria: dict[str, list[list[CriterionVerdict] | None]] | None = Field(
-        default=None,
-        description="Per rubric judge (mode: rubric, aggregation: explicit): each item's "
-        "criteria in its rubric's order, each with the judge's verdict and probability of yes, "
-        "its weight, category and whether it is required (null for an item that failed: its "
-        "reason is in verifier_errors).",
+        default=None, description=_CRITERIA
     )
 
 

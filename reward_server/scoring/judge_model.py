@@ -221,11 +221,7 @@ def _load_rubric(spec: RubricJudge, options: LoadOptions, module: Any) -> Rubric
         )
     if spec.generates:
         return RubricJudgeModel(spec, _load_generating(spec, options, module), template)
-    yes, no = spec.verdict_tokens
-    try:
-        scorer = cast("JudgeScorer", module.load(options, {yes: 1.0, no: 0.0}))
-    except ModelLoadError as exc:  # its words for the verdict tokens
-        raise ModelLoadError(str(exc).replace("score token", "verdict token")) from exc
+    scorer = _two_token_judge(module, options, spec.verdict_tokens, "verdict token")
     return RubricJudgeModel(spec, scorer, template)
 
 
@@ -234,9 +230,17 @@ def _load_pairwise(spec: PairwiseJudge, options: LoadOptions, module: Any) -> Pa
     loaded as a logprobs judge whose score tokens are the answer tokens, valued 1 and 0."""
     assert spec.template is not None and spec.answer_tokens is not None
     template = JudgeTemplate.from_setting(spec.template, spec.name, PAIRWISE_VARIABLES)
-    first, second = spec.answer_tokens
-    try:
-        scorer = cast("JudgeScorer", module.load(options, {first: 1.0, second: 0.0}))
-    except ModelLoadError as exc:  # its words for the answer tokens
-        raise ModelLoadError(str(exc).replace("score token", "answer token")) from exc
+    scorer = _two_token_judge(module, options, spec.answer_tokens, "answer token")
     return PairwiseJudgeModel(spec, scorer, template)
+
+
+def _two_token_judge(
+    module: Any, options: LoadOptions, tokens: tuple[str, str], word: str
+) -> JudgeScorer:
+    """A causal LM loaded as a logprobs judge whose score tokens are ``tokens``, valued 1
+    and 0; a load error speaks of them as ``word`` (a verdict or an answer token)."""
+    first, second = tokens
+    try:
+        return cast("JudgeScorer", module.load(options, {first: 1.0, second: 0.0}))
+    except ModelLoadError as exc:
+        raise ModelLoadError(str(exc).replace("score token", word)) from exc

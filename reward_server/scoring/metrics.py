@@ -258,17 +258,19 @@ def _signal_families(snapshot: SignalsSnapshot) -> Iterator[GaugeMetricFamily]:
         "one request (model < other; left out under 10 items): falling = they disagree.",
         ["model", "other", "tenant"],
     )
-    for a in snapshot.agreements:
-        if a.agreement is not None:
-            agreement.add_metric([a.model, a.other, a.tenant], a.agreement)
     rubric = family(
         "rubric_failed_ratio",
         "Share of a rubric judge's last items with a criterion of the category that failed one "
         "(not met, or a pitfall committed), by model, tenant and category.",
         ["model", "tenant", "category"],
     )
-    for r in snapshot.rubrics:
-        rubric.add_metric([r.model, r.tenant, r.category], r.failed_ratio)
+    rows: list[tuple[GaugeMetricFamily, list[str], float | None]] = [
+        (agreement, [a.model, a.other, a.tenant], a.agreement) for a in snapshot.agreements
+    ]
+    rows += [(rubric, [r.model, r.tenant, r.category], r.failed_ratio) for r in snapshot.rubrics]
+    for metric, values, value in rows:
+        if value is not None:
+            metric.add_metric(values, value)
     yield from (items, score, mean, std, chars, chars_mean, correlation, masked, failed, agreement)
     yield rubric
 

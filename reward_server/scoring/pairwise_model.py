@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, Any
 from reward_server.errors import EmptyTextError, GroupsError, NotReadyError
 from reward_server.scoring.groups import current_groups, group_of
 from reward_server.scoring.item_result import ItemResult
-from reward_server.scoring.items import Items, judge_prompts
+from reward_server.scoring.items import Items
 from reward_server.scoring.pairwise import aggregate, ordered_rows, unordered_pairs
 from reward_server.scoring.served import BatchedModel, Tokenized
-from reward_server.text.judge_prompt import JudgePrompt, fit_prompt
+from reward_server.text.judge_prompt import JudgePrompt
 
 if TYPE_CHECKING:
     from reward_server.config.entries import PairwiseJudge
@@ -107,11 +107,7 @@ class PairwiseJudgeModel(BatchedModel):
     def prepare(self, items: Items, *, truncate: bool, max_tokens: int | None) -> Sequence[PairRow]:
         """The rows of the ordered pairs of the request's groups (read from
         :data:`~reward_server.scoring.groups.current_groups`), rendered and tokenized."""
-        rendering, reads = self.tool_rendering(), self.template.reads
-        prompts = [
-            fit_prompt(prompt, reads, rendering)
-            for prompt in judge_prompts(items, self._context().policy_template)
-        ]
+        prompts = self.fitted_prompts(items, self.template.reads)
         variables: list[dict[str, Any]] = []
         pairs: list[tuple[int, int]] = []
         for group in group_of(current_groups.get(), items.count):
@@ -154,14 +150,7 @@ class PairwiseJudgeModel(BatchedModel):
         for row in prepared:
             if row.num_tokens == 0:
                 raise EmptyTextError(f"the pair ({row.first}, {row.second}) encodes to no tokens")
-        ids = [row.input_ids for row in prepared]
-        judged: list[ItemResult] = []
-        if not ids:
-            pass
-        elif cache and ctx.score_cache is not None and self._cache_id is not None:
-            judged = await self._score_cached(prepared, ids, ctx, scheduler, ctx.score_cache)
-        else:
-            judged = self.finish(prepared, await scheduler.submit(ids))
+        judged = await self._row_results(prepared, ctx, scheduler, cache=cache)
         results = self._item_results(items.count, groups, prepared, judged)
         ctx.metrics.on_model_items(self.name, len(results), sum(r.num_tokens for r in results))
         return results

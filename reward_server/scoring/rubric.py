@@ -94,13 +94,8 @@ class Criterion:
         return self.weight < 0
 
     def as_variable(self) -> dict[str, Any]:
-        """What a template reads of it (in ``rubric``)."""
-        return {
-            "text": self.text,
-            "weight": self.weight,
-            "category": self.category,
-            "required": self.required,
-        }
+        """What a template reads of it (in ``rubric``): its keys as a label gives them."""
+        return {key: getattr(self, key) for key in _KEYS}
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from reward_server.errors import EmptyTextError, NotReadyError
 from reward_server.scoring.item_result import ItemResult
-from reward_server.scoring.items import Items, judge_prompts
+from reward_server.scoring.items import Items
 from reward_server.scoring.rubric import (
     PARSE_FAILURE,
     Criterion,
@@ -57,7 +57,7 @@ from reward_server.scoring.rubric import (
     verdicts,
 )
 from reward_server.scoring.served import BatchedModel, Tokenized
-from reward_server.text.judge_prompt import JUDGE_VARIABLES, fit_prompt, item_variables
+from reward_server.text.judge_prompt import JUDGE_VARIABLES, item_variables
 
 if TYPE_CHECKING:
     from reward_server.config.entries import RubricJudge
@@ -125,11 +125,7 @@ class RubricJudgeModel(BatchedModel):
             rubric_of(label, spec.categories, f"model {self.name!r}, item {i}")
             for i, label in enumerate(labels)
         ]
-        rendering, reads = self.tool_rendering(), self.template.reads
-        prompts = [
-            fit_prompt(prompt, reads, rendering)
-            for prompt in judge_prompts(items, self._context().policy_template)
-        ]
+        prompts = self.fitted_prompts(items, self.template.reads)
         variables: list[dict[str, Any]] = []
         where: list[tuple[int, int]] = []
         for i, (prompt, rubric) in enumerate(zip(prompts, rubrics, strict=True)):
@@ -185,14 +181,7 @@ class RubricJudgeModel(BatchedModel):
                 raise EmptyTextError(
                     f"item {row.item}'s row (criterion {row.criterion}) encodes to no tokens"
                 )
-        ids = [row.input_ids for row in rows]
-        judged: list[ItemResult] = []
-        if not ids:
-            pass
-        elif cache and ctx.score_cache is not None and self._cache_id is not None:
-            judged = await self._score_cached(rows, ids, ctx, scheduler, ctx.score_cache)
-        else:
-            judged = self.finish(rows, await scheduler.submit(ids))
+        judged = await self._row_results(rows, ctx, scheduler, cache=cache)
         results = self._item_results(rubrics, rows, judged)
         ctx.metrics.on_model_items(self.name, len(results), sum(r.num_tokens for r in results))
         for result in results:

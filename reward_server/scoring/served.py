@@ -56,9 +56,17 @@ from reward_server.scheduling import (
 )
 from reward_server.scoring.aggregate import label_weights, own_score
 from reward_server.scoring.item_result import ItemResult
-from reward_server.scoring.items import Conversations, Items, Pairs, conversations, render
+from reward_server.scoring.items import (
+    Conversations,
+    Items,
+    Pairs,
+    conversations,
+    judge_prompts,
+    render,
+)
 from reward_server.scoring.metrics import ModelState
 from reward_server.scoring.score_cache import MISS, ScoreCache, caches_kind, model_identity
+from reward_server.text.judge_prompt import JudgePrompt, fit_prompt
 from reward_server.text.messages import ToolRendering
 from reward_server.text.steps import StepEncoded, StepOptions, StepScorer, step_results
 
@@ -217,6 +225,14 @@ class BatchedModel(abc.ABC):
         given = self.spec.tool_rendering or self._context().settings.tool_rendering
         return cast("ToolRendering", given)
 
+    def fitted_prompts(self, items: Items, reads: frozenset[str]) -> list[JudgePrompt]:
+        """Each item as a judge's template that reads ``reads`` sees it (its policy's
+        template applied, what the template does not show rendered as the model's
+        ``tool_rendering`` says)."""
+        rendering = self.tool_rendering()
+        policy_template = self._context().policy_template
+        return [fit_prompt(p, reads, rendering) for p in judge_prompts(items, policy_template)]
+
     @property
     def name(self) -> str:
         """The model's name in answers."""
@@ -299,15 +315,27 @@ class BatchedModel(abc.ABC):
         for i, item in enumerate(prepared):
             if item.num_tokens == 0:
                 raise EmptyTextError(f"item {i} encodes to no tokens; nothing to score")
-        rows = [item.input_ids for item in prepared]
-        if cache and ctx.score_cache is not None and self._cache_id is not None:
-            results = await self._score_cached(prepared, rows, ctx, scheduler, ctx.score_cache)
-        else:
-            # One value per row: the scheduler's contract (scheduling.check_count).
-            values = await scheduler.submit(rows)
-            results = self.finish(prepared, values)
+        results = await self._row_results(prepared, ctx, scheduler, cache=cache)
         ctx.metrics.on_model_items(self.name, len(results), sum(r.num_tokens for r in results))
         return results
+
+    async def _row_results(
+        self,
+        prepared: Sequence[Tokenized],
+        ctx: ServingContext,
+        scheduler: Scheduler,
+        *,
+        cache: bool,
+    ) -> list[ItemResult]:
+        """One result per prepared row (none empty): through the score cache where the
+        model has one and the request lets it answer, else from one pass of each row."""
+        rows = [item.input_ids for item in prepared]
+        if not rows:
+            return []
+        if cache and ctx.score_cache is not None and self._cache_id is not None:
+            return await self._score_cached(prepared, rows, ctx, scheduler, ctx.score_cache)
+        # One value per row: the scheduler's contract (scheduling.check_count).
+        return self.finish(prepared, await scheduler.submit(rows))
 
     async def _score_cached(
         self,

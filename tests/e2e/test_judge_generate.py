@@ -125,8 +125,8 @@ def test_sampling_runs_and_info_lists_the_settings(rubric_judge: Path, models_cl
         ({"max_new_tokens": 0}, "max_new_tokens: Input should be greater than or equal to 1"),
         (
             {"mode": "logprobs", "score_tokens": {"Yes": 1.0, "No": 0.0}},
-            "score_pattern, max_new_tokens: only for mode: generate; "
-            "on_error: only for mode: generate or pairwise",
+            "score_pattern, max_new_tokens: only for mode: generate or rubric; "
+            "on_error: only for mode: generate, pairwise or rubric",
         ),
     ],
 )

@@ -85,6 +85,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "Share of the window's items the model failed on (masked or filled).",
     ),
+    "reward_server_reward_rubric_failed_ratio": (
+        "gauge",
+        "Share of a rubric judge's last items with a criterion of the category that failed one (not met, or a pitfall committed), by model, tenant and category.",
+    ),
     "reward_server_reward_length_correlation": (
         "gauge",
         "Pearson correlation of score with response length over the window's scored items (left out under 10 items or without variance): rising = length hacking.",
@@ -118,6 +122,14 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "reward_server_score_cache_duplicates": (
         "counter",
         "Items answered by an identical item of the same request or of a request in flight (scored once), by model.",
+    ),
+    "reward_server_rubric_failed_items": (
+        "counter",
+        "Items a rubric judge scored that failed a criterion of the category (not met, or a pitfall committed), by model and category; / rubric_items = the share failing.",
+    ),
+    "reward_server_rubric_items": (
+        "counter",
+        "Items a rubric judge scored whose rubric has a criterion of the category, by model and category (uncategorised: criteria given by weight alone).",
     ),
     "reward_server_score_cache_entries": ("gauge", "Entries the score cache holds now."),
     "reward_server_score_cache_hits": (
@@ -174,7 +186,7 @@ ERROR_TYPES = [
     "status=404,type=model_not_found",
     *(f"status=413,type={t}" for t in ("body_too_large", "steps_truncated", "text_too_long")),
     "status=413,type=too_many_items",
-    *(f"status=422,type={t}" for t in ("bad_deadline", "bad_groups", "chat_template")),
+    *(f"status=422,type={t}" for t in ("bad_deadline", "bad_groups", "bad_label", "chat_template")),
     *(f"status=422,type={t}" for t in ("empty_text", "invalid_request", "policy_template")),
     *(f"status=422,type={t}" for t in ("response_not_found", "run_refused", "unknown_model")),
     "status=422,type=unrenderable",
@@ -343,10 +355,11 @@ GAUGES: dict[tuple[str, str], float] = {
     ("reward_server_verifier_workers", "model=exact"): 1.0,
 }
 #: Samples in all (histograms' buckets 17, 14 or 14 samples, counters' ``_created`` left
-#: out): 983 from the start (70 unlabelled, 38 of the reward model's passes and cache, 14 by
-#: model, 32 by model and reason, 44 by tenant or outcome, 785 of the HTTP layer), and the
-#: reward signals' 6 x 10 + 2 x 50.
-SAMPLES = 983 + 6 * 10 + 2 * 50
+#: out): 1,116 from the start (70 unlabelled, 38 of the reward model's passes and cache, 14 by
+#: model, 32 by model and reason, 44 by tenant or outcome, 918 of the HTTP layer: its
+#: endpoints include the graders API's three, its error types bad_label), and the reward
+#: signals' 6 x 10 + 2 x 50.
+SAMPLES = 1116 + 6 * 10 + 2 * 50
 
 
 def _labels(labels: dict[str, str]) -> str:
