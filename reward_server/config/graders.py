@@ -26,7 +26,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from reward_server.errors import validation_problem
 
@@ -324,7 +333,7 @@ class TextSimilarityGrader(_Grader):
     """The text it is graded against (a template string)."""
     evaluation_metric: SimilarityMetric
     """fuzzy_match, bleu, gleu, meteor, cosine, rouge_1 .. rouge_5 or rouge_l."""
-    pass_threshold: float | None = None
+    pass_threshold: StrictFloat | None = None
     """The score at or above which the item passes (OpenAI's evals; reported, the reward is the score)."""
 
     @field_validator("input", "reference")
@@ -366,13 +375,13 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    temperature: float | None = Field(default=None, ge=0, le=2)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
     """Sampling temperature (0: greedy)."""
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
     """Nucleus sampling."""
-    seed: int | None = None
+    seed: StrictInt | None = None
     """The seed of the sampling."""
-    max_completions_tokens: int | None = Field(default=None, ge=1)
+    max_completions_tokens: StrictInt | None = Field(default=None, ge=1)
     """Most tokens of the answer."""
     reasoning_effort: str | None = None
     """OpenAI's reasoning models' effort; passed to a remote endpoint, ignored by a served judge."""
@@ -418,11 +427,11 @@ class ScoreModelGrader(_ModelGrader):
     clipped to ``range``, is the score."""
 
     type: Literal["score_model"]
-    range: tuple[float, float] = (0.0, 1.0)
+    range: tuple[StrictFloat, StrictFloat] = (0.0, 1.0)
     """The lowest and the highest score (default [0, 1]); results outside are clipped."""
     sampling_params: SamplingParams | None = None
     """How the model samples (temperature, top_p, seed, max_completions_tokens)."""
-    pass_threshold: float | None = None
+    pass_threshold: StrictFloat | None = None
     """The score at or above which the item passes (reported; the reward is the score)."""
 
     @field_validator("range")
