@@ -18,32 +18,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers.grader_judge import judge_entry, reference_answers, score_model
+from helpers.grader_judge import (
+    ITEMS,
+    MULTI,
+    RESPONSES,
+    judge_entry,
+    reference_answers,
+    score_model,
+)
 from helpers.models_files import write_models
 from helpers.vllm import require_vllm, vllm_server
 from server_proc import ServerProcess
 
 require_vllm()
-
-PY = "def grade(sample, item):\n    return len(sample['output_text']) / 100\n"
-MULTI = {
-    "type": "multi",
-    "name": "rft",
-    "graders": {
-        "judge": score_model(),
-        "exact": {
-            "type": "string_check",
-            "name": "exact",
-            "input": "{{ sample.output_text }}",
-            "reference": "{{ item.answer }}",
-            "operation": "ilike",
-        },
-        "py": {"type": "python", "name": "py", "source": PY},
-    },
-    "calculate_output": "(judge + exact + py) / 3",
-}
-RESPONSES = ["the movie was great", "plot bad", "it good", "so odd"]
-ITEMS = [{"answer": "GREAT"}, {"answer": "good"}, {"answer": "good"}, {"answer": "x"}]
 
 
 @pytest.fixture(scope="module")

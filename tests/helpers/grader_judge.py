@@ -146,3 +146,26 @@ def judge_entry(folder: Path, **extra: Any) -> dict[str, Any]:
         "weight": 0,
         **extra,
     }
+
+
+PY_GRADER = "def grade(sample, item):\n    return len(sample['output_text']) / 100\n"
+#: A multi grader of the three kinds a run combines (a score_model on the tiny judge, a
+#: string_check, a python grader) and the samples and items the judge tests grade with it.
+MULTI = {
+    "type": "multi",
+    "name": "rft",
+    "graders": {
+        "judge": score_model(),
+        "exact": {
+            "type": "string_check",
+            "name": "exact",
+            "input": "{{ sample.output_text }}",
+            "reference": "{{ item.answer }}",
+            "operation": "ilike",
+        },
+        "py": {"type": "python", "name": "py", "source": PY_GRADER},
+    },
+    "calculate_output": "(judge + exact + py) / 3",
+}
+RESPONSES = ["the movie was great", "plot bad", "it good", "so odd"]
+ITEMS = [{"answer": "GREAT"}, {"answer": "good"}, {"answer": "good"}, {"answer": "x"}]
