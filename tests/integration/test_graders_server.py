@@ -23,13 +23,15 @@ KEY = "graders-test-key"
 OUT, REF = "{{ sample.output_text }}", "{{ item.answer }}"
 EXACT = {"type": "string_check", "name": "exact", "input": OUT, "reference": REF, "operation": "eq"}
 HALF = {"type": "python", "name": "half", "source": "def grade(sample, item):\n    return 0.5\n"}
-GUIDE_PYTHON = (
-    "from rapidfuzz import fuzz, utils\n\n"
-    "def grade(sample, item) -> float:\n"
-    "    output_text = sample['output_text']\n"
-    "    reference_answer = item['reference_answer']\n"
-    "    return fuzz.WRatio(output_text, reference_answer, processor=utils.default_process) / 100.0\n"
-)
+#: The guide's python grader, verbatim (developers.openai.com/api/docs/guides/graders).
+GUIDE_PYTHON = """
+from rapidfuzz import fuzz, utils
+
+def grade(sample, item) -> float:
+    output_text = sample["output_text"]
+    reference_answer = item["reference_answer"]
+    return fuzz.WRatio(output_text, reference_answer, processor=utils.default_process) / 100.0
+"""
 MULTI = {
     "type": "multi",
     "name": "both",
@@ -84,14 +86,39 @@ def test_run_answers_in_openais_types(client: openai.OpenAI) -> None:
 
 
 def test_the_guides_python_grader_runs_in_the_sandbox(client: openai.OpenAI) -> None:
+    """The guide's payload, verbatim. The guide prints the answer without stating it; OpenAI's
+    own API answered 0.7555555555555555 (eval-protocol/openai-rft-quickstart's README, the same
+    grader run live), which rapidfuzz gives too."""
     grader = {"type": "python", "name": "fuzzy", "source": GUIDE_PYTHON, "image_tag": "2025-05-08"}
-    item = {"reference_answer": "fuzzy wuzzy was a bear"}
-    answer = run(client, grader, "Fuzzy Wuzzy was a bear!", item)
+    item = {"reference_answer": "fuzzy wuzzy had no hair"}
+    answer = run(client, grader, "fuzzy wuzzy was a bear", item)
+    assert answer.reward == pytest.approx(0.7555555555555555)
     expected = fuzz.WRatio(
-        "Fuzzy Wuzzy was a bear!", item["reference_answer"], processor=utils.default_process
+        "fuzzy wuzzy was a bear", item["reference_answer"], processor=utils.default_process
     )
     assert answer.reward == pytest.approx(expected / 100.0)
     assert raised(answer) == set()
+    other = run(client, grader, "Fuzzy Wuzzy had no hair!", item)
+    assert other.reward == 1.0
+
+
+def test_the_api_references_validate_example(server: ServerProcess) -> None:
+    """The API reference's graders/validate example: its request body, verbatim, answered
+    with the grader it sent."""
+    body = {
+        "grader": {
+            "type": "string_check",
+            "name": "Example string check grader",
+            "input": "{{sample.output_text}}",
+            "reference": "{{item.label}}",
+            "operation": "eq",
+        }
+    }
+    headers = {"Authorization": f"Bearer {KEY}"}
+    url = f"{server.url}/v1/fine_tuning/alpha/graders/validate"
+    answer = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == body
 
 
 PY = "def grade(sample, item):\n    {}\n"

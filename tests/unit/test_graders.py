@@ -11,6 +11,7 @@ python graders run in a sandbox (tests/integration/test_graders_server.py).
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from typing import Any
@@ -180,54 +181,124 @@ def test_the_table_has_at_least_forty_cases() -> None:
 
 
 # -- OpenAI's graders guide ------------------------------------------------------------------
+# The guide (developers.openai.com/api/docs/guides/graders, the copy of 2026-06-27; the older
+# platform.openai.com copy differs only in its label_model section) states no number for its
+# examples, only rules and ranges; these run its graders verbatim and assert what it states.
+# The API reference's examples (openapi.yaml's graders/validate and graders/run) and the
+# guide's python grader run in tests/integration/test_graders_server.py.
 
 
-def test_guide_string_check_example() -> None:
-    """The guide's string check: item's reference answer against the output, eq."""
+def test_reference_string_check_example() -> None:
+    """The API reference's string check grader, verbatim, under the guide's rule for ``eq``:
+    "Returns 1 if the input matches the reference (case-sensitive), 0 otherwise"."""
     grader = {
         "type": "string_check",
-        "name": "string check",
-        "input": "{{item.reference_answer}}",
-        "reference": "{{sample.output_text}}",
+        "name": "Example string check grader",
+        "input": "{{sample.output_text}}",
+        "reference": "{{item.label}}",
         "operation": "eq",
     }
-    assert grade(grader, "fuzzy wuzzy", {"reference_answer": "fuzzy wuzzy"}) == 1.0
-    assert grade(grader, "fuzzy wuzzy was a bear", {"reference_answer": "fuzzy wuzzy"}) == 0.0
+    assert grade(grader, "Markets", {"label": "Markets"}) == 1.0
+    assert grade(grader, "markets", {"label": "Markets"}) == 0.0
+    assert grade(grader, "Markets.", {"label": "Markets"}) == 0.0
 
 
-def test_guide_multigrader_example() -> None:
-    """The guide's multigrader: a fuzzy match of the name and an exact check of the email
-    in the model's JSON output, averaged: (name + email) / 2."""
-    grader = {
-        "type": "multi",
-        "name": "example multigrader",
-        "graders": {
-            "name": {
-                "name": "name_grader",
-                "type": "text_similarity",
-                "input": "{{sample.output_json.name}}",
-                "reference": "{{item.name}}",
-                "evaluation_metric": "fuzzy_match",
-                "pass_threshold": 0.9,
-            },
-            "email": {
-                "name": "email_grader",
-                "type": "string_check",
-                "input": "{{sample.output_json.email}}",
-                "reference": "{{item.email}}",
-                "operation": "eq",
-            },
+#: The guide's multigrader, verbatim: a fuzzy match of the name, an exact check of the email.
+GUIDE_MULTI: dict[str, Any] = {
+    "type": "multi",
+    "graders": {
+        "name": {
+            "name": "name_grader",
+            "type": "text_similarity",
+            "input": "{{sample.output_json.name}}",
+            "reference": "{{item.name}}",
+            "evaluation_metric": "fuzzy_match",
+            "pass_threshold": 0.9,
         },
-        "calculate_output": "(name + email) / 2",
-    }
-    item = {"name": "Jane Doe", "email": "jane@example.com"}
-    exact = '{"name": "Jane Doe", "email": "jane@example.com"}'
-    assert grade(grader, exact, item) == 1.0
-    typo = '{"name": "Jane Do", "email": "jane@example.org"}'
-    assert grade(grader, typo, item) == pytest.approx(by_rapidfuzz("Jane Do", "Jane Doe") / 2)
+        "email": {
+            "name": "email_grader",
+            "type": "string_check",
+            "input": "{{sample.output_json.email}}",
+            "reference": "{{item.email}}",
+            "operation": "eq",
+        },
+    },
+    "calculate_output": "(name + email) / 2",
+}
+GUIDE_PERSON = {"name": "John Doe", "email": "john.doe@gmail.com"}
+NAMES = ["John Doe", "Jon Doe", "john doe", "J. Doe", "Doe, John", "Jane Smith", ""]
+EMAILS = ["john.doe@gmail.com", "john.doe@gmail.co", "John.Doe@gmail.com", "jdoe@gmail.com"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("email", EMAILS)
+def test_guide_multigrader_example(name: str, email: str) -> None:
+    """The guide: "Samples that get the email wrong will score between 0-0.5, and samples
+    that get the email right will score between 0.5-1.0"; the value is rapidfuzz's on the
+    name and 1 or 0 for the email, averaged by the grader's formula."""
+    grader = {**GUIDE_MULTI, "name": "example multigrader"}
+    output = json.dumps({"name": name, "email": email}, indent=2)
+    reward = grade(grader, output, GUIDE_PERSON)
+    email_right = email == GUIDE_PERSON["email"]
+    assert (0.5 <= reward <= 1.0) if email_right else (0.0 <= reward <= 0.5)
+    assert reward == pytest.approx((by_rapidfuzz(name, "John Doe") + email_right) / 2)
+
+
+def test_guide_multigrader_example_output_scores_one() -> None:
+    """The guide's example model output, verbatim, against the item it was written for."""
+    output = '{\n  "name": "John Doe",\n  "email": "john.doe@gmail.com"\n}'
+    grader = {**GUIDE_MULTI, "name": "example multigrader"}
+    assert grade(grader, output, GUIDE_PERSON) == 1.0
     with pytest.raises(GradeFailure) as failed:
-        grade(grader, "Jane Doe, jane@example.com", item)
+        grade(grader, "John Doe, john.doe@gmail.com", GUIDE_PERSON)
     assert failed.value.flag == "sample_parse_error"
+
+
+#: The guide's tool-call grader ("Details on grading tool calls"), verbatim.
+GUIDE_TOOL_CALL: dict[str, Any] = {
+    "type": "multi",
+    "name": "tool call",
+    "graders": {
+        "function_name": {
+            "name": "function_name",
+            "type": "string_check",
+            "input": "get_acceptors",
+            "reference": "{{sample.output_tools[0].function.name}}",
+            "operation": "eq",
+        },
+        "arguments": {
+            "name": "arguments",
+            "type": "string_check",
+            "input": '{"smiles": "{{item.smiles}}"}',
+            "reference": "{{sample.output_tools[0].function.arguments}}",
+            "operation": "eq",
+        },
+    },
+    "calculate_output": "0.5 * function_name + 0.5 * arguments",
+}
+
+
+def call(name: str, arguments: str) -> list[dict[str, Any]]:
+    return [
+        {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "expected"),
+    [
+        ("get_acceptors", '{"smiles": "CCO"}', 1.0),
+        # The guide: the arguments check "is prone to under-rewarding the model if the
+        # function arguments are subtly incorrect": the same arguments spelt otherwise.
+        ("get_acceptors", '{"smiles":"CCO"}', 0.5),
+        ("get_acceptors", '{"smiles": "C-C-O"}', 0.5),
+        ("get_donors", '{"smiles": "CCO"}', 0.5),
+        ("get_donors", "{}", 0.0),
+    ],
+)
+def test_guide_tool_call_grader(name: str, arguments: str, expected: float) -> None:
+    """Half for the function's name, half for its arguments as the item's molecule."""
+    assert grade(GUIDE_TOOL_CALL, "", {"smiles": "CCO"}, call(name, arguments)) == expected
 
 
 def test_guide_python_grader_source_is_accepted() -> None:
