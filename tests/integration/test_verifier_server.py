@@ -104,9 +104,11 @@ def test_failing_verifiers_score_on_error_and_health_keeps_answering(
         time.sleep(0.1)
     thread.join()
     assert other_model is not None and other_model.status_code == 200, other_model
-    # The sleeper took its full time limit per item, and /health answered throughout.
+    # The sleeper took its full time limit per item, and /health answered throughout: an
+    # event loop held by the sleeper would hold a health check for the whole limit (a bound,
+    # not a speed: make test's load once took one check to 1.2 s).
     assert len(health_seconds) >= 5, health_seconds
-    assert max(health_seconds) < 1.0, health_seconds
+    assert max(health_seconds) < TIMEOUT_S, health_seconds
 
     response = answer["all"]
     assert response.status_code == 200, response.text
