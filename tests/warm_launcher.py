@@ -7,7 +7,7 @@ a hundred). Test machinery, not the product's: a user's server runs the console 
 ``running_server`` pass it to :func:`reward_server.launcher.start_server` (``warm=True``, their
 default). It forks the server from this process's warm launcher where the server's
 environment differs from the one the launcher started with only in ``REWARD_SERVER_*``
-settings (:data:`WARM_FREE_ENV`), and runs the console script otherwise.
+settings and vLLM's variables (:data:`WARM_FREE_ENV`), and runs the console script otherwise.
 
 The launcher's own process is this file run as a script, one per calling process, never by
 hand: ``python -P tests/warm_launcher.py FD``, where FD is the calling process's end of a
@@ -19,7 +19,7 @@ and output; the reply socket gets ``{"pid": N}`` at once, then ``{"returncode": 
 control channel closes (its caller is gone).
 
 Why the request's environment must match the one the launcher started with but for
-``REWARD_SERVER_*`` settings: libraries read some variables once, at import (OpenMP's
+those: libraries read some variables once, at import (OpenMP's
 thread count, the hub's offline flag), and those imports happened in the launcher.
 """
 
@@ -127,8 +127,9 @@ def _alive(pid: int) -> bool:
 
 
 #: The variables a warm server's environment may change (prefixes): the server's settings,
-#: and the name of the running test that pytest sets anew for every test.
-WARM_FREE_ENV = ("REWARD_SERVER_", "PYTEST_CURRENT_TEST")
+#: the name of the running test that pytest sets anew for every test, and vLLM's (vLLM reads
+#: its variables when it uses them, and the launcher never imports it: see _preload).
+WARM_FREE_ENV = ("REWARD_SERVER_", "PYTEST_CURRENT_TEST", "VLLM_")
 
 
 class WarmLauncher:
@@ -260,6 +261,9 @@ def _preload() -> None:
             importlib.import_module(name)
         except ImportError:  # an optional part not installed: the server loads what it has
             logger.debug("warm start: %s not importable", name)
+    # WARM_FREE_ENV lets a server change vLLM's variables because vLLM is not imported here.
+    if "vllm" in sys.modules:
+        raise RuntimeError("the warm launcher's imports brought in vLLM: VLLM_ is not warm-free")
 
 
 def _send(sock: socket.socket, message: dict[str, int]) -> None:

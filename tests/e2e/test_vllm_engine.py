@@ -77,7 +77,9 @@ def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama_server(llama: Path) -> Iterator[ServerProcess]:
-    with vllm_server(llama, "--max-length", str(MAX_LENGTH), "--max-queue", "128") as server:
+    with vllm_server(
+        llama, "--max-length", str(MAX_LENGTH), "--max-queue", "128", one_process=False
+    ) as server:
         yield server
 
 
@@ -113,7 +115,7 @@ def qwen2_server(qwen2: Path, qwen2_lora: Path) -> Iterator[ServerProcess]:
     """The Qwen2 model with a LoRA adapter (merged for vLLM at start-up) over TP workers:
     one vLLM start for both (each start costs minutes on a small CPU machine)."""
     flags = ("--max-length", str(MAX_LENGTH), "--adapter", str(qwen2_lora))
-    with vllm_server(qwen2, *flags, "--tensor-parallel-size", str(TP)) as server:
+    with vllm_server(qwen2, *flags, "--tensor-parallel-size", str(TP), one_process=False) as server:
         yield server
 
 

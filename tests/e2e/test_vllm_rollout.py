@@ -22,12 +22,14 @@ import importlib.util
 import math
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from helpers.training import PPO_CLIENT, PROMPTS, ppo_config, read_jsonl, write_prompts
+from helpers.vllm import ONE_PROCESS_ENV
 from server_proc import require_counterpart, running_server
 from transformers import AutoModelForCausalLM
 
@@ -45,6 +47,22 @@ require_counterpart(
 pytestmark = pytest.mark.exclusive
 
 GREEDY_TOKENS = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_process_engines() -> Iterator[None]:
+    """This module's engines run in the process that makes them (helpers.vllm.ONE_PROCESS_ENV:
+    two spawned processes fewer per engine, each importing vLLM and torch again); the default,
+    an engine core process with a worker, is test_ppo_accelerate's and bench's rollout."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in ONE_PROCESS_ENV.items():
+            patch.setenv(key, value)
+        yield
+    import vllm.envs
+
+    # vLLM caches its variables once an engine has started in this process: drop the cache
+    # so that a later module of this worker reads the default again.
+    vllm.envs.disable_envs_cache()
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,13 @@ from helpers.training import ppo_client_env
 VLLM_FLAGS = ("--engine", "vllm", "--engine-arg", "enforce_eager=true", "--max-wait-ms", "0")
 #: How long a vLLM engine or server may take to start.
 START_TIMEOUT_S = 420
+#: The environment of a one-worker vLLM engine in tests: its model runs in the engine core's
+#: process instead of a worker process of its own. vLLM's CPU platform starts every process
+#: by spawn, each importing vLLM and torch again (about 8 s of CPU here), and with this variable
+#: it keeps a one-worker engine's executor in-process (``uni``, the executor it uses on one
+#: GPU). The maths is the same; tests/e2e/test_vllm_engine.py keeps the default (a worker
+#: process per rank, as tensor parallelism needs).
+ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def require_vllm() -> None:
@@ -38,10 +45,14 @@ def require_vllm() -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(model: str | Path | None, *flags: str) -> Iterator[ServerProcess]:
+def vllm_server(
+    model: str | Path | None, *flags: str, one_process: bool = True
+) -> Iterator[ServerProcess]:
     """``reward-server --model model *flags`` on the vLLM engine (VLLM_FLAGS), ready; stopped
-    at the end of the block (a minute for the engine's processes to go)."""
-    server = start_server(model, *VLLM_FLAGS, *flags)
+    at the end of the block (a minute for the engine's processes to go). ``one_process``:
+    each engine's model in its engine core's process (ONE_PROCESS_ENV); False: vLLM's
+    default, a worker process per rank."""
+    server = start_server(model, *VLLM_FLAGS, *flags, env=ONE_PROCESS_ENV if one_process else None)
     try:
         server.wait_ready(START_TIMEOUT_S)
         yield server
@@ -67,7 +78,11 @@ def start_openai_server(
     ]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=ppo_client_env(), start_new_session=True
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**ppo_client_env(), **ONE_PROCESS_ENV},
+            start_new_session=True,
         )
     return proc, f"http://127.0.0.1:{port}"
 
