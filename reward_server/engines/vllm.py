@@ -256,7 +256,7 @@ class Started:
     args: dict[str, Any]
     device: str
     merged: Path | None
-    key: str = ""
+    key: str
 
 
 class _Engines:

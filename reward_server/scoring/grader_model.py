@@ -7,8 +7,9 @@ server's one fair queue), each worker holding its python graders' warm sandbox
 (:mod:`reward_server.verifiers.graders`). Each item's ``sample`` is built from its response,
 its ``item`` is its label. Its model leaves (``score_model``, ``label_model``) are then
 answered by the judges they name, other entries of the file
-(:mod:`reward_server.scoring.grader_judges`), for the items whose other leaves passed. The reward is the grader's score (a ``multi`` grader's formula
-over its graders' scores, each of which is in the answer's extras as ``sub:NAME``).
+(:mod:`reward_server.scoring.grader_judges`), for the items whose other leaves passed. The
+reward is the grader's score (a ``multi`` grader's formula over its graders' scores, each of
+which is in the answer's extras as ``sub:NAME``).
 
 An item whose grade fails is not an error of the request: it is masked (``on_error: mask``)
 or scores ``on_error`` (``0`` is OpenAI's behaviour), its reason one of OpenAI's error flags

@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 from datasets import Dataset
-from helpers.grader_judge import judge_entry
+from helpers.grader_judge import EXACT, judge_entry
 from helpers.servers import serve
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
@@ -39,13 +39,7 @@ GRADER = {
             "name": "py",
             "source": "def grade(sample, item):\n    return min(1.0, len(sample['output_text'].split()) / 8)\n",
         },
-        "exact": {
-            "type": "string_check",
-            "name": "exact",
-            "input": "{{ sample.output_text }}",
-            "reference": "{{ item.answer }}",
-            "operation": "ilike",
-        },
+        "exact": EXACT,
         "judge": {
             "type": "score_model",
             "name": "judge",

@@ -149,6 +149,15 @@ def judge_entry(folder: Path, **extra: Any) -> dict[str, Any]:
 
 
 PY_GRADER = "def grade(sample, item):\n    return len(sample['output_text']) / 100\n"
+#: The string_check leaf of the judge tests' multi graders: the item's answer in the output,
+#: in any case.
+EXACT = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{ sample.output_text }}",
+    "reference": "{{ item.answer }}",
+    "operation": "ilike",
+}
 #: A multi grader of the three kinds a run combines (a score_model on the tiny judge, a
 #: string_check, a python grader) and the samples and items the judge tests grade with it.
 MULTI = {
@@ -156,13 +165,7 @@ MULTI = {
     "name": "rft",
     "graders": {
         "judge": score_model(),
-        "exact": {
-            "type": "string_check",
-            "name": "exact",
-            "input": "{{ sample.output_text }}",
-            "reference": "{{ item.answer }}",
-            "operation": "ilike",
-        },
+        "exact": EXACT,
         "py": {"type": "python", "name": "py", "source": PY_GRADER},
     },
     "calculate_output": "(judge + exact + py) / 3",

@@ -203,9 +203,11 @@ def test_reference_string_check_example() -> None:
     assert grade(grader, "Markets.", {"label": "Markets"}) == 0.0
 
 
-#: The guide's multigrader, verbatim: a fuzzy match of the name, an exact check of the email.
+#: The guide's multigrader, verbatim: a fuzzy match of the name, an exact check of the email
+#: (with the top-level name the API requires, which the guide leaves out).
 GUIDE_MULTI: dict[str, Any] = {
     "type": "multi",
+    "name": "example multigrader",
     "graders": {
         "name": {
             "name": "name_grader",
@@ -236,9 +238,8 @@ def test_guide_multigrader_example(name: str, email: str) -> None:
     """The guide: "Samples that get the email wrong will score between 0-0.5, and samples
     that get the email right will score between 0.5-1.0"; the value is rapidfuzz's on the
     name and 1 or 0 for the email, averaged by the grader's formula."""
-    grader = {**GUIDE_MULTI, "name": "example multigrader"}
     output = json.dumps({"name": name, "email": email}, indent=2)
-    reward = grade(grader, output, GUIDE_PERSON)
+    reward = grade(GUIDE_MULTI, output, GUIDE_PERSON)
     email_right = email == GUIDE_PERSON["email"]
     assert (0.5 <= reward <= 1.0) if email_right else (0.0 <= reward <= 0.5)
     assert reward == pytest.approx((by_rapidfuzz(name, "John Doe") + email_right) / 2)
@@ -247,10 +248,9 @@ def test_guide_multigrader_example(name: str, email: str) -> None:
 def test_guide_multigrader_example_output_scores_one() -> None:
     """The guide's example model output, verbatim, against the item it was written for."""
     output = '{\n  "name": "John Doe",\n  "email": "john.doe@gmail.com"\n}'
-    grader = {**GUIDE_MULTI, "name": "example multigrader"}
-    assert grade(grader, output, GUIDE_PERSON) == 1.0
+    assert grade(GUIDE_MULTI, output, GUIDE_PERSON) == 1.0
     with pytest.raises(GradeFailure) as failed:
-        grade(grader, "John Doe, john.doe@gmail.com", GUIDE_PERSON)
+        grade(GUIDE_MULTI, "John Doe, john.doe@gmail.com", GUIDE_PERSON)
     assert failed.value.flag == "sample_parse_error"
 
 
