@@ -1,7 +1,7 @@
 """LLM judges in ``mode: generate`` (issue 21, part 3): the judge answers in text and the
 score is parsed from its answer by ``score_pattern``.
 
-A tiny GPT-2 is trained here (500 steps, seconds on CPU; once per run, shared with
+A tiny GPT-2 is trained here (350 steps, seconds on CPU; once per run, shared with
 tests/e2e/test_vllm_judge.py) to answer ``Rate: <response>`` with
 ``Verdict: Score: N``, N set by the response's last word, or with garbage (``no idea``) for one last
 word. Served as a judge, its parsed scores are the expected numbers; an answer without a

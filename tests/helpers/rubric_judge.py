@@ -1,4 +1,4 @@
-"""A judge in ``mode: generate`` that answers a rubric: a tiny GPT-2 trained (500 steps) to
+"""A judge in ``mode: generate`` that answers a rubric: a tiny GPT-2 trained (:data:`TRAIN_STEPS` steps) to
 answer ``Rate: <response>`` with ``Verdict: Score: N``, N set by the response's last word, or
 with garbage (``no idea``) for one last word; the ``rubric_judge`` fixture of
 tests/conftest.py trains it once per run. ``reference_answers`` is plain transformers'
@@ -24,6 +24,10 @@ ANSWERS = {"great": "Score: 9", "good": "Score: 7", "bad": "Score: 2", "awful": 
 GARBAGE = {"odd": "no idea"}
 FILLER = "the movie film story plot was is very really quite and but so it".split()
 ON_ERROR = -1.0
+#: Training steps: the judge answers every prompt of 300 random ones as trained from 300
+#: steps on (250: 149 of 150), so 350 leaves a margin; 500 took 40 % longer for nothing more.
+#: (helpers.grader_judge's judge keeps 500: it is also asked prompts it was not trained on.)
+TRAIN_STEPS = 350
 
 
 def random_response(rng: random.Random, last: str) -> str:
@@ -70,9 +74,9 @@ def train_rubric_judge(folder: Path) -> Path:
     fixture trains it once per run); a head size of 64, which vLLM's CPU attention takes.
 
     On one torch thread: beside the other pytest worker's servers, two threads on the two
-    cores took 5x their idle time (127 s against 25 s); one thread takes 36 s idle."""
+    cores took 5x their idle time (127 s against 25 s); one thread takes about 20 s idle."""
     with tiny_models.torch_threads(1):
-        return train_judge(folder, steps=500, n_embd=128, n_head=2)
+        return train_judge(folder, steps=TRAIN_STEPS, n_embd=128, n_head=2)
 
 
 def reference_answers(folder: Path, responses: list[str], max_new_tokens: int) -> list[str]:
