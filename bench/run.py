@@ -374,11 +374,11 @@ def run(argv: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     render_charts(out)  # its charts beside it, for the docs' Benchmarks page
     results = json.loads(text)  # what the file holds (tuples as lists)
     if not args.no_markdown:
-        _write_markdown(args.markdown, parts, results)
+        write_markdown(args.markdown, parts, results)
     return results, out
 
 
-def _write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any]) -> None:
+def write_markdown(path: Path, parts: tuple[str, ...], results: dict[str, Any]) -> None:
     """Rewrite the blocks of BENCHMARKS.md the parts measured (the others stay as they are)."""
     from bench.judges import render as render_judges
     from bench.report import (
