@@ -168,6 +168,11 @@ def test_killing_a_replica_under_load_loses_no_request(served: str, plain: TestC
         served, max_client_batch=3, max_concurrency=4, timeout=20, retry_timeout=90
     )
 
+    # Once the replica is killed, each thread waits a little between its requests: requests
+    # still arrive all through the replacement, and the new replica (a worker importing torch)
+    # gets the CPU the load would otherwise take from it on a 2-core machine.
+    paced = threading.Event()
+
     def load() -> None:
         while not stop.is_set():
             try:
@@ -175,6 +180,8 @@ def test_killing_a_replica_under_load_loses_no_request(served: str, plain: TestC
             except BaseException as exc:
                 errors.append(exc)
                 return
+            if paced.is_set():
+                stop.wait(0.2)
 
     threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
     with client:
@@ -188,6 +195,7 @@ def test_killing_a_replica_under_load_loses_no_request(served: str, plain: TestC
             assert len(names) == 2, names
             ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
             killed_at = len(results)
+            paced.set()
             # Serve notices, starts another replica, and the load goes on meanwhile. The
             # deadline only bounds a hang: a replica's start (a fresh worker importing torch
             # and loading the model) is slow on a machine busy with other tests.
