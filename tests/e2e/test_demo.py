@@ -83,10 +83,25 @@ def _start_demo(out: Path) -> subprocess.Popen[str]:
     )
 
 
+def _wait_for_the_ppo_stage(proc: subprocess.Popen[str]) -> None:
+    """Read the demo's output up to its PPO stage's header, which it prints (and flushes)
+    just before it starts the trainer: reading blocks, where looking for the trainer among
+    the machine's processes costs CPU at each look."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        if "[4/4] PPO" in line:
+            return
+        assert time.monotonic() < deadline, "the demo never reached the PPO stage"
+    raise AssertionError(f"the demo ended before its PPO stage: {proc.wait()}")
+
+
 def _children_once_the_trainer_runs(
     proc: subprocess.Popen[str], poll_s: float
 ) -> list[psutil.Process]:
-    """The demo's processes, as soon as one of them is ``ppo-client train``."""
+    """The demo's processes, as soon as one of them is ``ppo-client train`` (looked for
+    from the PPO stage on)."""
+    _wait_for_the_ppo_stage(proc)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[0]
@@ -115,12 +130,6 @@ def test_ctrl_c_leaves_no_process_behind(quick_demo: tuple[Path, str]) -> None:
     """Ctrl-C during PPO stops the server and the trainer."""
     out, _ = quick_demo
     proc = _start_demo(out)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 300
-    for line in proc.stdout:  # wait until the server runs and the trainer has started
-        if "[4/4] PPO" in line:
-            break
-        assert time.monotonic() < deadline, "the demo never reached the PPO stage"
     children = _children_once_the_trainer_runs(proc, poll_s=0.1)
     time.sleep(3)  # the trainer is importing torch or training by now
     assert any("reward-server" in " ".join(c.cmdline()) for c in children)
