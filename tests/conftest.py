@@ -17,13 +17,42 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # those of several pytest workers then fit in memory together.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+import functools
+import ssl
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import httpx._transports.default as httpx_transports
 import pytest
 from filelock import FileLock
 
 import tiny_models
+
+
+def _share_the_default_ssl_context() -> None:
+    """Every httpx client builds an SSL context when it is made, loading certifi's bundle:
+    about 25 ms of CPU, for http:// URLs too. The suite makes thousands of clients (each
+    ``httpx.get``/``post`` is one, and polls make one ten times a second), which cost whole
+    minutes of ``make test`` on two cores. Here the context of the default settings is built
+    once per set of certificate variables and shared (an SSL context may serve many clients,
+    as httpx advises); a client given ``verify`` or ``cert`` of its own still builds its own.
+    Only this test process's clients: the servers and trainers it starts are untouched."""
+    build = httpx_transports.create_ssl_context
+
+    @functools.cache
+    def default(trust_env: bool, cafile: str | None, capath: str | None) -> ssl.SSLContext:
+        return build(verify=True, cert=None, trust_env=trust_env)
+
+    def shared(verify: Any = True, cert: Any = None, trust_env: bool = True) -> ssl.SSLContext:
+        if verify is True and cert is None:
+            env = os.environ if trust_env else {}
+            return default(trust_env, env.get("SSL_CERT_FILE"), env.get("SSL_CERT_DIR"))
+        return build(verify=verify, cert=cert, trust_env=trust_env)
+
+    httpx_transports.create_ssl_context = shared  # type: ignore[assignment]
+
+
+_share_the_default_ssl_context()
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
