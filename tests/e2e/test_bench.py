@@ -8,13 +8,36 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from warm_launcher import spawn as warm_spawn
 
+import reward_server.launcher
 from bench import engines, report, run
 from bench.common import parse_prometheus, percentile, summary
 from bench.models import make_texts
+
+#: The bench's modules that import ``running_server`` by name (the others import it from
+#: reward_server.launcher when they start a server).
+_BY_NAME = ("engines", "ppo_step", "rubrics", "tenant_kinds", "throughput")
+
+
+@pytest.fixture(autouse=True)
+def _warm_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's servers forked by the suite's warm launcher, as the other tests' servers
+    are, where their environment is the test process's but for the server's settings (the
+    launcher starts the others cold); a start that names its way (the startup part's cold
+    and warm starts) keeps it. The servers are the same: only their start costs less."""
+    original = reward_server.launcher.running_server
+
+    def running_server(*args: Any, spawn: Any = None, **kwargs: Any) -> Any:
+        return original(*args, spawn=spawn or warm_spawn, **kwargs)
+
+    monkeypatch.setattr(reward_server.launcher, "running_server", running_server)
+    for name in _BY_NAME:
+        monkeypatch.setattr(f"bench.{name}.running_server", running_server)
 
 
 @pytest.fixture(autouse=True)
