@@ -32,15 +32,17 @@ import tiny_models
 def _share_the_default_ssl_context() -> None:
     """Every httpx client builds an SSL context when it is made, loading certifi's bundle:
     about 25 ms of CPU, for http:// URLs too. The suite makes thousands of clients (each
-    ``httpx.get``/``post`` is one, and polls make one ten times a second), which cost whole
-    minutes of ``make test`` on two cores. Here the context of the default settings is built
-    once per set of certificate variables and shared (an SSL context may serve many clients,
-    as httpx advises); a client given ``verify`` or ``cert`` of its own still builds its own.
-    Only this test process's clients: the servers and trainers it starts are untouched."""
+    ``httpx.get``/``post`` is one, and polls make one ten times a second). Here the context
+    of the default settings is built once per set of certificate variables and shared (an
+    SSL context may serve many clients, as httpx advises); a client given ``verify`` or
+    ``cert`` of its own still builds its own. Only this test process's clients: the servers
+    and trainers it starts are untouched."""
     build = httpx_transports.create_ssl_context
 
     @functools.cache
     def default(trust_env: bool, cafile: str | None, capath: str | None) -> ssl.SSLContext:
+        # cafile and capath (SSL_CERT_FILE, SSL_CERT_DIR, which httpx reads) are the cache's
+        # key only: a test that sets them gets a context of its own.
         return build(verify=True, cert=None, trust_env=trust_env)
 
     def shared(verify: Any = True, cert: Any = None, trust_env: bool = True) -> ssl.SSLContext:
