@@ -86,13 +86,12 @@ def _start_demo(out: Path) -> subprocess.Popen[str]:
 def _wait_for_the_ppo_stage(proc: subprocess.Popen[str]) -> None:
     """Read the demo's output up to its PPO stage's header, which it prints (and flushes)
     just before it starts the trainer: reading blocks, where looking for the trainer among
-    the machine's processes costs CPU at each look."""
+    the machine's processes costs CPU at each look. A demo that hangs is bounded by the
+    module's time limit."""
     assert proc.stdout is not None
-    deadline = time.monotonic() + 300
     for line in proc.stdout:
         if "[4/4] PPO" in line:
             return
-        assert time.monotonic() < deadline, "the demo never reached the PPO stage"
     raise AssertionError(f"the demo ended before its PPO stage: {proc.wait()}")
 
 
