@@ -26,7 +26,9 @@ import httpx._transports.default as httpx_transports
 import pytest
 from filelock import FileLock
 
-import tiny_models
+# tiny_models (torch and transformers: about 6 s of CPU) is imported in the fixtures that
+# use it, not here: xdist's controller loads this file too, before it starts its workers,
+# and builds no model.
 
 
 def _share_the_default_ssl_context() -> None:
@@ -120,6 +122,8 @@ def learning_report() -> Callable[..., None]:
 def one_torch_thread() -> Iterator[None]:
     """torch on one thread for the test (tiny models run fastest so, especially on a
     shared machine); the thread count is restored after."""
+    import tiny_models
+
     with tiny_models.torch_threads(1):
         yield
 
@@ -153,24 +157,32 @@ def built_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def bert_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny BERT encoder reward model (WordPiece tokenizer)."""
+    import tiny_models
+
     return tiny_models.save_bert_reward_model(tmp_path_factory.mktemp("bert_rm"))
 
 
 @pytest.fixture(scope="session")
 def gpt2_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny GPT-2 decoder reward model, pad token == EOS."""
+    import tiny_models
+
     return tiny_models.save_gpt2_reward_model(tmp_path_factory.mktemp("gpt2_rm"))
 
 
 @pytest.fixture(scope="session")
 def llama_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny Llama-like decoder reward model with a chat template and no pad token."""
+    import tiny_models
+
     return tiny_models.save_llama_reward_model(tmp_path_factory.mktemp("llama_rm"))
 
 
 @pytest.fixture(scope="session")
 def gpt2_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny GPT-2 causal LM policy with its own byte-level BPE tokenizer."""
+    import tiny_models
+
     return tiny_models.save_gpt2_policy(tmp_path_factory.mktemp("gpt2_policy"))
 
 
@@ -286,6 +298,8 @@ def tool_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from agent_models import REWARD_TEMPLATE
 
     path = tmp_path_factory.mktemp("tool_rm")
+    import tiny_models
+
     return tiny_models.save_llama_reward_model(path, chat_template=REWARD_TEMPLATE)
 
 
