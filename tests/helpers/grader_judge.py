@@ -1,8 +1,9 @@
 """A judge for OpenAI's model graders: a tiny GPT-2 trained to answer the messages a
 ``score_model`` leaf sends (rendered without a chat template: ``role: content`` lines, then
 ``assistant:``) with OpenAI's ``{"result": N, "steps": []}``, N set by the response's last
-word, and those of a ``label_model`` leaf with ``{"result": "positive"}`` or
-``"negative"``; with garbage for one last word (a ``model_grader_parse_error``).
+word whatever range the instruction names (the server clips to it), and those of a
+``label_model`` leaf with ``{"result": "positive"}`` or ``"negative"``; with garbage for
+one last word (a ``model_grader_parse_error``).
 The ``grader_judge`` fixture of tests/conftest.py trains it once per run;
 :func:`reference_answers` is plain transformers' greedy ``generate`` of the same prompts.
 """
@@ -21,7 +22,15 @@ import tiny_models
 
 #: The score_model grader this judge answers (its one input message).
 RATE = "Rate: {{ sample.output_text }}"
-INSTRUCTION = 'Answer in JSON: {"result": <0 to 1>, "steps": [...]}'
+#: The instruction the server adds to a score_model leaf's messages, by the leaf's range.
+INSTRUCTION = 'Answer in JSON: {{"result": <{lo:g} to {hi:g}>, "steps": [...]}}'
+#: The ranges of the training prompts: the default most often, and others (the tests ask
+#: [0.8, 1]), so that the answer depends on the response's last word alone.
+TRAIN_RANGES = [(0.0, 1.0)] * 4 + [(0.8, 1.0), (0.0, 10.0), (1.0, 5.0), (0.5, 1.0)]
+#: Training steps: trained on those ranges, the judge answers each of 600 random prompts as
+#: trained from 150 steps on; 250 leaves a margin. (Trained on the default range alone, it
+#: took 500 steps to answer [0.8, 1] as [0, 1].)
+TRAIN_STEPS = 250
 #: The judge's answer by the response's last word.
 ANSWERS = {
     "great": '{"result": 0.9, "steps": []}',
@@ -65,22 +74,24 @@ def random_response(rng: random.Random, last: str) -> str:
     return " ".join([*rng.choices(FILLER, k=rng.randint(0, 4)), last])
 
 
-def prompt(response: str, labelled: bool = False) -> str:
+def prompt(
+    response: str, labelled: bool = False, score_range: tuple[float, float] = (0.0, 1.0)
+) -> str:
     """The leaf's messages as the judge reads them without a chat template (``labelled``:
-    the label_model's)."""
+    the label_model's; ``score_range``: the score_model's range)."""
     if labelled:
         return f"user: Label: {response}\nsystem: {LABEL_INSTRUCTION}\nassistant:"
-    return f"user: Rate: {response}\nsystem: {INSTRUCTION}\nassistant:"
+    instruction = INSTRUCTION.format(lo=score_range[0], hi=score_range[1])
+    return f"user: Rate: {response}\nsystem: {instruction}\nassistant:"
 
 
-def line(response: str, labelled: bool = False) -> str:
+def answer(response: str, labelled: bool = False) -> str:
+    """What the judge is trained to answer."""
     last = response.split()[-1]
     if labelled:
         label = LABEL_OF.get(last)
-        answer = json.dumps({"result": label}) if label else GARBAGE["odd"]
-    else:
-        answer = ANSWERS.get(last) or GARBAGE["odd"]
-    return f"{prompt(response, labelled)} {answer}"
+        return json.dumps({"result": label}) if label else GARBAGE["odd"]
+    return ANSWERS.get(last) or GARBAGE["odd"]
 
 
 def expected(response: str) -> float | None:
@@ -94,19 +105,25 @@ def train_grader_judge(folder: Path) -> Path:
     with tiny_models.torch_threads(1):
         rng = random.Random(0)
         lasts = [*ANSWERS, *GARBAGE]
-        corpus = [line(random_response(rng, rng.choice(lasts)), i % 2 == 1) for i in range(500)]
+
+        def example() -> tuple[str, str]:
+            """A random prompt (half score_model, half label_model) and its answer."""
+            response, labelled = random_response(rng, rng.choice(lasts)), rng.random() < 0.5
+            text = prompt(response, labelled, rng.choice(TRAIN_RANGES))
+            return text, answer(response, labelled)
+
+        corpus = [" ".join(example()) for _ in range(500)]
         tok = tiny_models.byte_bpe_tokenizer(corpus, vocab_size=400, pad_is_eos=True)
         model = tiny_models.gpt2_causal_lm(tok, seed=0, n_positions=128, n_embd=128, n_head=2)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         model.train()
-        for _step in range(500):
-            responses = [random_response(rng, rng.choice(lasts)) for _ in range(32)]
-            kinds = [i % 2 == 1 for i in range(32)]  # half score_model, half label_model
-            texts = [line(r, k) + tok.eos_token for r, k in zip(responses, kinds, strict=True)]
+        for _step in range(TRAIN_STEPS):
+            examples = [example() for _ in range(32)]
+            texts = [f"{text} {said}{tok.eos_token}" for text, said in examples]
             enc = tok(texts, return_tensors="pt", padding=True)
             labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-            for row, response, kind in zip(labels, responses, kinds, strict=True):
-                row[: len(tok(prompt(response, kind))["input_ids"])] = -100  # the answer only
+            for row, (text, _said) in zip(labels, examples, strict=True):
+                row[: len(tok(text)["input_ids"])] = -100  # the answer's loss only
             loss = model(**enc, labels=labels).loss
             loss.backward()
             optimizer.step()
