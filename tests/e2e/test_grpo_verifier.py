@@ -31,10 +31,9 @@ from helpers.servers import serve
 from helpers.training import grpo_config
 from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
 
 import tiny_models
-from examples import grpo_remote_reward, gsm8k_prompts
+from examples import gsm8k_prompts
 from reward_client.integrations.trl import RemoteReward
 from reward_server.config import read_models_file
 
@@ -104,6 +103,8 @@ def _grpo_run(policy: Path, server_url: str, out: Path, seed: int) -> list[dict[
         temperature=1.0,
         seed=seed,
     )
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[correct, rm],
@@ -151,6 +152,8 @@ def test_the_grpo_example_sends_the_label_column(
     argv += ["--dataset", str(data), "--label-column", "answer", "--output-dir", str(tmp_path)]
     argv += ["--max-steps", "2", "--per-device-train-batch-size", "4", "--num-generations", "4"]
     argv += ["--max-completion-length", "4", "--use-cpu"]
+    from examples import grpo_remote_reward  # here, not at collection: trl imports vLLM
+
     history = grpo_remote_reward.main(argv)
     rewards = [
         h["rewards/remote_reward/mean"] for h in history if "rewards/remote_reward/mean" in h

@@ -23,7 +23,6 @@ from helpers.servers import serve
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess, metric, score_requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
 
 import tiny_models
 from reward_client import RewardClientError, ScoreResult
@@ -186,6 +185,8 @@ def test_grpo_trains_with_one_reward_function_per_component(
     # TRL's own weights, not the server's (helpful 1.0, safe 0.5): TRL gets raw components.
     weights = [1.0, 0.25]
     config = grpo_config(tmp_path, reward_weights=weights)
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=funcs,

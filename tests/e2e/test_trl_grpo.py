@@ -7,7 +7,7 @@ import json
 import math
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -15,12 +15,13 @@ from datasets import Dataset
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
-from trl import GRPOTrainer
 
 import tiny_models
-from examples import grpo_remote_reward
 from reward_client import AsyncRewardClient, RetryPolicy, RewardClient, RewardServerError
 from reward_client.integrations.trl import RemoteReward
+
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
 
 #: A ChatML-like template for the policy; its markup must never reach the reward server.
 POLICY_CHAT_TEMPLATE = (
@@ -48,6 +49,8 @@ def train_grpo(
     capture = ScoreCapture()
     reward = RemoteReward(url, http_client=capture.client())
     config = grpo_config(output_dir)
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[reward],
@@ -158,6 +161,8 @@ def test_grpo_example_runs_offline(
     data = tmp_path / "prompts.jsonl"
     lines = [json.dumps({"prompt": p}) for p in tiny_models.make_corpus(6, seed=4, max_words=5)]
     data.write_text("\n".join(lines) + "\n")
+    from examples import grpo_remote_reward  # here, not at collection: trl imports vLLM
+
     history = grpo_remote_reward.main(
         [
             "--reward-url",

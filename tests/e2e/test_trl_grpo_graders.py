@@ -23,7 +23,6 @@ from helpers.servers import serve
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
 
 import tiny_models
 from reward_client.integrations.trl import RemoteReward
@@ -81,6 +80,8 @@ def test_trl_logs_the_reward_graders_run_gives(
     prompts = tiny_models.make_corpus(8, seed=3, min_words=2, max_words=5)
     words = ["great", "bad", "good", "great"]
     items = [{"answer": p.split()[0], "word": words[i % 4]} for i, p in enumerate(prompts)]
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[reward],

@@ -16,7 +16,6 @@ from helpers.servers import serve
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
 
 import tiny_models
 from reward_client.integrations.trl import RemoteReward
@@ -53,6 +52,8 @@ def test_grpo_sends_its_groups_and_gets_the_server_s_scores(
         num_generations=GENERATIONS,
         temperature=1.0,
     )
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[RemoteReward(server.url, http_client=capture.client())],

@@ -22,7 +22,6 @@ from helpers.servers import serve
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
 
 import tiny_models
 from reward_client.integrations.trl import RemoteReward
@@ -85,6 +84,8 @@ def test_grpo_runs_through_masked_items_and_logs_the_mean_of_the_scored(
         temperature=1.0,
     )
     prompts = tiny_models.make_corpus(8, seed=3, min_words=2, max_words=5)
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[reward],

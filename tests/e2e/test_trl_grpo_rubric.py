@@ -20,7 +20,6 @@ from helpers.servers import serve
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
 
 import tiny_models
 from reward_client.integrations.trl import RemoteReward
@@ -69,6 +68,8 @@ def test_grpo_trains_on_a_rubric_judges_reward(
     )
     prompts = tiny_models.make_corpus(4, seed=5, min_words=2, max_words=4)
     data = {"prompt": prompts * 2, "rubric": [RUBRICS[i % 2] for i in range(8)]}
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[reward],

@@ -35,7 +35,6 @@ from datasets import Dataset
 from helpers.training import ScoreCapture, grpo_config
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
 from trl.chat_template_utils import qwen2_5_chat_template
 
 from reward_client import RewardClient
@@ -82,6 +81,8 @@ def test_grpo_with_tools_rewards_equal_server_scores_of_the_trajectories(
         max_tool_calling_iterations=2,
         generation_kwargs={"sequence_bias": agent_bias(policy)},
     )
+    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
+
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[reward],
