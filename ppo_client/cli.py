@@ -9,14 +9,11 @@ Under ``accelerate launch`` run it as a module: ``accelerate launch -m ppo_clien
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -24,6 +21,7 @@ from ppo_client.config import ConfigError, PPOConfig, reject_unknown_args
 from ppo_client.stopping import TrainingStopped, stop_at_once, stop_in_chain
 from reward_client import RewardClientError
 from settings_cli import EPILOG, HelpFormatter
+from settings_cli.exit import exit_now
 
 if TYPE_CHECKING:
     from ppo_client.trainer import PPOTrainer
@@ -244,28 +242,6 @@ def run() -> NoReturn:
     except KeyboardInterrupt:
         code = 130
     exit_now(code)
-
-
-def exit_now(code: int) -> NoReturn:
-    """End the process with ``code`` now that its outcome is printed and saved.
-
-    The interpreter's own exit could hold a finished or stopped trainer for a long time after
-    its last line: it joins every non-daemon thread (one may still be inside a reward request,
-    up to ``reward_timeout`` against a hanging server) and then garbage-collects the millions
-    of objects that torch and transformers create (tens of seconds on a loaded machine), the
-    distributed process group among them (see ``_last_trainer``). Exit handlers still run
-    (they flush trackers and logs), then the process ends without the joins and the
-    teardown: every file the run writes is closed by then.
-    """
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):  # too late to stop anything: ignore
-            signal.signal(sig, signal.SIG_IGN)
-    logging.shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,6 @@
 """``python -m reward_server``: same as the ``reward-server`` console script."""
 
-import sys
-
-from reward_server.cli import main
+from reward_server.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

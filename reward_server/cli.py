@@ -15,6 +15,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import uvicorn
 from pydantic import ValidationError
@@ -24,6 +25,7 @@ from reward_server import __version__
 from reward_server.config import ENV_PREFIX, ServerSettings
 from reward_server.errors import ModelLoadError
 from settings_cli import EPILOG, HelpFormatter, add_flags
+from settings_cli.exit import exit_now
 
 if typing.TYPE_CHECKING:
     from reward_server.scoring.registry import ModelRegistry
@@ -257,6 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not server.started:
         return 1
     return 0
+
+
+def run() -> NoReturn:
+    """Entry point of the ``reward-server`` console script (and ``python -m reward_server``):
+    :func:`main`, then :func:`settings_cli.exit.exit_now` (a stopped server has drained its
+    requests and closed its engines; the interpreter's teardown would only spend CPU)."""
+    exit_now(main())
 
 
 class DrainingServer(uvicorn.Server):

@@ -21,7 +21,8 @@ its other sources. The help line of a field is its description (the field's docs
 then its default and environment variable.
 
 Used by ``reward_server.cli`` and ``ppo_client.config``, which may not import each other:
-this package imports neither (nor ``reward_client``).
+this package imports neither (nor ``reward_client``). Both commands also end their process
+the same way, :func:`settings_cli.exit.exit_now`.
 """
 
 from __future__ import annotations

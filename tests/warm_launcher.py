@@ -370,10 +370,10 @@ def main() -> int:
     if argv is None:
         return 0
     # A forked server from here on: what the reward-server console script does.
-    from reward_server.cli import main as server_main
+    from reward_server.cli import run
 
     sys.argv = argv
-    return server_main(argv[1:])
+    run()
 
 
 if __name__ == "__main__":
