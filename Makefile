@@ -210,7 +210,9 @@ format: setup
 # in tests/conftest.py's order (longest first) instead of by their number of tests. Most
 # tests wait on the servers and trainers they start: with one torch thread per process
 # (OMP_NUM_THREADS=1) three workers keep two cores busy where two workers with a thread per
-# core left them idle part of the time and fought over them the rest.
+# core left them idle part of the time and fought over them the rest. A fourth gave nothing:
+# 703 s against 698 s for this part, the cores 97 % busy throughout, and a test failed
+# under its load (an AMD EPYC, 2026-12-05); only less CPU makes this part shorter.
 # Then the tests marked exclusive, two files at a time, after the others:
 # tests/e2e/test_vllm_engine.py (its tensor-parallel vLLM workers bind their threads to the
 # CPUs, and once failed to start beside the other workers' servers) beside
