@@ -251,7 +251,10 @@ def test_cpu_spin_is_a_timeout(isolated: Sandbox) -> None:
     code = "import time\nwhile time.process_time() < 5: pass\n"
     result = _run(isolated, code, limits=limits)
     assert result.status == "timeout" and "CPU" in result.message, result
-    assert result.signal is not None and result.cpu_s >= 0.9
+    # The CPU it reports is about the limit. Not to the letter: the kernel checks RLIMIT_CPU
+    # against CPU time sampled at its ticks, and wait4 reports the scheduler's exact time,
+    # which a busy machine can leave lower (0.878 s once, beside four pytest workers).
+    assert result.signal is not None and 0.75 <= result.cpu_s < 2.0, result
     _still_works(isolated)
 
 
