@@ -4,8 +4,8 @@ throughput? For each kind of model (``--kind``): a reward model, a python verifi
 verifier, a remote component (:mod:`bench.tenant_kinds`).
 
 One real ``reward-server`` (MiniLM on CPU, or the kind's models file) with a keys file of two
-tenants, A and B, of equal weight and no limits. Every client is closed loop (its next request as soon as the
-answer comes) and sends ``per_request`` texts per ``/score``; A runs ``a_clients`` clients,
+tenants, A and B, of equal weight (``--b-weight``: B's, a policy to compare) and no limits.
+Every client is closed loop (its next request as soon as the answer comes) and sends ``per_request`` texts per ``/score``; A runs ``a_clients`` clients,
 B ``b_clients`` (10 to 1 by default: A sends ten times B's load). Phases, each a warm-up and
 a measured window:
 
@@ -71,6 +71,8 @@ class TenantsBenchConfig:
     kind: str = "model"
     a_clients: int = 10
     b_clients: int = 1
+    #: B's weight in the keys file (A's is 1).
+    b_weight: float = 1.0
     per_request: int = 16
     n_texts: int = 256
     min_tokens: int = 16
@@ -99,13 +101,18 @@ class _Record:
     ok: bool
 
 
-def keys_file(path: Path) -> Path:
-    """The keys file of tenants A and B (equal weights, no limits)."""
+def keys_file(path: Path, b_weight: float = 1.0) -> Path:
+    """The keys file of tenants A (weight 1) and B (``b_weight``), no limits."""
     from reward_server.config.tenants import hash_key
 
     lines = ["tenants:"]
     for name, key in KEYS.items():
-        lines += [f"  - name: {name}", f'    key_sha256: "{hash_key(key)}"', "    weight: 1"]
+        weight = b_weight if name == "B" else 1.0
+        lines += [
+            f"  - name: {name}",
+            f'    key_sha256: "{hash_key(key)}"',
+            f"    weight: {weight:g}",
+        ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -220,7 +227,7 @@ def run_tenants_bench(cfg: TenantsBenchConfig) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in PHASES}
     serial = [0]
     with tempfile.TemporaryDirectory(prefix="bench-tenants-") as tmp:
-        keys = keys_file(Path(tmp) / "keys.yaml")
+        keys = keys_file(Path(tmp) / "keys.yaml", cfg.b_weight)
         args = ("--api-keys", str(keys), *cfg.server_args)
         served = kind_server(cfg.kind, Path(tmp), args, env, cfg.per_request, model)
         with served as (server, body):
@@ -308,8 +315,13 @@ def render(result: dict[str, Any]) -> str:
         if kind == "model"
         else f"{cfg['per_request']} items"
     )
+    weights = (
+        "of equal weight"
+        if cfg.get("b_weight", 1.0) == 1.0
+        else f"of weights 1 (A) and {cfg['b_weight']:g} (B)"
+    )
     lines = [
-        f"One server, {served}, tenants A and B of equal weight (a keys file); closed loop, "
+        f"One server, {served}, tenants A and B {weights} (a keys file); closed loop, "
         f"{items} per request; A: {cfg['a_clients']} clients, B: {cfg['b_clients']}. "
         f"{cfg['rounds']} rounds of {cfg['duration_s']:g} s windows (medians over rounds); "
         f"{machine['cpu']} ({machine['cores']} cores).",
@@ -358,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--a-clients", type=int, default=10)
     p.add_argument("--b-clients", type=int, default=1)
+    p.add_argument("--b-weight", type=float, default=1.0, help="B's weight (A's is 1)")
     p.add_argument("--per-request", type=int, default=16)
     p.add_argument("--duration", type=float, default=15.0, help="seconds of each window")
     p.add_argument("--rounds", type=int, default=2)
@@ -379,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             **given,
             a_clients=args.a_clients,
             b_clients=args.b_clients,
+            b_weight=args.b_weight,
             per_request=args.per_request,
             duration_s=args.duration,
             rounds=args.rounds,
