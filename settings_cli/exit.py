@@ -22,7 +22,9 @@ def exit_now(code: int) -> NoReturn:
     reward request, up to ``reward_timeout`` against a hanging server), then tears every
     module down, garbage-collecting several times over the millions of objects that torch and
     transformers make (about 1 s of CPU for a tiny model's server, 2 s beside vLLM, tens of
-    seconds for a trainer on a loaded machine). Exit handlers still run (they flush logs and
+    seconds for a trainer on a loaded machine), a trainer's torch.distributed group among
+    them, whose teardown can wait forever on a rank that has already exited (see
+    ``ppo_client.cli._last_trainer``). Exit handlers still run (they flush logs and
     trackers and remove temporary folders), then the process ends without the joins and the
     teardown: every file the command writes is closed by then.
     """
