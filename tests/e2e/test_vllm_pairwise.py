@@ -15,6 +15,7 @@ makes the absence a failure.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import pytest
 from helpers.judges import save_judge
 from helpers.models_files import write_models
 from helpers.pairwise import assert_close, entry, expected, first_better, group_request
-from helpers.vllm import require_vllm, vllm_server
+from helpers.vllm import ipc_folder, require_vllm, vllm_server
 from server_proc import ServerProcess, metric
 
 require_vllm()
@@ -45,7 +46,17 @@ def server(judge: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
     ]
     path = write_models(tmp_path_factory.mktemp("vllm_pairwise_models"), entries)
     with vllm_server(None, "--models", str(path)) as proc:
+        sockets = ipc_folder(proc)
         yield proc
+    # Stopped, the server left no socket file of vLLM's behind (vLLM removes none itself).
+    assert not sockets.exists(), sorted(sockets.iterdir())
+
+
+def test_vllm_s_sockets_are_in_a_folder_of_the_server_s_own(server: ServerProcess) -> None:
+    sockets = ipc_folder(server)
+    assert sockets.parent == Path(tempfile.gettempdir()), sockets
+    assert sockets.name.startswith("reward-server-vllm-"), sockets
+    assert any(entry.is_socket() for entry in sockets.iterdir()), sorted(sockets.iterdir())
 
 
 def score(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:

@@ -61,6 +61,23 @@ def vllm_server(
         server.log_path.unlink(missing_ok=True)
 
 
+def ipc_folder(server: ServerProcess) -> Path:
+    """The one folder of the socket files that ``server`` and its vLLM engine processes
+    have open (ZeroMQ's ipc sockets: files under ``VLLM_RPC_BASE_PATH``)."""
+    import psutil
+
+    root = psutil.Process(server.proc.pid)
+    paths = {
+        Path(conn.laddr or conn.raddr)
+        for proc in (root, *root.children(recursive=True))
+        for conn in proc.net_connections(kind="unix")
+        if str(conn.laddr or conn.raddr).startswith("/")
+    }
+    folders = {path.parent for path in paths}
+    assert len(folders) == 1, paths
+    return folders.pop()
+
+
 def start_openai_server(
     model: Path, log_path: Path, *args: str
 ) -> tuple[subprocess.Popen[bytes], str]:
