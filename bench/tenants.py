@@ -5,8 +5,9 @@ verifier, a remote component (:mod:`bench.tenant_kinds`).
 
 One real ``reward-server`` (MiniLM on CPU, or the kind's models file) with a keys file of two
 tenants, A and B, of equal weight (``--b-weight``: B's, a policy to compare) and no limits.
-Every client is closed loop (its next request as soon as the answer comes) and sends ``per_request`` texts per ``/score``; A runs ``a_clients`` clients,
-B ``b_clients`` (10 to 1 by default: A sends ten times B's load). Phases, each a warm-up and
+Every client is closed loop (its next request as soon as the answer comes) and sends
+``per_request`` texts per ``/score``; A runs ``a_clients`` clients, B ``b_clients`` (10 to 1
+by default: A sends ten times B's load). Phases, each a warm-up and
 a measured window:
 
 - **B alone**: B's clients only: B's latency with the server to itself;

@@ -297,9 +297,9 @@ def tool_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     REWARD_TEMPLATE)."""
     from agent_models import REWARD_TEMPLATE
 
-    path = tmp_path_factory.mktemp("tool_rm")
     import tiny_models
 
+    path = tmp_path_factory.mktemp("tool_rm")
     return tiny_models.save_llama_reward_model(path, chat_template=REWARD_TEMPLATE)
 
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 from datasets import Dataset
 from helpers.servers import serve
-from helpers.training import grpo_config
+from helpers.training import grpo_config, grpo_trainer
 from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -103,9 +103,7 @@ def _grpo_run(policy: Path, server_url: str, out: Path, seed: int) -> list[dict[
         temperature=1.0,
         seed=seed,
     )
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[correct, rm],
         args=config,

@@ -20,7 +20,7 @@ from counterparts import Counterpart, serving
 from datasets import Dataset
 from fastapi import FastAPI
 from helpers.servers import serve
-from helpers.training import ScoreCapture, grpo_config
+from helpers.training import ScoreCapture, grpo_config, grpo_trainer
 from server_proc import ServerProcess, metric, score_requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -185,9 +185,7 @@ def test_grpo_trains_with_one_reward_function_per_component(
     # TRL's own weights, not the server's (helpful 1.0, safe 0.5): TRL gets raw components.
     weights = [1.0, 0.25]
     config = grpo_config(tmp_path, reward_weights=weights)
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=funcs,
         args=config,

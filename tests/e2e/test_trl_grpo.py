@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from datasets import Dataset
-from helpers.training import ScoreCapture, grpo_config
+from helpers.training import ScoreCapture, grpo_config, grpo_trainer
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
@@ -49,9 +49,7 @@ def train_grpo(
     capture = ScoreCapture()
     reward = RemoteReward(url, http_client=capture.client())
     config = grpo_config(output_dir)
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[reward],
         args=config,

@@ -20,7 +20,7 @@ import pytest
 from datasets import Dataset
 from helpers.grader_judge import EXACT, judge_entry
 from helpers.servers import serve
-from helpers.training import ScoreCapture, grpo_config
+from helpers.training import ScoreCapture, grpo_config, grpo_trainer
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -80,9 +80,7 @@ def test_trl_logs_the_reward_graders_run_gives(
     prompts = tiny_models.make_corpus(8, seed=3, min_words=2, max_words=5)
     words = ["great", "bad", "good", "great"]
     items = [{"answer": p.split()[0], "word": words[i % 4]} for i, p in enumerate(prompts)]
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[reward],
         args=config,

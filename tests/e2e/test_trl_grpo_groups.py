@@ -13,7 +13,7 @@ import pytest
 from datasets import Dataset
 from helpers.models_files import length_verifier
 from helpers.servers import serve
-from helpers.training import ScoreCapture, grpo_config
+from helpers.training import ScoreCapture, grpo_config, grpo_trainer
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -52,9 +52,7 @@ def test_grpo_sends_its_groups_and_gets_the_server_s_scores(
         num_generations=GENERATIONS,
         temperature=1.0,
     )
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[RemoteReward(server.url, http_client=capture.client())],
         args=config,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 from helpers.servers import serve
-from helpers.training import ScoreCapture, grpo_config
+from helpers.training import ScoreCapture, grpo_config, grpo_trainer
 from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -84,9 +84,7 @@ def test_grpo_runs_through_masked_items_and_logs_the_mean_of_the_scored(
         temperature=1.0,
     )
     prompts = tiny_models.make_corpus(8, seed=3, min_words=2, max_words=5)
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[reward],
         args=config,

@@ -17,7 +17,7 @@ import pytest
 from datasets import Dataset
 from helpers import rubrics
 from helpers.servers import serve
-from helpers.training import ScoreCapture, grpo_config
+from helpers.training import ScoreCapture, grpo_config, grpo_trainer
 from server_proc import ServerProcess, metric
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,9 +68,7 @@ def test_grpo_trains_on_a_rubric_judges_reward(
     )
     prompts = tiny_models.make_corpus(4, seed=5, min_words=2, max_words=4)
     data = {"prompt": prompts * 2, "rubric": [RUBRICS[i % 2] for i in range(8)]}
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(gpt2_policy),
         reward_funcs=[reward],
         args=config,

@@ -32,7 +32,7 @@ from agent_models import (
     save_policy,
 )
 from datasets import Dataset
-from helpers.training import ScoreCapture, grpo_config
+from helpers.training import ScoreCapture, grpo_config, grpo_trainer
 from server_proc import ServerProcess
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.chat_template_utils import qwen2_5_chat_template
@@ -81,9 +81,7 @@ def test_grpo_with_tools_rewards_equal_server_scores_of_the_trajectories(
         max_tool_calling_iterations=2,
         generation_kwargs={"sequence_bias": agent_bias(policy)},
     )
-    from trl import GRPOTrainer  # here, not at collection: it imports vLLM
-
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer(
         model=AutoModelForCausalLM.from_pretrained(policy),
         reward_funcs=[reward],
         args=config,

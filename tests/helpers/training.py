@@ -1,8 +1,9 @@
 """Training runs in tests: PPO and TRL GRPO configs, prompts, the trainers' commands and logs.
 
 ``ppo_config`` is a short PPO run of a tiny policy (:class:`ppo_client.PPOConfig`, TRL's
-names); ``grpo_config`` a short TRL ``GRPOConfig`` on CPU (TRL is imported when it is
-called). ``ppo_client_env`` and ``accelerate_launch`` are the environment and command line of
+names); ``grpo_config`` a short TRL ``GRPOConfig`` on CPU and ``grpo_trainer`` TRL's
+``GRPOTrainer`` (TRL is imported when they are called: its trainer imports vLLM, which every
+pytest worker would otherwise pay for as it collects the tests). ``ppo_client_env`` and ``accelerate_launch`` are the environment and command line of
 ``ppo-client train`` in a subprocess, alone or under ``accelerate launch``.
 """
 
@@ -22,7 +23,7 @@ from ppo_client import PPOConfig
 from reward_server.launcher import free_port
 
 if TYPE_CHECKING:
-    from trl import GRPOConfig
+    from trl import GRPOConfig, GRPOTrainer
 
 #: The console scripts next to the running interpreter.
 PPO_CLIENT = Path(sys.executable).parent / "ppo-client"
@@ -109,6 +110,13 @@ def grpo_config(output_dir: Path, **overrides: Any) -> GRPOConfig:
     }
     values.update(overrides)
     return GRPOConfig(**values)
+
+
+def grpo_trainer(**kwargs: Any) -> GRPOTrainer:
+    """TRL's ``GRPOTrainer(**kwargs)``."""
+    from trl import GRPOTrainer
+
+    return GRPOTrainer(**kwargs)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
