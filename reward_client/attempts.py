@@ -21,7 +21,7 @@ import random
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -146,6 +146,9 @@ class Attempts:
         self.attempts = 0
         self._tried: list[str] = []
         self._started = clock()
+        # The failure that the pause before the next attempt follows: what the call gives up
+        # with when the deadline passes during that pause (a sleep can wake late).
+        self._retried: _Failure | None = None
 
     @property
     def url(self) -> str:
@@ -169,6 +172,8 @@ class Attempts:
             left = self._deadline.at - self._clock()
             if left * 1000 < 1:
                 elapsed = self._clock() - self._started
+                if self._retried is not None:
+                    self._give_up(self._retried, elapsed, self._deadline_limit(), late=True)
                 message = f"the call's deadline ({self._deadline.seconds:g} s) passed"
                 message += " before the request was sent" if not self.attempts else ""
                 raise RewardServerError(
@@ -262,14 +267,9 @@ class Attempts:
         self, status: int | None, cause: str, retry_after: float | None, exc: BaseException | None
     ) -> Retry:
         """Log the failure; then the pause before the next try, or raise once a limit is hit."""
-        failed_url, budget = self.url, self._policy.timeout
+        failure = _Failure(status, cause, self.url, exc)
+        budget = self._policy.timeout
         elapsed = self._clock() - self._started
-        what = f"HTTP {status}: {cause}" if status else cause
-        where = f"{self.method} {failed_url} failed (attempt {self.attempts}, {elapsed:.1f} s"
-        where += f" of the {budget:g} s retry budget"
-        if self._deadline is not None:
-            where += f", the call's deadline {self._deadline.seconds:g} s"
-        where += f"): {what}"
         limit = self._limit_reached(elapsed)
         delay = 0.0
         if limit is None:
@@ -278,24 +278,16 @@ class Attempts:
             if self._deadline is not None and self._clock() + delay >= self._deadline.at:
                 limit = self._deadline_limit()
         if limit is not None:
-            logger.warning("%s; giving up (%s)", where, limit)
-            raise RewardServerError(
-                status,
-                cause,
-                failed_url,
-                method=self.method,
-                attempts=self.attempts,
-                tried=self._tried,
-                elapsed=elapsed,
-                gave_up=limit,
-            ) from exc
+            self._give_up(failure, elapsed, limit)
+        where = self._where(failure, elapsed)
         logger.warning("%s; next try in %.1f s on %s", where, delay, self.url)
+        self._retried = failure
         if self._on_retry is not None:
             event = RetryEvent(
                 method=self.method,
-                url=failed_url,
-                error=what,
-                status=status,
+                url=failure.url,
+                error=failure.what,
+                status=failure.status,
                 attempt=self.attempts,
                 waited_s=elapsed,
                 budget_s=budget,
@@ -304,3 +296,57 @@ class Attempts:
             )
             self._on_retry(event)
         return Retry(delay)
+
+    def _where(self, failure: _Failure, elapsed: float) -> str:
+        """The log line's start: which attempt failed, when, against which limits, and how."""
+        where = f"{self.method} {failure.url} failed (attempt {self.attempts}, {elapsed:.1f} s"
+        where += f" of the {self._policy.timeout:g} s retry budget"
+        if self._deadline is not None:
+            where += f", the call's deadline {self._deadline.seconds:g} s"
+        return f"{where}): {failure.what}"
+
+    def _give_up(
+        self, failure: _Failure, elapsed: float, limit: str, *, late: bool = False
+    ) -> NoReturn:
+        """Raise the final error for ``failure`` (the last attempt's), ended by ``limit``.
+
+        ``late``: the pause after that attempt was to end before the deadline but ended past
+        it (a sleep can wake late), so no further attempt was sent: the call ends with the
+        last attempt's failure, as it would had the pause not been taken.
+        """
+        if late:
+            logger.warning(
+                "%s %s: the pause before attempt %d ended past the call's deadline; giving up"
+                " (%s) with attempt %d's failure",
+                self.method,
+                failure.url,
+                self.attempts + 1,
+                limit,
+                self.attempts,
+            )
+        else:
+            logger.warning("%s; giving up (%s)", self._where(failure, elapsed), limit)
+        raise RewardServerError(
+            failure.status,
+            failure.cause,
+            failure.url,
+            method=self.method,
+            attempts=self.attempts,
+            tried=self._tried,
+            elapsed=elapsed,
+            gave_up=limit,
+        ) from failure.exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """One failed attempt: its HTTP status (None: no answer), cause, URL and exception."""
+
+    status: int | None
+    cause: str
+    url: str
+    exc: BaseException | None
+
+    @property
+    def what(self) -> str:
+        return f"HTTP {self.status}: {self.cause}" if self.status else self.cause

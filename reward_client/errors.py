@@ -55,7 +55,7 @@ class RewardServerError(RewardClientError):
         others = [u for u in dict.fromkeys(self.tried) if u != self.url]
         also = f" (also tried {', '.join(others)})" if others else ""
         end = ""
-        if self.attempts > 1:
+        if self.attempts > 1 or self.gave_up:  # a limit that ended retries is worth naming
             end = f"; gave up after {self.elapsed:.1f} s"
             end += f" ({self.gave_up})" if self.gave_up else ""
         return f"{where} failed{times}: {cause}{also}{end}"

@@ -52,6 +52,7 @@ class Clocked:
     sent: list[Sent] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
     pause_ends: list[float] = field(default_factory=list)
+    overslept: float = 0.0  # how much later than asked each pause wakes
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         header = request.headers.get(HEADER)
@@ -70,7 +71,7 @@ class Clocked:
 
     def pause(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        self.now += seconds
+        self.now += seconds + self.overslept
         self.pause_ends.append(self.now)
 
     def scores(self) -> list[Sent]:
@@ -215,6 +216,29 @@ def test_a_pause_that_would_end_past_the_deadline_is_not_taken(
         f"POST {URL}/score failed (attempt 1, 0.1 s of the 600 s retry budget, the call's "
         "deadline 10 s): HTTP 503: busy; giving up (deadline 10 s)"
     ]
+
+
+def test_a_pause_that_wakes_past_the_deadline_ends_with_the_last_failure(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pause was to end before the deadline, the sleep woke after it: no attempt is
+    sent, and the error is the last attempt's (its status and the server's reason)."""
+    server = Clocked(took=0.5, headers={"Retry-After": "2"}, overslept=0.75)
+    score = client_of(mode, server, deadline=3, retry=RetryPolicy(retry_after_jitter=0))
+    with (
+        caplog.at_level(logging.WARNING, logger="reward_client.attempts"),
+        pytest.raises(RewardServerError) as info,
+    ):
+        score(texts=["a"])
+    assert server.sleeps == [2.0] and len(server.scores()) == 1
+    err = info.value
+    assert (err.status, err.message, err.attempts) == (503, "busy", 1)
+    assert err.gave_up == "deadline 3 s" and err.url == f"{URL}/score"
+    assert "HTTP 503: busy" in str(err) and "(deadline 3 s)" in str(err)
+    assert caplog.messages[-1] == (
+        f"POST {URL}/score: the pause before attempt 2 ended past the call's deadline; "
+        "giving up (deadline 3 s) with attempt 1's failure"
+    )
 
 
 def test_failover_within_the_deadline(mode: str) -> None:
