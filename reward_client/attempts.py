@@ -149,6 +149,7 @@ class Attempts:
         # The failure that the pause before the next attempt follows: what the call gives up
         # with when the deadline passes during that pause (a sleep can wake late).
         self._retried: _Failure | None = None
+        self._wait_cut = False  # the last attempt's wait for its answer ends at the deadline
 
     @property
     def url(self) -> str:
@@ -160,6 +161,7 @@ class Attempts:
         when the call's deadline has passed (no attempt starts then)."""
         self.target = self._router.current(self.target)  # still there after a resolution?
         budget = self._budget()
+        self._wait_cut = budget.wait_s is not None
         self.attempts += 1
         self._tried.append(self.url)
         return self.url, budget
@@ -297,6 +299,19 @@ class Attempts:
             self._on_retry(event)
         return Retry(delay)
 
+    def _last_word(self, failure: _Failure, limit: str) -> _Failure:
+        """What the call ends with: ``failure``, or, when that attempt timed out only because
+        the call's deadline cut its wait, the server's last answer before it (a 503 with its
+        reason says why the call failed; the timeout only that the deadline came)."""
+        earlier = self._retried
+        cut = self._wait_cut and isinstance(failure.exc, httpx.TimeoutException)
+        if not cut or earlier is None or earlier.status is None:
+            return failure
+        if self._deadline is None or limit != self._deadline_limit():
+            return failure
+        note = f"{earlier.cause}; attempt {self.attempts} got no answer by the deadline"
+        return _Failure(earlier.status, note, earlier.url, failure.exc)
+
     def _where(self, failure: _Failure, elapsed: float) -> str:
         """The log line's start: which attempt failed, when, against which limits, and how."""
         where = f"{self.method} {failure.url} failed (attempt {self.attempts}, {elapsed:.1f} s"
@@ -326,6 +341,7 @@ class Attempts:
             )
         else:
             logger.warning("%s; giving up (%s)", self._where(failure, elapsed), limit)
+            failure = self._last_word(failure, limit)
         raise RewardServerError(
             failure.status,
             failure.cause,

@@ -241,6 +241,46 @@ def test_a_pause_that_wakes_past_the_deadline_ends_with_the_last_failure(
     )
 
 
+def test_an_attempt_cut_by_the_deadline_ends_with_the_servers_last_answer(mode: str) -> None:
+    """The last attempt's wait ended at the deadline with no answer: the error is the 503
+    before it (the reason the call failed), and says that the last attempt got none."""
+    server = Clocked(took=0.5)
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        if request.url.path != "/score":
+            return server(request)
+        calls += 1
+        if calls == 2:
+            server.sent.append(Sent(server.now, "/score", None, {}))
+            server.now += request.extensions["timeout"]["read"]  # waits its whole wait
+            raise httpx.ReadTimeout("timed out", request=request)
+        return server(request)
+
+    kwargs: dict[str, Any] = {"clock": lambda: server.now, "seed": 0, "deadline": 3}
+    kwargs["retry"] = RetryPolicy(backoff_base=0.1, backoff_max=0.1)
+    if mode == "sync":
+        http = httpx.Client(transport=httpx.MockTransport(handler))
+        client = RewardClient(URL, http_client=http, sleep=server.pause, **kwargs)
+        call = client.score
+    else:
+
+        async def sleep(seconds: float) -> None:
+            server.pause(seconds)
+
+        ahttp = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        aclient = AsyncRewardClient(URL, http_client=ahttp, sleep=sleep, **kwargs)
+        call = lambda **inputs: asyncio.run(aclient.score(**inputs))  # noqa: E731
+    with pytest.raises(RewardServerError) as info:
+        call(texts=["a"])
+    err = info.value
+    assert calls == 2 and server.now > server.sent[0].at + 3  # the wait ran past the deadline
+    assert (err.status, err.attempts, err.gave_up) == (503, 2, "deadline 3 s")
+    assert err.message == "busy; attempt 2 got no answer by the deadline"
+    assert isinstance(err.__cause__, httpx.ReadTimeout)
+
+
 def test_failover_within_the_deadline(mode: str) -> None:
     """A dead URL is left for the other at once; the budget runs on across them."""
     server = Clocked(took=2.0, status=200)
