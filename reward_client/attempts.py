@@ -146,8 +146,8 @@ class Attempts:
         self.attempts = 0
         self._tried: list[str] = []
         self._started = clock()
-        # The failure that the pause before the next attempt follows: what the call gives up
-        # with when the deadline passes during that pause (a sleep can wake late).
+        # The last failure that was retried: what the call ends with when the deadline passes
+        # in the pause after it (a sleep can wake late) or cuts the next attempt's wait.
         self._retried: _Failure | None = None
         self._wait_cut = False  # the last attempt's wait for its answer ends at the deadline
 
