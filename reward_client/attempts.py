@@ -289,7 +289,7 @@ class Attempts:
                 method=self.method,
                 url=failure.url,
                 error=failure.what,
-                status=failure.status,
+                status=status,
                 attempt=self.attempts,
                 waited_s=elapsed,
                 budget_s=budget,
