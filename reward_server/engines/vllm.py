@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -220,11 +221,8 @@ def _merge_adapter(source: str, options: LoadOptions, config: Any, tokenizer: An
     return folder
 
 
-#: The folder of this process's vLLM sockets (see :func:`private_ipc_folder`).
-_IPC_FOLDER: list[tempfile.TemporaryDirectory[str]] = []
-
-
-def private_ipc_folder() -> str | None:
+@functools.cache
+def private_ipc_folder() -> tempfile.TemporaryDirectory[str] | None:
     """Put vLLM's socket files in a folder of this process's own, removed when it ends.
 
     vLLM's engine processes talk over ZeroMQ sockets that it creates as files under
@@ -232,17 +230,15 @@ def private_ipc_folder() -> str | None:
     in /tmp for every start of a server on the vllm engine. Unless that variable is set
     (the user's choice stays), set it to a new temporary folder, which its finalizer
     removes, sockets and all, when the process ends (an exit handler, run by
-    ``reward-server``'s exit too). Returns the folder it set, or None.
+    ``reward-server``'s exit too). Returns that folder (one per process: the cache keeps it
+    alive), or None.
     """
-    if _IPC_FOLDER:
-        return _IPC_FOLDER[0].name
     if "VLLM_RPC_BASE_PATH" in os.environ:
         return None
     # Short: a socket's path (this folder and a 36-character id) must fit in 107 bytes.
     folder = tempfile.TemporaryDirectory(prefix="reward-server-vllm-")
-    _IPC_FOLDER.append(folder)
     os.environ["VLLM_RPC_BASE_PATH"] = folder.name
-    return folder.name
+    return folder
 
 
 def _start_engine(args: Mapping[str, Any]) -> Any:
