@@ -3,8 +3,9 @@
 ``ppo_config`` is a short PPO run of a tiny policy (:class:`ppo_client.PPOConfig`, TRL's
 names); ``grpo_config`` a short TRL ``GRPOConfig`` on CPU and ``grpo_trainer`` TRL's
 ``GRPOTrainer`` (TRL is imported when they are called: its trainer imports vLLM, which every
-pytest worker would otherwise pay for as it collects the tests). ``ppo_client_env`` and ``accelerate_launch`` are the environment and command line of
-``ppo-client train`` in a subprocess, alone or under ``accelerate launch``.
+pytest worker would otherwise pay for as it collects the tests). ``ppo_client_env`` and
+``accelerate_launch`` are the environment and command line of ``ppo-client train`` in a
+subprocess, alone or under ``accelerate launch``.
 """
 
 from __future__ import annotations

@@ -84,10 +84,16 @@ class Clocked:
         return [b for b in sent if b is not None]
 
 
-def client_of(mode: str, server: Clocked, **kwargs: Any) -> Callable[..., Any]:
-    """``score`` of a sync or async client on ``server``'s clock, as a blocking call."""
+def client_of(
+    mode: str,
+    server: Clocked,
+    handler: Callable[[httpx.Request], httpx.Response] | None = None,
+    **kwargs: Any,
+) -> Callable[..., Any]:
+    """``score`` of a sync or async client on ``server``'s clock, as a blocking call
+    (``handler``: what answers the requests, ``server`` by default)."""
     kwargs = {"clock": lambda: server.now, "seed": 0, **kwargs}
-    transport = httpx.MockTransport(server)
+    transport = httpx.MockTransport(handler or server)
     if mode == "sync":
         client = RewardClient(
             URL, http_client=httpx.Client(transport=transport), sleep=server.pause, **kwargs
@@ -253,25 +259,12 @@ def test_an_attempt_cut_by_the_deadline_ends_with_the_servers_last_answer(mode: 
             return server(request)
         calls += 1
         if calls == 2:
-            server.sent.append(Sent(server.now, "/score", None, {}))
             server.now += request.extensions["timeout"]["read"]  # waits its whole wait
             raise httpx.ReadTimeout("timed out", request=request)
         return server(request)
 
-    kwargs: dict[str, Any] = {"clock": lambda: server.now, "seed": 0, "deadline": 3}
-    kwargs["retry"] = RetryPolicy(backoff_base=0.1, backoff_max=0.1)
-    if mode == "sync":
-        http = httpx.Client(transport=httpx.MockTransport(handler))
-        client = RewardClient(URL, http_client=http, sleep=server.pause, **kwargs)
-        call = client.score
-    else:
-
-        async def sleep(seconds: float) -> None:
-            server.pause(seconds)
-
-        ahttp = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-        aclient = AsyncRewardClient(URL, http_client=ahttp, sleep=sleep, **kwargs)
-        call = lambda **inputs: asyncio.run(aclient.score(**inputs))  # noqa: E731
+    retry = RetryPolicy(backoff_base=0.1, backoff_max=0.1)
+    call = client_of(mode, server, handler, deadline=3, retry=retry)
     with pytest.raises(RewardServerError) as info:
         call(texts=["a"])
     err = info.value
